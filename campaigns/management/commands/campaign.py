@@ -1,0 +1,161 @@
+"""`python manage.py campaign create|run|list|status` (documented in README.md)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
+from tqdm import tqdm
+
+from campaigns import selectors, services
+from campaigns.importing import ManifestError
+from campaigns.models import Campaign
+from campaigns.processor_specs import PROCESSORS
+
+
+def _param(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise CommandError(f"--param takes KEY=VALUE, got {text!r}")
+    return key, value
+
+
+class Command(BaseCommand):
+    help = "Create, run and inspect campaigns."
+
+    def add_arguments(self, parser):
+        sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+        create = sub.add_parser("create", help="create a campaign and import its units")
+        create.add_argument("name")
+        create.add_argument("--processor", required=True, choices=sorted(PROCESSORS))
+        source = create.add_mutually_exclusive_group(required=True)
+        source.add_argument("--input", type=Path, help="folder of inputs (read recursively)")
+        source.add_argument("--manifest", type=Path, help="CSV or JSONL with id, path columns")
+        create.add_argument(
+            "--root", type=Path, help="folder manifest paths are relative to (default: its folder)"
+        )
+        create.add_argument("--project", default="default")
+        create.add_argument(
+            "--param",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="processor parameter, repeatable (e.g. batch_size=32)",
+        )
+
+        run = sub.add_parser("run", help="enqueue the units still to do")
+        run.add_argument("name")
+        run.add_argument("--wait", action="store_true", help="show progress until done")
+        run.add_argument(
+            "--timeout",
+            type=float,
+            default=None,
+            help="with --wait: give up after this many seconds (exit 1)",
+        )
+
+        listing = sub.add_parser("list", help="all campaigns with their counts")
+        listing.add_argument("--json", action="store_true")
+
+        status = sub.add_parser("status", help="counts of one campaign")
+        status.add_argument("name")
+        status.add_argument("--json", action="store_true")
+
+    def handle(self, *args, action: str, **options):
+        try:
+            return getattr(self, f"_{action}")(**options)
+        except (ValidationError, ManifestError) as exc:
+            messages = getattr(exc, "messages", [str(exc)])
+            raise CommandError("; ".join(messages)) from exc
+
+    def _campaign(self, name: str) -> Campaign:
+        campaign = Campaign.objects.select_related("current_version").filter(name=name).first()
+        if campaign is None:
+            raise CommandError(f"no campaign named {name!r} (see: campaign list)")
+        return campaign
+
+    def _create(self, *, name, processor, input, manifest, root, project, param, **_):
+        params = dict(_param(p) for p in param)
+        campaign, report = services.campaign_create(
+            name=name,
+            processor=processor,
+            project=services.project_for_user(name=project),
+            input_folder=input,
+            manifest=manifest,
+            input_root=root,
+            params=params,
+        )
+        self.stdout.write(
+            f"created campaign {campaign.name} ({campaign.current_version.label}): "
+            f"{report.created} units, {report.failed} failed at import"
+        )
+        for problem in report.problems[:20]:
+            self.stdout.write(f"  {problem}")
+
+    def _run(self, *, name, wait, timeout, **_):
+        campaign = self._campaign(name)
+        batches = services.campaign_run(campaign=campaign)
+        self.stdout.write(f"enqueued {batches} batch{'es' if batches != 1 else ''}")
+        if wait:
+            self._wait(campaign, timeout)
+
+    def _wait(self, campaign: Campaign, timeout: float | None) -> None:
+        started = time.monotonic()
+        counts = selectors.campaign_counts(campaign=campaign)
+        with tqdm(
+            total=counts.total,
+            initial=counts.done,
+            unit="unit",
+            desc=campaign.name,
+            file=self.stderr._out,
+        ) as bar:
+            while counts.active:
+                if timeout is not None and time.monotonic() - started > timeout:
+                    raise CommandError(
+                        f"still {counts.queued + counts.running} units queued or running "
+                        f"after {timeout:g}s; is a worker running? (make run starts one)"
+                    )
+                time.sleep(0.5)
+                counts = selectors.campaign_counts(campaign=campaign)
+                bar.update(counts.done - bar.n)
+        self.stdout.write(
+            f"{campaign.name}: {counts.succeeded} succeeded, {counts.failed} failed, "
+            f"{counts.pending} pending"
+        )
+
+    def _list(self, *, json: bool, **_):
+        campaigns = list(Campaign.objects.select_related("project").order_by("name"))
+        counts = selectors.counts_by_campaign(campaign_ids=[c.pk for c in campaigns])
+        rows = [
+            {**counts[c.pk].as_dict(c.name), "project": c.project.name, "processor": c.processor}
+            for c in campaigns
+        ]
+        if json:
+            self.stdout.write(_dumps(rows))
+            return
+        for row in rows:
+            self.stdout.write(
+                f"{row['campaign']:<30} {row['processor']:<16} "
+                f"{row['succeeded']}/{row['total']} succeeded, {row['failed']} failed"
+            )
+
+    def _status(self, *, name, json: bool, **_):
+        campaign = self._campaign(name)
+        counts = selectors.campaign_counts(campaign=campaign)
+        if json:
+            self.stdout.write(_dumps(counts.as_dict(campaign.name)))
+            return
+        self.stdout.write(
+            f"{campaign.name}: {counts.total} units — {counts.succeeded} succeeded, "
+            f"{counts.failed} failed, {counts.pending} pending, {counts.queued} queued, "
+            f"{counts.running} running"
+        )
+        for error_class, n in sorted(counts.by_error.items()):
+            self.stdout.write(f"  {error_class}: {n}")
+
+
+def _dumps(value) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False)

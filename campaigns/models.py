@@ -1,0 +1,175 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class Project(models.Model):
+    name = models.CharField(max_length=200, unique=True)
+    members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="projects", blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Campaign(models.Model):
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="campaigns")
+    # The name is what the CLI takes and what output folders are called: one namespace.
+    name = models.SlugField(max_length=100, unique=True)
+    processor = models.CharField(max_length=50)
+    # The folder units' relative paths resolve against; read, never written.
+    input_root = models.CharField(max_length=1000)
+    current_version = models.ForeignKey(
+        "ParameterVersion", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ParameterVersion(models.Model):
+    """Every choice that shapes an output, frozen. A change is a new version."""
+
+    campaign = models.ForeignKey(Campaign, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    params = models.JSONField()
+    software = models.JSONField()
+    fingerprint = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["campaign", "number"], name="version_number_unique"),
+            models.UniqueConstraint(
+                fields=["campaign", "fingerprint"], name="version_fingerprint_unique"
+            ),
+        ]
+        ordering = ["campaign", "number"]
+
+    def __str__(self) -> str:
+        return f"{self.campaign.name} {self.label}"
+
+    @property
+    def label(self) -> str:
+        """Folder name for this version's outputs: number and fingerprint, never reused."""
+        return f"v{self.number}-{self.fingerprint[:10]}"
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None:
+            raise ValueError("A parameter version is immutable; create a new one instead.")
+        super().save(*args, **kwargs)
+
+
+class UnitState(models.TextChoices):
+    PENDING = "pending"
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class ErrorClass(models.TextChoices):
+    INPUT_MISSING = "input_missing"
+    INPUT_UNREADABLE = "input_unreadable"
+    INPUT_INVALID = "input_invalid"
+    PROCESSING_ERROR = "processing_error"
+    OUT_OF_MEMORY = "out_of_memory"
+    OUTPUT_INVALID = "output_invalid"
+    TIMEOUT = "timeout"
+
+
+class Batch(models.Model):
+    class State(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+
+    campaign = models.ForeignKey(Campaign, on_delete=models.CASCADE, related_name="batches")
+    version = models.ForeignKey(ParameterVersion, on_delete=models.PROTECT, related_name="batches")
+    state = models.CharField(max_length=20, choices=State.choices, default=State.QUEUED)
+    size = models.PositiveIntegerField()
+    worker = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # What the worker measured: items, real and padded tokens, seconds, memory, device.
+    metrics = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        verbose_name_plural = "batches"
+
+    def __str__(self) -> str:
+        return f"batch {self.pk} of {self.campaign.name}"
+
+
+class Unit(models.Model):
+    campaign = models.ForeignKey(Campaign, on_delete=models.CASCADE, related_name="units")
+    # Stable id: the manifest's id, or the normalised relative path of the input.
+    uid = models.CharField(max_length=1000)
+    source_path = models.CharField(max_length=2000)
+    size = models.BigIntegerField(null=True, blank=True)
+    sha256 = models.CharField(max_length=64, blank=True)
+    category = models.CharField(max_length=200, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    state = models.CharField(max_length=20, choices=UnitState.choices, default=UnitState.PENDING)
+    error_class = models.CharField(max_length=30, choices=ErrorClass.choices, blank=True)
+    error_message = models.TextField(blank=True)
+    batch = models.ForeignKey(Batch, on_delete=models.SET_NULL, null=True, blank=True)
+    # Relative to OUTPUT_ROOT, so nodes that mount it elsewhere agree.
+    output_path = models.CharField(max_length=2000, blank=True)
+    output_size = models.BigIntegerField(null=True, blank=True)
+    output_sha256 = models.CharField(max_length=64, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["campaign", "uid"], name="unit_uid_unique"),
+        ]
+        indexes = [
+            # Dashboard counts (GROUP BY state) and "pending units of a campaign" for run.
+            models.Index(fields=["campaign", "state"], name="unit_campaign_state"),
+            # The failures list: failed units of a campaign by error class.
+            models.Index(
+                fields=["campaign", "error_class"],
+                name="unit_campaign_error",
+                condition=Q(state="failed"),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.uid
+
+
+class Attempt(models.Model):
+    """One try at one unit; never updated, so the history stays."""
+
+    class Outcome(models.TextChoices):
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+
+    unit = models.ForeignKey(Unit, on_delete=models.CASCADE, related_name="attempts")
+    batch = models.ForeignKey(Batch, on_delete=models.SET_NULL, null=True, related_name="attempts")
+    version = models.ForeignKey(ParameterVersion, on_delete=models.PROTECT, related_name="+")
+    outcome = models.CharField(max_length=20, choices=Outcome.choices)
+    error_class = models.CharField(max_length=30, choices=ErrorClass.choices, blank=True)
+    error_message = models.TextField(blank=True)
+    output_path = models.CharField(max_length=2000, blank=True)
+    output_size = models.BigIntegerField(null=True, blank=True)
+    output_sha256 = models.CharField(max_length=64, blank=True)
+    worker = models.CharField(max_length=200, blank=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+    duration_ms = models.PositiveIntegerField()
+    # Per-unit measurements: tokens before and after truncation.
+    metrics = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-finished_at"]

@@ -1,0 +1,1 @@
+"""Everything that touches PyTorch. Imported by workers and model-running commands only."""

@@ -1,0 +1,49 @@
+"""Memory of the device a batch ran on: allocated vs reserved on CUDA, RSS on CPU."""
+
+from __future__ import annotations
+
+import resource
+
+import torch
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * resource.getpagesize()
+    except OSError:
+        return 0
+
+
+class MemoryProbe:
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def reset_peak(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def snapshot(self) -> dict:
+        if self.device.type == "cuda":
+            return {
+                "device": torch.cuda.get_device_name(self.device),
+                "allocated": torch.cuda.memory_allocated(self.device),
+                "reserved": torch.cuda.memory_reserved(self.device),
+                "peak_allocated": torch.cuda.max_memory_allocated(self.device),
+                "peak_reserved": torch.cuda.max_memory_reserved(self.device),
+            }
+        # ru_maxrss is the process peak in KiB on Linux.
+        return {
+            "device": "cpu",
+            "rss": _rss_bytes(),
+            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        }
+
+
+def runtime_facts() -> dict:
+    facts = {"torch": torch.__version__, "cuda_available": torch.cuda.is_available()}
+    if torch.cuda.is_available():
+        facts["cuda"] = torch.version.cuda
+        facts["device"] = torch.cuda.get_device_name(0)
+    facts["threads"] = torch.get_num_threads()
+    return facts

@@ -1,0 +1,14 @@
+"""Celery tasks: thin adapters that take ids and call the batch runner."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from .batch_runner import run_batch as _run_batch
+
+
+@shared_task(name="gpuworker.tasks.run_batch", acks_late=True)
+def run_batch(batch_id: int) -> str:
+    # Idempotent: the runner claims the batch by update, so a redelivery
+    # of this message finds it no longer queued and returns quietly.
+    return _run_batch(batch_id)

@@ -1,0 +1,8 @@
+from django.apps import AppConfig
+
+
+class PortalConfig(AppConfig):
+    name = "portal"
+
+    def ready(self) -> None:
+        from . import checks  # noqa: F401  (registers the system checks)

@@ -1,0 +1,149 @@
+"""One settings module, configured from the environment.
+
+With no variable set this is the embedded default: SQLite and a filesystem
+Celery broker under var/, outputs under var/outputs/. Set DATABASE_URL,
+CELERY_BROKER_URL and OUTPUT_ROOT for the distributed setup (docs/deployment.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+
+
+def _path(value: str) -> Path:
+    path = Path(value)
+    return path if path.is_absolute() else BASE_DIR / path
+
+
+VAR_DIR = _path(env.str("VAR_DIR", default="var"))
+
+DEBUG = env.bool("DEBUG", default=True)
+# The fallback key only serves the embedded development default; the
+# portal.E001 check refuses it once DEBUG is off.
+INSECURE_DEV_SECRET_KEY = "dev-only-insecure-key-change-me"
+SECRET_KEY = env.str("SECRET_KEY", default=INSECURE_DEV_SECRET_KEY)
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "django_htmx",
+    "template_partials",
+    "django_tables2",
+    "portal",
+    "campaigns",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "portal.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "portal.wsgi.application"
+
+DATABASES = {
+    "default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'db.sqlite3'}"),
+}
+_db = DATABASES["default"]
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    # The web process and a worker write to the same file: WAL lets readers
+    # go on during a write, IMMEDIATE takes the write lock at BEGIN so two
+    # writers queue on busy_timeout instead of failing on lock upgrade.
+    _db["OPTIONS"] = {
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    # A file (not :memory:) so worker processes started by tests see the data.
+    _db["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
+else:
+    _db.setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
+    _db["CONN_HEALTH_CHECKS"] = True
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "campaign_list"
+LOGOUT_REDIRECT_URL = "login"
+
+# Where outputs go: <OUTPUT_ROOT>/<campaign>/<version>/... (campaigns.paths).
+# In the distributed setup every node must see the same OUTPUT_ROOT.
+OUTPUT_ROOT = _path(env.str("OUTPUT_ROOT", default=str(VAR_DIR / "outputs")))
+
+# --- Celery -----------------------------------------------------------------
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://")
+CELERY_BROKER_DIR = VAR_DIR / "broker"
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    # kombu's filesystem transport: a real broker that needs no server.
+    # It deletes a message when a worker takes it, so late acknowledgement
+    # cannot bring back a batch whose worker died; the distributed setup can.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(CELERY_BROKER_DIR / "queue"),
+        "data_folder_out": str(CELERY_BROKER_DIR / "queue"),
+        "control_folder": str(CELERY_BROKER_DIR / "control"),
+        "polling_interval": 0.2,
+    }
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_ROUTES = {"gpuworker.tasks.*": {"queue": "gpu"}}
+# Only worker processes import the task modules (and so torch).
+CELERY_IMPORTS = ["gpuworker.tasks"]
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+}

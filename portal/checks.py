@@ -21,10 +21,13 @@ def check_secret_key(app_configs, **kwargs):
 
 @register()
 def check_broker_matches_database(app_configs, **kwargs):
-    engine = settings.DATABASES["default"]["ENGINE"]
-    if engine != "django.db.backends.sqlite3" and settings.CELERY_BROKER_URL.startswith(
-        "filesystem://"
-    ):
+    return broker_database_mismatch(
+        engine=settings.DATABASES["default"]["ENGINE"], broker_url=settings.CELERY_BROKER_URL
+    )
+
+
+def broker_database_mismatch(*, engine: str, broker_url: str) -> list[Warning]:
+    if engine != "django.db.backends.sqlite3" and broker_url.startswith("filesystem://"):
         return [
             Warning(
                 "A server database with the embedded filesystem broker: workers on other "

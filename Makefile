@@ -1,0 +1,53 @@
+# Two commands do all the set-up on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+MANAGE := $(BIN)/python manage.py
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+# Models load from installed packages or local folders only, never from a hub.
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install run test lint worker clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch first and pinned: the local CPU wheel. An open range would pull a
+	# multi-GB CUDA build. pyproject.toml declares torch>=2.4, which this meets.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(BIN)/.installed
+
+run: install
+	$(MANAGE) migrate --verbosity 0
+	$(MANAGE) demo
+	@echo ""
+	@echo "  Dashboard: http://$(HOST):$(PORT)/   (log in as demo / demo-briefgpu)"
+	@echo "  Stop with Ctrl-C (stops the web server and the worker)."
+	@echo ""
+	@trap 'kill $$worker 2>/dev/null; wait $$worker 2>/dev/null' EXIT INT TERM; \
+	$(BIN)/celery -A portal worker -Q gpu -c 1 --without-gossip --without-mingle \
+		--without-heartbeat --loglevel INFO & worker=$$!; \
+	$(MANAGE) runserver $(HOST):$(PORT)
+
+worker: install
+	$(BIN)/celery -A portal worker -Q gpu -c 1 --without-gossip --without-mingle \
+		--without-heartbeat --loglevel INFO
+
+test: install
+	$(MANAGE) makemigrations --check --dry-run
+	$(BIN)/ruff check .
+	$(BIN)/pytest
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+clean:
+	rm -rf var

@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from campaigns.models import Campaign, Unit, UnitState
+
+
+def _call(*args) -> str:
+    out = StringIO()
+    call_command("campaign", *args, stdout=out, stderr=StringIO())
+    return out.getvalue()
+
+
+@pytest.mark.django_db
+def test_create_then_status_as_json(corpus):
+    out = _call(
+        "create",
+        "docs",
+        "--processor",
+        "text-embedding",
+        "--input",
+        str(corpus),
+        "--project",
+        "acme",
+        "--param",
+        "batch_size=8",
+    )
+    assert "created campaign docs" in out
+    campaign = Campaign.objects.get(name="docs")
+    assert campaign.project.name == "acme"
+    assert campaign.current_version.params["batch_size"] == 8
+    Unit.objects.filter(campaign=campaign, uid="bad/empty.txt").update(
+        state=UnitState.FAILED, error_class="input_invalid"
+    )
+    status = json.loads(_call("status", "docs", "--json"))
+    assert status == {
+        "campaign": "docs",
+        "total": 39,
+        "pending": 38,
+        "queued": 0,
+        "running": 0,
+        "succeeded": 0,
+        "failed": 1,
+        "by_error": {"input_invalid": 1},
+    }
+
+
+@pytest.mark.django_db
+def test_list_as_json(corpus):
+    _call("create", "a", "--processor", "text-embedding", "--input", str(corpus))
+    rows = json.loads(_call("list", "--json"))
+    assert [(r["campaign"], r["total"], r["processor"]) for r in rows] == [
+        ("a", 39, "text-embedding")
+    ]
+
+
+@pytest.mark.django_db
+def test_unknown_parameter_is_a_clear_error(corpus):
+    with pytest.raises(CommandError, match="unknown parameter.*colour"):
+        _call(
+            "create",
+            "x",
+            "--processor",
+            "text-embedding",
+            "--input",
+            str(corpus),
+            "--param",
+            "colour=blue",
+        )
+
+
+@pytest.mark.django_db
+def test_missing_campaign_is_a_clear_error():
+    with pytest.raises(CommandError, match="no campaign named 'nope'"):
+        _call("status", "nope")
+
+
+@pytest.mark.django_db
+def test_run_wait_gives_up_with_a_hint_when_no_worker_runs(corpus, settings, tmp_path):
+    _call("create", "lonely", "--processor", "text-embedding", "--input", str(corpus))
+    with pytest.raises(CommandError, match="is a worker running"):
+        _call("run", "lonely", "--wait", "--timeout", "1")

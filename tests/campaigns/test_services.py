@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from campaigns import services
+from campaigns.models import Batch, Unit, UnitState
+from tests.conftest import DEMO_BAD, DEMO_GOOD
+
+
+def test_first_version_records_params_software_and_a_fingerprint(make_campaign):
+    campaign = make_campaign()
+    version = campaign.current_version
+    assert version.number == 1
+    assert version.params["max_tokens"] == 256
+    assert version.params["pooling"] == "mean"
+    assert version.params["normalization"] == "l2"
+    assert {"python", "torch", "transformers", "git_commit"} <= set(version.software)
+    assert len(version.fingerprint) == 64
+    assert version.label.startswith("v1-")
+
+
+def test_same_parameters_reuse_the_version_and_a_change_makes_a_new_one(make_campaign):
+    campaign = make_campaign()
+    same = services.version_create(campaign=campaign, params={})
+    changed = services.version_create(campaign=campaign, params={"batch_size": 8})
+    assert same.pk == campaign.versions.get(number=1).pk
+    assert changed.number == 2
+    assert changed.fingerprint != same.fingerprint
+
+
+def test_a_version_cannot_be_edited(make_campaign):
+    version = make_campaign().current_version
+    version.params = {**version.params, "max_tokens": 512}
+    with pytest.raises(ValueError, match="immutable"):
+        version.save()
+
+
+def test_unknown_parameters_are_refused_before_anything_is_created(project, corpus):
+    with pytest.raises(ValidationError, match="unknown parameter.*polling"):
+        services.campaign_create(
+            name="x",
+            processor="text-embedding",
+            project=project,
+            input_folder=corpus,
+            params={"polling": "mean"},
+        )
+    assert not project.campaigns.exists()
+
+
+def test_run_groups_pending_units_into_batches_and_enqueues_after_commit(
+    make_campaign, django_capture_on_commit_callbacks
+):
+    campaign = make_campaign(batch_size=10)
+    with (
+        mock.patch.object(services.celery_app, "send_task") as send,
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        count = services.campaign_run(campaign=campaign)
+    total = DEMO_GOOD + DEMO_BAD
+    assert count == 4  # 39 pending units in batches of 10
+    assert Unit.objects.filter(campaign=campaign, state=UnitState.QUEUED).count() == total
+    assert Unit.objects.filter(campaign=campaign, state=UnitState.PENDING).count() == 0
+    sizes = sorted(Batch.objects.filter(campaign=campaign).values_list("size", flat=True))
+    assert sizes == [9, 10, 10, 10]
+    sent_ids = sorted(call.kwargs["args"][0] for call in send.call_args_list)
+    assert sent_ids == sorted(Batch.objects.values_list("pk", flat=True))
+
+
+def test_running_again_enqueues_nothing_new(make_campaign, django_capture_on_commit_callbacks):
+    campaign = make_campaign()
+    with (
+        mock.patch.object(services.celery_app, "send_task"),
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        services.campaign_run(campaign=campaign)
+        assert services.campaign_run(campaign=campaign) == 0
+
+
+def test_campaign_names_must_be_slugs(project, corpus):
+    with pytest.raises(ValidationError, match="lowercase"):
+        services.campaign_create(
+            name="My Campaign", processor="text-embedding", project=project, input_folder=corpus
+        )

@@ -1,0 +1,119 @@
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+from django.urls import reverse
+
+from campaigns import services
+from campaigns.models import Unit, UnitState
+
+HTMX_COUNTS = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "counts"}
+
+
+@pytest.fixture
+def campaign(make_campaign):
+    return make_campaign("texts")
+
+
+def _detail(campaign):
+    return reverse("campaign_detail", args=[campaign.name])
+
+
+def test_pages_need_a_login(client, campaign):
+    response = client.get(_detail(campaign))
+    assert response.status_code == 302
+    assert response.url.startswith(reverse("login"))
+
+
+def test_a_member_sees_the_campaign_with_its_counts(client, owner, campaign):
+    client.force_login(owner)
+    response = client.get(_detail(campaign))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert 'data-count="pending">39<' in html
+    assert 'data-count="succeeded">0<' in html
+
+
+def test_another_customer_gets_not_found(client, outsider, campaign):
+    client.force_login(outsider)
+    assert client.get(_detail(campaign)).status_code == 404
+    assert campaign.name not in client.get(reverse("campaign_list")).content.decode()
+
+
+def test_staff_see_every_campaign(client, staff, campaign):
+    client.force_login(staff)
+    assert client.get(_detail(campaign)).status_code == 200
+    assert campaign.name in client.get(reverse("campaign_list")).content.decode()
+
+
+def test_htmx_poll_returns_only_the_counts_fragment_and_stops_when_idle(client, owner, campaign):
+    client.force_login(owner)
+    response = client.get(_detail(campaign), **HTMX_COUNTS)
+    html = response.content.decode()
+    assert response.status_code == 286  # htmx: swap these counts, then stop polling
+    assert html.lstrip().startswith('<section id="counts"')
+    assert "<html" not in html
+    assert "hx-trigger" not in html
+
+
+def test_counts_keep_polling_while_units_are_queued(client, owner, campaign):
+    Unit.objects.filter(campaign=campaign).update(state=UnitState.QUEUED)
+    client.force_login(owner)
+    response = client.get(_detail(campaign), **HTMX_COUNTS)
+    assert response.status_code == 200
+    assert 'hx-trigger="every 2s"' in response.content.decode()
+    assert 'hx-trigger="every 2s"' in client.get(_detail(campaign)).content.decode()
+
+
+def test_failures_show_their_readable_reason_and_the_state_filter_works(client, owner, campaign):
+    Unit.objects.filter(campaign=campaign, uid="bad/empty.txt").update(
+        state=UnitState.FAILED, error_class="input_invalid", error_message="empty file"
+    )
+    client.force_login(owner)
+    html = client.get(_detail(campaign), {"state": "failed"}).content.decode()
+    assert "empty file" in html
+    assert "bad/empty.txt" in html
+    assert "news/harbour-reopens.txt" not in html
+
+
+def test_a_tampered_state_filter_shows_all_units(client, owner, campaign):
+    client.force_login(owner)
+    response = client.get(_detail(campaign), {"state": "'; DROP TABLE"})
+    assert response.status_code == 200
+    assert "news/harbour-reopens.txt" in response.content.decode()
+
+
+def test_run_button_enqueues_the_pending_units(
+    client, owner, campaign, django_capture_on_commit_callbacks
+):
+    client.force_login(owner)
+    with (
+        mock.patch.object(services.celery_app, "send_task") as send,
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        response = client.post(reverse("campaign_run", args=[campaign.name]), follow=True)
+    assert response.status_code == 200
+    assert send.call_count == 3  # 39 units, batches of 16
+    assert "Queued 3 batches." in response.content.decode()
+    assert not Unit.objects.filter(campaign=campaign, state=UnitState.PENDING).exists()
+
+
+def test_an_outsider_cannot_run_a_campaign(client, outsider, campaign):
+    client.force_login(outsider)
+    with mock.patch.object(services.celery_app, "send_task") as send:
+        response = client.post(reverse("campaign_run", args=[campaign.name]))
+    assert response.status_code == 404
+    assert not send.called
+
+
+def test_campaign_list_shows_progress_from_aggregate_counts(
+    client, owner, campaign, django_assert_max_num_queries
+):
+    Unit.objects.filter(campaign=campaign, uid__startswith="news/").update(
+        state=UnitState.SUCCEEDED
+    )
+    client.force_login(owner)
+    with django_assert_max_num_queries(6):  # not one query per unit or per campaign
+        html = client.get(reverse("campaign_list")).content.decode()
+    assert '<progress max="39" value="6">' in html

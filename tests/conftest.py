@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import factory
+import pytest
+from django.contrib.auth import get_user_model
+
+from campaigns import services
+from campaigns.models import Project
+
+DEMO_CORPUS = Path(__file__).resolve().parent.parent / "campaigns" / "demo_corpus"
+# The demo corpus: 35 texts that embed, 4 bad inputs that must fail with a reason.
+DEMO_GOOD, DEMO_BAD = 35, 4
+
+
+def services_required() -> bool:
+    """In CI a missing service or browser fails the test instead of skipping it."""
+    return os.environ.get("REQUIRE_SERVICES") == "1"
+
+
+class UserFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = get_user_model()
+
+    username = factory.Sequence(lambda n: f"user{n}")
+    password = factory.django.Password("pw-for-tests")
+
+
+class ProjectFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Project
+
+    name = factory.Sequence(lambda n: f"project-{n}")
+
+
+@pytest.fixture
+def owner(db):
+    return UserFactory(username="owner")
+
+
+@pytest.fixture
+def outsider(db):
+    return UserFactory(username="outsider")
+
+
+@pytest.fixture
+def staff(db):
+    return UserFactory(username="staff", is_staff=True)
+
+
+@pytest.fixture
+def project(owner):
+    project = ProjectFactory(name="acme")
+    project.members.add(owner)
+    return project
+
+
+@pytest.fixture
+def corpus(tmp_path) -> Path:
+    """A private copy of the demo corpus: tests must never write next to originals."""
+    target = tmp_path / "corpus"
+    shutil.copytree(DEMO_CORPUS, target)
+    return target
+
+
+@pytest.fixture
+def output_root(tmp_path, settings) -> Path:
+    root = tmp_path / "outputs"
+    settings.OUTPUT_ROOT = root
+    return root
+
+
+@pytest.fixture
+def make_campaign(project, corpus):
+    def make(name: str = "texts", **params):
+        campaign, _ = services.campaign_create(
+            name=name,
+            processor="text-embedding",
+            project=project,
+            input_folder=corpus,
+            params=params or None,
+        )
+        return campaign
+
+    return make

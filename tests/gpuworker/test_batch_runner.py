@@ -1,0 +1,100 @@
+"""The task body, called in-process (the integration tests run it in a real worker)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import pytest
+
+from campaigns import services
+from campaigns.models import Attempt, Batch, Unit, UnitState
+from campaigns.outputs import validate_embedding_file
+from gpuworker.batch_runner import run_batch
+from gpuworker.processors.text_embedding import TextEmbeddingProcessor
+from tests.conftest import DEMO_BAD, DEMO_GOOD
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def queued(make_campaign, output_root, django_capture_on_commit_callbacks):
+    campaign = make_campaign(batch_size=8)
+    with (
+        mock.patch.object(services.celery_app, "send_task"),
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        services.campaign_run(campaign=campaign)
+    return campaign
+
+
+def test_every_unit_ends_succeeded_with_a_valid_file_or_failed_with_a_reason(queued, output_root):
+    for batch in Batch.objects.filter(campaign=queued):
+        assert run_batch(batch.pk) == "done"
+    units = Unit.objects.filter(campaign=queued)
+    assert units.filter(state=UnitState.SUCCEEDED).count() == DEMO_GOOD
+    assert units.filter(state=UnitState.FAILED).count() == DEMO_BAD
+    for unit in units.filter(state=UnitState.SUCCEEDED):
+        path = Path(output_root) / unit.output_path
+        vector = validate_embedding_file(path, dimension=384, normalized=True)
+        assert unit.output_size == path.stat().st_size
+        assert np.isclose(np.linalg.norm(vector), 1.0, atol=1e-4)
+        assert unit.output_path.startswith(f"{queued.name}/{queued.current_version.label}/")
+    reasons = dict(units.filter(state=UnitState.FAILED).values_list("uid", "error_message"))
+    assert reasons["bad/empty.txt"] == "empty file"
+    assert reasons["bad/whitespace-only.txt"].startswith("whitespace only")
+    assert reasons["bad/latin1-not-utf8.txt"].startswith("not valid UTF-8")
+    assert reasons["bad/photo-not-text.png"].startswith("binary file")
+    assert Attempt.objects.filter(unit__campaign=queued).count() == DEMO_GOOD + DEMO_BAD
+    long = Attempt.objects.get(unit__uid="long/annual-report.txt")
+    assert long.metrics["truncated"] is True
+
+
+def test_a_batch_runs_once_even_if_delivered_twice(queued):
+    batch = Batch.objects.filter(campaign=queued).first()
+    assert run_batch(batch.pk) == "done"
+    assert run_batch(batch.pk) == "not runnable"
+    assert Attempt.objects.filter(batch=batch).count() == batch.size
+
+
+def test_a_batch_that_is_gone_is_ignored(db):
+    assert run_batch(987654) == "gone"
+
+
+def test_batch_records_tokens_time_and_memory(queued):
+    batch = Batch.objects.filter(campaign=queued).order_by("pk").first()
+    run_batch(batch.pk)
+    batch.refresh_from_db()
+    assert batch.state == Batch.State.DONE
+    assert batch.metrics["items"] == batch.size
+    assert batch.metrics["padded_tokens"] >= batch.metrics["real_tokens"] > 0
+    assert "memory" in batch.metrics and batch.metrics["runtime"]["torch"]
+
+
+def test_an_output_that_fails_its_check_is_not_counted(queued):
+    batch = Batch.objects.filter(campaign=queued).order_by("pk").first()
+    # A processor that writes 383 numbers instead of 384.
+    with mock.patch.object(TextEmbeddingProcessor, "serialize", lambda self, v: _npy(v[:-1])):
+        run_batch(batch.pk)
+    units = Unit.objects.filter(batch=batch, uid__startswith="bad/").count()
+    failed = Unit.objects.filter(batch=batch, error_class="output_invalid")
+    assert failed.count() == batch.size - units
+    assert "shape" in failed.first().error_message
+
+
+def test_a_model_failure_fails_the_batch_with_its_reason_and_the_next_batch_runs(queued):
+    first, second = Batch.objects.filter(campaign=queued).order_by("pk")[:2]
+    with mock.patch.object(TextEmbeddingProcessor, "run", side_effect=RuntimeError("boom")):
+        run_batch(first.pk)
+    first.refresh_from_db()
+    assert first.state == Batch.State.FAILED and "boom" in first.error
+    assert set(Unit.objects.filter(batch=first).values_list("state", flat=True)) == {"failed"}
+    run_batch(second.pk)
+    assert Unit.objects.filter(batch=second, state=UnitState.SUCCEEDED).exists()
+
+
+def _npy(vector):
+    from campaigns.outputs import vector_to_npy
+
+    return vector_to_npy(vector)

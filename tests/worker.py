@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -32,10 +33,9 @@ def purge_queue() -> None:
     """Forget messages left by an earlier run, so they cannot race this one."""
     with celery_app.connection_for_write() as conn:
         conn.ensure_connection(max_retries=3)
-        try:
+        # On RabbitMQ purging a queue that was never declared is a channel error.
+        with contextlib.suppress(*conn.channel_errors):
             conn.default_channel.queue_purge("gpu")
-        except Exception:  # noqa: BLE001 - the queue may not exist yet
-            pass
 
 
 class Worker:

@@ -24,7 +24,8 @@ client = Client()
 client.force_login(user)
 assert client.get("/campaigns/").status_code == 200
 assert client.get("/campaigns/c/").status_code == 200
-assert client.get("/campaigns/c/", headers={"HX-Request": "true", "HX-Target": "counts"}).status_code == 286
+htmx = {"HX-Request": "true", "HX-Target": "counts"}
+assert client.get("/campaigns/c/", headers=htmx).status_code == 286
 print("torch" in sys.modules, "gpuworker" in sys.modules)
 """
 

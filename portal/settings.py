@@ -88,6 +88,8 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": 30,
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
+    # SQLite creates the file, not its folder.
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
     # A file (not :memory:) so worker processes started by tests see the data.
     _db["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
 else:

@@ -39,13 +39,18 @@ def run_ours(processor, texts: list[str], batch_size: int) -> dict:
         real += result.real_tokens
         padded += result.padded_tokens
     seconds = time.perf_counter() - started
-    return {"docs_per_s": len(texts) / seconds, "seconds": seconds,
-            "padding": padded / real, "real_tokens": real, "padded_tokens": padded}
+    return {
+        "docs_per_s": len(texts) / seconds,
+        "seconds": seconds,
+        "padding": padded / real,
+        "real_tokens": real,
+        "padded_tokens": padded,
+    }
 
 
 def run_reference(model, texts: list[str], batch_size: int) -> dict:
     started = time.perf_counter()
-    model.encode(texts, batch_size=batch_size, normalize_embeddings=True)
+    model.encode(texts, batch_size=batch_size, normalize_embeddings=True, show_progress_bar=False)
     seconds = time.perf_counter() - started
     return {"docs_per_s": len(texts) / seconds, "seconds": seconds}
 
@@ -69,19 +74,24 @@ def main() -> None:
     texts = load_texts(args.corpus, args.limit)
     params = TEXT_EMBEDDING.clean({"batch_size": args.batch_size})
     ours = TextEmbeddingProcessor(params)
-    reference = SentenceTransformer(str(resolve_model_path(params["model"])), device="cpu",
-                                    local_files_only=True)
+    reference = SentenceTransformer(
+        str(resolve_model_path(params["model"])), device="cpu", local_files_only=True
+    )
     reference.max_seq_length = params["max_tokens"]
     ours.embed(texts[:32])  # warm-up, both
     reference.encode(texts[:32])
 
-    print(f"# {len(texts)} texts, batch {args.batch_size}, truncation {params['max_tokens']}, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores")
+    print(
+        f"# {len(texts)} texts, batch {args.batch_size}, truncation {params['max_tokens']}, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    )
     rows = [
         ("briefgpu text-embedding, original order", run_ours(ours, texts, args.batch_size)),
-        ("sentence-transformers encode (sorts by length)",
-         run_reference(reference, texts, args.batch_size)),
+        (
+            "sentence-transformers encode (sorts by length)",
+            run_reference(reference, texts, args.batch_size),
+        ),
     ]
     print("| contender | docs/s | seconds | padding (padded/real tokens) |")
     print("|---|---:|---:|---:|")

@@ -120,7 +120,7 @@ LOGOUT_REDIRECT_URL = "login"
 OUTPUT_ROOT = _path(env.str("OUTPUT_ROOT", default=str(VAR_DIR / "outputs")))
 
 # --- Celery -----------------------------------------------------------------
-CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://")
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://localhost/")
 CELERY_BROKER_DIR = VAR_DIR / "broker"
 if CELERY_BROKER_URL.startswith("filesystem://"):
     # kombu's filesystem transport: a real broker that needs no server.

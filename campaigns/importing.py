@@ -9,17 +9,17 @@ becomes a unit, failed with a readable reason, so it is easy to find.
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import os
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .models import Campaign, ErrorClass, Unit, UnitState
+from .models import IN_FLIGHT, Campaign, ErrorClass, Unit, UnitState
+from .outputs import file_sha256
 from .paths import normalise_uid, resolve_input
 
-_CHUNK = 1 << 20
 _BULK = 1000
 
 
@@ -32,18 +32,17 @@ class ImportReport:
     created: int = 0
     existing: int = 0
     failed: int = 0
+    changed: int = 0
+    duplicates: int = 0
     problems: list[str] = field(default_factory=list)
 
 
-def file_digest(path: Path) -> tuple[int, str]:
-    """Size and sha256, streamed so a large input is never read whole into memory."""
-    h = hashlib.sha256()
-    size = 0
-    with path.open("rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            h.update(chunk)
-            size += len(chunk)
-    return size, h.hexdigest()
+def file_identity(path: Path) -> tuple[int, int, str]:
+    """Size, mtime (ns) and sha256 of an input file."""
+    st = path.stat()
+    if not stat.S_ISREG(st.st_mode):
+        raise IsADirectoryError(str(path))
+    return st.st_size, st.st_mtime_ns, file_sha256(path)
 
 
 @dataclass
@@ -138,7 +137,7 @@ def _describe(root: Path, row: _Row) -> Unit:
     if not row.error_class:
         try:
             path = resolve_input(root, row.source_path)
-            unit.size, unit.sha256 = file_digest(path)
+            unit.size, unit.mtime_ns, unit.sha256 = file_identity(path)
         except ValueError as exc:
             unit.error_class, unit.error_message = ErrorClass.INPUT_INVALID, str(exc)
         except FileNotFoundError:
@@ -154,16 +153,26 @@ def _describe(root: Path, row: _Row) -> Unit:
     return unit
 
 
-def _store(campaign: Campaign, units: list[Unit], report: ImportReport) -> None:
-    uids = [u.uid for u in units]
-    known = set(Unit.objects.filter(campaign=campaign, uid__in=uids).values_list("uid", flat=True))
+def _store(campaign: Campaign, units: list[Unit], report: ImportReport, seen: set[str]) -> None:
+    known = {
+        u.uid: u
+        for u in Unit.objects.filter(campaign=campaign, uid__in=[u.uid for u in units]).only(
+            "uid", "sha256", "state"
+        )
+    }
     fresh = []
-    seen = set()
     for unit in units:
-        if unit.uid in known or unit.uid in seen:
-            report.existing += 1
+        if unit.uid in seen:
+            report.duplicates += 1
+            report.problems.append(
+                f"{unit.uid}: duplicate id in this import ({unit.source_path}); kept the first"
+            )
             continue
         seen.add(unit.uid)
+        if unit.uid in known:
+            report.existing += 1
+            _compare(known[unit.uid], unit, report)
+            continue
         unit.campaign = campaign
         fresh.append(unit)
         if unit.state == UnitState.FAILED:
@@ -173,17 +182,40 @@ def _store(campaign: Campaign, units: list[Unit], report: ImportReport) -> None:
     report.created += len(fresh)
 
 
+def _compare(existing: Unit, fresh: Unit, report: ImportReport) -> None:
+    """Same id, other bytes: shown and kept apart, never mixed with the old results."""
+    if not fresh.sha256 or not existing.sha256 or fresh.sha256 == existing.sha256:
+        return
+    report.changed += 1
+    if existing.state == UnitState.PENDING:
+        # Nothing was made from the old bytes yet: just record the new ones.
+        Unit.objects.filter(pk=existing.pk).update(
+            size=fresh.size, mtime_ns=fresh.mtime_ns, sha256=fresh.sha256
+        )
+        report.problems.append(f"{fresh.uid}: input changed before processing; recorded anew")
+        return
+    message = (
+        f"input changed since import: sha256 {existing.sha256[:12]}… is now "
+        f"{fresh.sha256[:12]}… (resume --retry-failed processes the new content)"
+    )
+    Unit.objects.filter(pk=existing.pk).exclude(state__in=IN_FLIGHT).update(
+        state=UnitState.FAILED, error_class=ErrorClass.INPUT_CHANGED, error_message=message
+    )
+    report.problems.append(f"{fresh.uid}: {message}")
+
+
 def _import_rows(campaign: Campaign, rows: Iterable[_Row]) -> ImportReport:
     root = Path(campaign.input_root)
     report = ImportReport()
+    seen: set[str] = set()
     pending: list[Unit] = []
     for row in rows:
         pending.append(_describe(root, row))
         if len(pending) >= _BULK:
-            _store(campaign, pending, report)
+            _store(campaign, pending, report, seen)
             pending = []
     if pending:
-        _store(campaign, pending, report)
+        _store(campaign, pending, report, seen)
     return report
 
 

@@ -72,16 +72,31 @@ class UnitState(models.TextChoices):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    NEEDS_REVIEW = "needs_review"
+
+
+#: States in which a unit is somebody's work in progress.
+IN_FLIGHT = (UnitState.QUEUED, UnitState.RUNNING)
 
 
 class ErrorClass(models.TextChoices):
     INPUT_MISSING = "input_missing"
     INPUT_UNREADABLE = "input_unreadable"
     INPUT_INVALID = "input_invalid"
+    INPUT_CHANGED = "input_changed"
     PROCESSING_ERROR = "processing_error"
     OUT_OF_MEMORY = "out_of_memory"
     OUTPUT_INVALID = "output_invalid"
     TIMEOUT = "timeout"
+
+
+#: Failures that come from the input itself: retrying the same bytes cannot help.
+INPUT_ERRORS = (
+    ErrorClass.INPUT_MISSING,
+    ErrorClass.INPUT_UNREADABLE,
+    ErrorClass.INPUT_INVALID,
+    ErrorClass.INPUT_CHANGED,
+)
 
 
 class Batch(models.Model):
@@ -96,6 +111,12 @@ class Batch(models.Model):
     state = models.CharField(max_length=20, choices=State.choices, default=State.QUEUED)
     size = models.PositiveIntegerField()
     worker = models.CharField(max_length=200, blank=True)
+    # The lease: whoever holds the token owns the batch until lease_expires_at,
+    # which a heartbeat pushes forward while the worker lives. A dead worker
+    # stops pushing; the sweeper then puts the batch back in the queue.
+    lease_token = models.CharField(max_length=32, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    deliveries = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -105,6 +126,16 @@ class Batch(models.Model):
 
     class Meta:
         verbose_name_plural = "batches"
+        indexes = [
+            # The lease sweeper: running batches whose lease expired.
+            models.Index(
+                fields=["lease_expires_at"],
+                name="batch_running_lease",
+                condition=Q(state="running"),
+            ),
+            # resume: queued batches of a campaign, to send their task again.
+            models.Index(fields=["campaign", "state"], name="batch_campaign_state"),
+        ]
 
     def __str__(self) -> str:
         return f"batch {self.pk} of {self.campaign.name}"
@@ -117,6 +148,8 @@ class Unit(models.Model):
     source_path = models.CharField(max_length=2000)
     size = models.BigIntegerField(null=True, blank=True)
     sha256 = models.CharField(max_length=64, blank=True)
+    # With size, what lets verify spot a changed input by stat alone.
+    mtime_ns = models.BigIntegerField(null=True, blank=True)
     category = models.CharField(max_length=200, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
     state = models.CharField(max_length=20, choices=UnitState.choices, default=UnitState.PENDING)
@@ -161,6 +194,10 @@ class Attempt(models.Model):
     outcome = models.CharField(max_length=20, choices=Outcome.choices)
     error_class = models.CharField(max_length=30, choices=ErrorClass.choices, blank=True)
     error_message = models.TextField(blank=True)
+    # Groups identical failures without storing every traceback.
+    traceback_digest = models.CharField(max_length=16, blank=True)
+    # The input bytes this attempt actually read: lineage from output to source.
+    input_sha256 = models.CharField(max_length=64, blank=True)
     output_path = models.CharField(max_length=2000, blank=True)
     output_size = models.BigIntegerField(null=True, blank=True)
     output_sha256 = models.CharField(max_length=64, blank=True)
@@ -173,3 +210,19 @@ class Attempt(models.Model):
 
     class Meta:
         ordering = ["-finished_at"]
+
+
+class Reconciliation(models.Model):
+    """One run of verify: what the disk said about every unit, and what it fixed."""
+
+    campaign = models.ForeignKey(Campaign, on_delete=models.CASCADE, related_name="reconciliations")
+    created_at = models.DateTimeField(auto_now_add=True)
+    deep = models.BooleanField(default=False)
+    seconds = models.FloatField()
+    # verdict -> number of units; plus orphans and stale temp files.
+    counts = models.JSONField()
+    # verdict -> a few unit ids with their reason, for the page and the CLI.
+    samples = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["-created_at"]

@@ -6,10 +6,12 @@ import hashlib
 import io
 import os
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from numpy.lib import format as npy_format
 
 
 @dataclass(frozen=True)
@@ -18,16 +20,21 @@ class WrittenFile:
     sha256: str
 
 
-def write_atomic(path: Path, data: bytes) -> WrittenFile:
+def write_atomic(path: Path, data: bytes | Iterable[bytes]) -> WrittenFile:
     """Temp file in the target folder, fsync, os.replace, fsync of the folder.
 
     A reader (or verify after a crash) sees either no file or the whole file.
+    `data` may be an iterable of chunks, so large files stream.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    digest, size = hashlib.sha256(), 0
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            for chunk in [data] if isinstance(data, bytes) else data:
+                fh.write(chunk)
+                digest.update(chunk)
+                size += len(chunk)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -39,7 +46,7 @@ def write_atomic(path: Path, data: bytes) -> WrittenFile:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-    return WrittenFile(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    return WrittenFile(size=size, sha256=digest.hexdigest())
 
 
 def vector_to_npy(vector: np.ndarray) -> bytes:
@@ -69,3 +76,44 @@ def validate_embedding_file(path: Path, *, dimension: int, normalized: bool) -> 
         if abs(norm - 1.0) > 1e-3:
             raise InvalidOutput(f"norm {norm:.6f}, expected 1 after L2 normalisation")
     return vector
+
+
+def check_npy_header(path: Path, *, expected_size: int | None, dimension: int) -> None:
+    """The cheap check verify runs on every output: size and .npy header, no data read.
+
+    Raises FileNotFoundError when the file is gone, InvalidOutput when it is
+    there but not whole or not the expected array.
+    """
+    size = path.stat().st_size
+    if expected_size is not None and size != expected_size:
+        raise InvalidOutput(f"size {size} bytes, recorded {expected_size}")
+    with path.open("rb") as fh:
+        try:
+            version = npy_format.read_magic(fh)
+            if version == (1, 0):
+                shape, _fortran, dtype = npy_format.read_array_header_1_0(fh)
+            elif version == (2, 0):
+                shape, _fortran, dtype = npy_format.read_array_header_2_0(fh)
+            else:
+                raise ValueError(f"unsupported .npy version {version}")
+        except (ValueError, OSError, SyntaxError) as exc:
+            raise InvalidOutput(f"not a .npy file: {exc}") from exc
+        header_end = fh.tell()
+    if shape != (dimension,) or dtype != np.float32:
+        raise InvalidOutput(f"array {shape} {dtype}, expected ({dimension},) float32")
+    if size != header_end + dimension * 4:
+        raise InvalidOutput(f"size {size} bytes, a whole vector needs {header_end + dimension * 4}")
+
+
+def file_sha256(path: Path) -> str:
+    """Streamed, so a large file is never read whole into memory."""
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def is_temp_file(name: str) -> bool:
+    """Temp files write_atomic creates: '.<name>.<random>.tmp'."""
+    return name.startswith(".") and name.endswith(".tmp")

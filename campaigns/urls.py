@@ -6,4 +6,7 @@ urlpatterns = [
     path("", views.campaign_list, name="campaign_list"),
     path("<slug:name>/", views.campaign_detail, name="campaign_detail"),
     path("<slug:name>/run/", views.campaign_run, name="campaign_run"),
+    path("<slug:name>/verify/", views.campaign_verify, name="campaign_verify"),
+    path("<slug:name>/export/<str:filename>", views.campaign_export, name="campaign_export"),
+    path("<slug:name>/units/<int:pk>/", views.unit_detail, name="unit_detail"),
 ]

@@ -3,14 +3,15 @@ from __future__ import annotations
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseStopPolling
 from django_tables2 import RequestConfig
 
-from . import selectors, services
-from .models import Campaign, Unit, UnitState
+from . import inventory, reconcile, selectors, services
+from .models import Campaign, ErrorClass, Unit, UnitState
 from .tables import UnitTable
 
 UNITS_PER_PAGE = 50
@@ -44,23 +45,69 @@ def campaign_detail(request: HttpRequest, name: str) -> HttpResponse:
             response.status_code = HttpResponseStopPolling.status_code
         return response
 
+    # Unknown filter values show everything rather than failing.
     state = request.GET.get("state", "")
-    if state and state not in UnitState.values:
-        state = ""  # an unknown filter value shows everything rather than failing
+    state = state if state in UnitState.values else ""
+    error = request.GET.get("error", "")
+    error = error if error in ErrorClass.values else ""
     units = Unit.objects.filter(campaign=campaign).order_by("pk")
     if state:
         units = units.filter(state=state)
-    table = UnitTable(units)
+    if error:
+        units = units.filter(state=UnitState.FAILED, error_class=error)
+    table = UnitTable(units, campaign_name=campaign.name)
     RequestConfig(request, paginate={"per_page": UNITS_PER_PAGE}).configure(table)
     context.update(
         {
             "table": table,
             "state": state,
+            "error": error,
             "states": UnitState.choices,
             "failures": selectors.failure_reasons(campaign=campaign),
+            "reconciliation": selectors.last_reconciliation(campaign=campaign),
+            "export_files": list(inventory.FILES),
         }
     )
     return render(request, "campaigns/campaign_detail.html", context)
+
+
+@login_required
+@require_POST
+def campaign_verify(request: HttpRequest, name: str) -> HttpResponse:
+    campaign = _get_campaign_for_user(request, name)
+    report = reconcile.campaign_verify(campaign=campaign, deep=request.POST.get("deep") == "1")
+    messages.info(
+        request,
+        f"Verified {report.total} units: {report.counts['valid']} valid, "
+        f"{report.corrected} state{'s' if report.corrected != 1 else ''} corrected.",
+    )
+    return redirect(f"{reverse('campaign_detail', args=[campaign.name])}#verify")
+
+
+@login_required
+def campaign_export(request: HttpRequest, name: str, filename: str) -> HttpResponse:
+    campaign = _get_campaign_for_user(request, name)
+    if filename not in inventory.FILES:
+        raise Http404("No such export file.")
+    response = StreamingHttpResponse(
+        inventory.GENERATORS[filename](campaign), content_type=inventory.FILES[filename]
+    )
+    response["Content-Disposition"] = f'attachment; filename="{campaign.name}-{filename}"'
+    return response
+
+
+@login_required
+def unit_detail(request: HttpRequest, name: str, pk: int) -> HttpResponse:
+    campaign = _get_campaign_for_user(request, name)
+    found = selectors.unit_lineage(campaign=campaign, pk=pk)
+    if found is None:
+        raise Http404("No such unit.")
+    unit, attempts = found
+    return render(
+        request,
+        "campaigns/unit_detail.html",
+        {"campaign": campaign, "unit": unit, "attempts": attempts},
+    )
 
 
 @login_required

@@ -119,6 +119,16 @@ LOGOUT_REDIRECT_URL = "login"
 # In the distributed setup every node must see the same OUTPUT_ROOT.
 OUTPUT_ROOT = _path(env.str("OUTPUT_ROOT", default=str(VAR_DIR / "outputs")))
 
+# A running batch holds a lease that its worker's heartbeat renews every
+# quarter of this; a worker that dies stops renewing, and the sweeper puts the
+# batch back in the queue once the lease is over.
+BATCH_LEASE_SECONDS = env.int("BATCH_LEASE_SECONDS", default=60)
+# A batch whose worker died this many times fails its units instead of
+# being requeued again (a poison input that kills the process, say).
+BATCH_MAX_DELIVERIES = env.int("BATCH_MAX_DELIVERIES", default=5)
+# A batch still running after this many seconds fails its units as `timeout`.
+BATCH_TIME_LIMIT = env.int("BATCH_TIME_LIMIT", default=3600)
+
 # --- Celery -----------------------------------------------------------------
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://localhost/")
 CELERY_BROKER_DIR = VAR_DIR / "broker"
@@ -140,7 +150,20 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_ROUTES = {"gpuworker.tasks.*": {"queue": "gpu"}}
 # Only worker processes import the task modules (and so torch).
-CELERY_IMPORTS = ["gpuworker.tasks"]
+CELERY_IMPORTS = ["gpuworker.tasks", "campaigns.tasks"]
+CELERY_TASK_ROUTES["campaigns.tasks.*"] = {"queue": "gpu"}
+# Run with `celery worker -B` (embedded default) or a separate `celery beat`.
+CELERY_BEAT_SCHEDULE = {
+    "requeue-expired-leases": {
+        "task": "campaigns.tasks.requeue_expired_batches",
+        "schedule": max(1.0, BATCH_LEASE_SECONDS / 2),
+    },
+}
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+if CELERY_BROKER_URL.startswith("redis"):
+    # Redis redelivers an unacknowledged message only after this; it must
+    # outlast the longest batch or a healthy batch would run twice.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": BATCH_TIME_LIMIT * 2}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
 LOGGING = {

@@ -45,6 +45,7 @@ def test_create_then_status_as_json(corpus):
         "running": 0,
         "succeeded": 0,
         "failed": 1,
+        "needs_review": 0,
         "by_error": {"input_invalid": 1},
     }
 

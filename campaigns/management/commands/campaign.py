@@ -12,8 +12,10 @@ from tqdm import tqdm
 
 from campaigns import selectors, services
 from campaigns.importing import ManifestError
+from campaigns.inventory import export
 from campaigns.models import Campaign
 from campaigns.processor_specs import PROCESSORS
+from campaigns.reconcile import Verdict, campaign_verify
 
 
 def _param(text: str) -> tuple[str, str]:
@@ -56,6 +58,33 @@ class Command(BaseCommand):
             default=None,
             help="with --wait: give up after this many seconds (exit 1)",
         )
+
+        verify = sub.add_parser(
+            "verify", help="check every unit against the disk and correct the states"
+        )
+        verify.add_argument("name")
+        verify.add_argument("--json", action="store_true")
+        verify.add_argument(
+            "--deep",
+            action="store_true",
+            help="also checksum every input and output and load every output",
+        )
+
+        resume = sub.add_parser("resume", help="verify, then enqueue only the units that need it")
+        resume.add_argument("name")
+        resume.add_argument(
+            "--retry-failed",
+            action="store_true",
+            help="also retry failed units (inputs still missing stay failed)",
+        )
+        resume.add_argument("--wait", action="store_true")
+        resume.add_argument("--timeout", type=float, default=None)
+
+        export = sub.add_parser(
+            "export", help="write manifest, results, errors and parameter versions"
+        )
+        export.add_argument("name")
+        export.add_argument("--to", type=Path, required=True, help="folder to write into")
 
         listing = sub.add_parser("list", help="all campaigns with their counts")
         listing.add_argument("--json", action="store_true")
@@ -125,6 +154,48 @@ class Command(BaseCommand):
             f"{campaign.name}: {counts.succeeded} succeeded, {counts.failed} failed, "
             f"{counts.pending} pending"
         )
+
+    def _verify(self, *, name, json: bool, deep: bool, **_):
+        report = campaign_verify(campaign=self._campaign(name), deep=deep)
+        if json:
+            self.stdout.write(_dumps(report.as_dict()))
+            return
+        self._print_report(report)
+
+    def _print_report(self, report) -> None:
+        data = report.as_dict()
+        self.stdout.write(
+            f"{report.campaign}: {data['total']} units "
+            f"({'deep' if report.deep else 'stat and header'} check, "
+            f"{data['seconds']:.2f}s)"
+        )
+        for verdict in Verdict.ALL:
+            if data[verdict]:
+                self.stdout.write(f"  {verdict:<18} {data[verdict]:>9}")
+                for sample in data["samples"].get(verdict, [])[:5]:
+                    if sample["reason"]:
+                        self.stdout.write(f"      {sample['id']}: {sample['reason']}")
+        self.stdout.write(f"  {'orphan outputs':<18} {data['orphan_outputs']:>9}")
+        for rel in data["orphan_samples"][:5]:
+            self.stdout.write(f"      {rel}")
+        self.stdout.write(f"  {'stale temp removed':<18} {data['stale_temp_files_removed']:>9}")
+        self.stdout.write(f"  {'states corrected':<18} {data['corrected']:>9}")
+
+    def _resume(self, *, name, retry_failed: bool, wait: bool, timeout, **_):
+        campaign = self._campaign(name)
+        report, retried, batches = services.campaign_resume(
+            campaign=campaign, retry_failed=retry_failed
+        )
+        self._print_report(report)
+        if retry_failed:
+            self.stdout.write(f"retrying {retried} failed unit{'s' if retried != 1 else ''}")
+        self.stdout.write(f"enqueued {batches} batch{'es' if batches != 1 else ''}")
+        if wait:
+            self._wait(campaign, timeout)
+
+    def _export(self, *, name, to: Path, **_):
+        for path in export(self._campaign(name), to):
+            self.stdout.write(f"wrote {path}")
 
     def _list(self, *, json: bool, **_):
         campaigns = list(Campaign.objects.select_related("project").order_by("name"))

@@ -1,0 +1,136 @@
+"""The campaign's dossier as files: manifest, results, errors, parameter versions.
+
+Written by `campaign export NAME --to DIR` and served from the campaign page;
+both read rows in keyset-paginated chunks, so a million units stream in
+constant memory.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from .models import Batch, Campaign, Unit, UnitState
+from .outputs import write_atomic
+
+_CHUNK = 5000
+
+FILES = {
+    "manifest.csv": "text/csv",
+    "results.csv": "text/csv",
+    "errors.csv": "text/csv",
+    "versions.json": "application/json",
+}
+
+
+def _units(campaign: Campaign, fields: tuple[str, ...], **filters) -> Iterator[tuple]:
+    last = 0
+    while True:
+        rows = list(
+            Unit.objects.filter(campaign=campaign, pk__gt=last, **filters)
+            .order_by("pk")
+            .values_list("pk", *fields)[:_CHUNK]
+        )
+        if not rows:
+            return
+        last = rows[-1][0]
+        for row in rows:
+            yield row[1:]
+
+
+def _csv(header: list[str], rows) -> Iterator[str]:
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(header)
+    for row in rows:
+        writer.writerow(row)
+        if buf.tell() > 1 << 16:
+            yield buf.getvalue()
+            buf.seek(0)
+            buf.truncate()
+    yield buf.getvalue()
+
+
+def manifest_csv(campaign: Campaign) -> Iterator[str]:
+    fields = ("uid", "source_path", "size", "sha256", "category")
+    return _csv(["id", "source_path", "size", "sha256", "category"], _units(campaign, fields))
+
+
+def results_csv(campaign: Campaign) -> Iterator[str]:
+    fields = (
+        "uid",
+        "source_path",
+        "output_path",
+        "state",
+        "error_class",
+        "output_size",
+        "output_sha256",
+    )
+    return _csv(
+        [
+            "id",
+            "source_path",
+            "output_path",
+            "state",
+            "error_class",
+            "output_size",
+            "output_sha256",
+        ],
+        _units(campaign, fields),
+    )
+
+
+def errors_csv(campaign: Campaign) -> Iterator[str]:
+    fields = ("uid", "source_path", "error_class", "error_message")
+    return _csv(
+        ["id", "source_path", "error_class", "message"],
+        _units(campaign, fields, state=UnitState.FAILED),
+    )
+
+
+def versions_json(campaign: Campaign) -> Iterator[str]:
+    versions = []
+    for version in campaign.versions.order_by("number"):
+        # Where the outputs were really made: device, CUDA, driver, per batch.
+        runtimes = {
+            json.dumps(m.get("runtime", {}), sort_keys=True)
+            for m in Batch.objects.filter(version=version)
+            .exclude(metrics={})
+            .values_list("metrics", flat=True)
+            .iterator(chunk_size=1000)
+            if isinstance(m, dict)
+        }
+        versions.append(
+            {
+                "label": version.label,
+                "number": version.number,
+                "fingerprint": version.fingerprint,
+                "created_at": version.created_at.isoformat(),
+                "processor": campaign.processor,
+                "params": version.params,
+                "software": version.software,
+                "runtimes": [json.loads(r) for r in sorted(runtimes)],
+            }
+        )
+    yield json.dumps({"campaign": campaign.name, "versions": versions}, indent=2)
+
+
+GENERATORS = {
+    "manifest.csv": manifest_csv,
+    "results.csv": results_csv,
+    "errors.csv": errors_csv,
+    "versions.json": versions_json,
+}
+
+
+def export(campaign: Campaign, folder: Path) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, generate in GENERATORS.items():
+        path = folder / name
+        write_atomic(path, (chunk.encode("utf-8") for chunk in generate(campaign)))
+        written.append(path)
+    return written

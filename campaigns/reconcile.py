@@ -1,0 +1,296 @@
+"""verify: the database against the disk, one verdict per unit.
+
+The deliverable of a campaign is this procedure, not a folder that happens to
+hold outputs: a file counts only if it is where the unit says, whole, and (with
+--deep) has the recorded checksum and content; a missing *input* is never
+confused with a missing *output*.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from .models import (
+    INPUT_ERRORS,
+    Batch,
+    Campaign,
+    ErrorClass,
+    Reconciliation,
+    Unit,
+    UnitState,
+)
+from .outputs import InvalidOutput, file_sha256, is_temp_file
+from .paths import output_relpath, resolve_input
+from .processor_specs import get_spec
+
+
+class Verdict:
+    VALID = "valid"
+    OUTPUT_MISSING = "output_missing"
+    OUTPUT_INCOMPLETE = "output_incomplete"
+    INPUT_MISSING = "input_missing"
+    INPUT_CHANGED = "input_changed"
+    INPUT_INVALID = "input_invalid"
+    FAILED = "failed"
+    PENDING = "pending"
+    IN_PROGRESS = "in_progress"
+    NEEDS_REVIEW = "needs_review"
+
+    ALL = (
+        VALID,
+        OUTPUT_MISSING,
+        OUTPUT_INCOMPLETE,
+        INPUT_MISSING,
+        INPUT_CHANGED,
+        INPUT_INVALID,
+        FAILED,
+        PENDING,
+        IN_PROGRESS,
+        NEEDS_REVIEW,
+    )
+
+
+SAMPLES_PER_VERDICT = 20
+_CHUNK = 2000
+
+
+@dataclass
+class VerifyReport:
+    campaign: str
+    deep: bool
+    counts: Counter = field(default_factory=Counter)
+    samples: dict[str, list[dict]] = field(default_factory=lambda: defaultdict(list))
+    orphans: int = 0
+    orphan_samples: list[str] = field(default_factory=list)
+    stale_temp_removed: int = 0
+    corrected: int = 0
+    seconds: float = 0.0
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts[v] for v in Verdict.ALL)
+
+    def note(self, verdict: str, uid: str, reason: str = "") -> None:
+        self.counts[verdict] += 1
+        if len(self.samples[verdict]) < SAMPLES_PER_VERDICT:
+            self.samples[verdict].append({"id": uid, "reason": reason})
+
+    def as_dict(self) -> dict:
+        return {
+            "campaign": self.campaign,
+            "total": self.total,
+            **{v: self.counts[v] for v in Verdict.ALL},
+            "orphan_outputs": self.orphans,
+            "stale_temp_files_removed": self.stale_temp_removed,
+            "corrected": self.corrected,
+            "deep": self.deep,
+            "seconds": round(self.seconds, 3),
+            "samples": {k: v for k, v in self.samples.items() if v},
+            "orphan_samples": self.orphan_samples,
+        }
+
+
+_FIELDS = (
+    "pk",
+    "uid",
+    "source_path",
+    "size",
+    "mtime_ns",
+    "sha256",
+    "state",
+    "error_class",
+    "output_path",
+    "output_size",
+    "output_sha256",
+)
+
+
+def campaign_verify(*, campaign: Campaign, deep: bool = False) -> VerifyReport:
+    """Give every unit one verdict and correct the states the disk contradicts."""
+    started = time.perf_counter()
+    report = VerifyReport(campaign=campaign.name, deep=deep)
+    spec = get_spec(campaign.processor)
+    versions = {v.label: v.params for v in campaign.versions.all()}
+    input_root = Path(campaign.input_root)
+    output_root = Path(settings.OUTPUT_ROOT)
+    fixes: dict[tuple, list[int]] = defaultdict(list)
+
+    last_pk = 0
+    while True:
+        rows = list(
+            Unit.objects.filter(campaign=campaign, pk__gt=last_pk)
+            .order_by("pk")
+            .values_list(*_FIELDS)[:_CHUNK]
+        )
+        if not rows:
+            break
+        last_pk = rows[-1][0]
+        for row in rows:
+            unit = dict(zip(_FIELDS, row, strict=True))
+            verdict, reason = _judge(unit, spec, versions, input_root, output_root, deep)
+            report.note(verdict, unit["uid"], reason)
+            fix = _correction(unit, verdict, reason)
+            if fix is not None:
+                fixes[fix].append(unit["pk"])
+    report.corrected = _apply(campaign, fixes)
+    report.orphans, report.orphan_samples, report.stale_temp_removed = _scan_output_folder(
+        campaign, output_root
+    )
+    report.seconds = time.perf_counter() - started
+    Reconciliation.objects.create(
+        campaign=campaign,
+        deep=deep,
+        seconds=report.seconds,
+        counts={k: v for k, v in report.as_dict().items() if isinstance(v, int)},
+        samples=report.as_dict()["samples"],
+    )
+    return report
+
+
+def _judge(unit, spec, versions, input_root, output_root, deep) -> tuple[str, str]:
+    state = unit["state"]
+    if state in (UnitState.QUEUED, UnitState.RUNNING):
+        return Verdict.IN_PROGRESS, ""
+    if state == UnitState.NEEDS_REVIEW:
+        return Verdict.NEEDS_REVIEW, ""
+    if state == UnitState.FAILED and unit["error_class"] in INPUT_ERRORS:
+        verdict = {
+            ErrorClass.INPUT_MISSING: Verdict.INPUT_MISSING,
+            ErrorClass.INPUT_CHANGED: Verdict.INPUT_CHANGED,
+        }.get(unit["error_class"], Verdict.INPUT_INVALID)
+        return verdict, ""
+
+    # The input first: a vanished source is not a vanished result.
+    input_verdict = _check_input(unit, input_root, deep)
+    if input_verdict is not None:
+        return input_verdict
+    if state == UnitState.PENDING:
+        return Verdict.PENDING, ""
+    if state == UnitState.FAILED:
+        return Verdict.FAILED, ""
+
+    # Succeeded: the output must be there and whole.
+    rel = unit["output_path"]
+    if not rel:
+        return Verdict.OUTPUT_MISSING, "succeeded without an output path"
+    path = output_root / rel
+    params = versions.get(Path(rel).parts[1] if len(Path(rel).parts) > 1 else "", None)
+    try:
+        if params is None:
+            raise InvalidOutput(f"output is not under a known parameter version: {rel}")
+        spec.quick_check(path, unit["output_size"], params)
+        if deep:
+            if unit["output_sha256"] and file_sha256(path) != unit["output_sha256"]:
+                raise InvalidOutput("checksum differs from the one recorded")
+            spec.deep_check(path, params)
+    except FileNotFoundError:
+        return Verdict.OUTPUT_MISSING, f"output file gone: {rel}"
+    except InvalidOutput as exc:
+        return Verdict.OUTPUT_INCOMPLETE, str(exc)
+    return Verdict.VALID, ""
+
+
+def _check_input(unit, input_root: Path, deep: bool) -> tuple[str, str] | None:
+    if not unit["source_path"]:
+        return None
+    try:
+        path = resolve_input(input_root, unit["source_path"])
+        st = path.stat()
+    except ValueError as exc:
+        return Verdict.INPUT_INVALID, str(exc)
+    except FileNotFoundError:
+        return Verdict.INPUT_MISSING, f"input file not found: {unit['source_path']}"
+    except OSError as exc:
+        return Verdict.INPUT_INVALID, f"cannot stat input: {exc.strerror or exc}"
+    if unit["size"] is not None and st.st_size != unit["size"]:
+        return Verdict.INPUT_CHANGED, f"input size {st.st_size} bytes, recorded {unit['size']}"
+    # Same size: a new mtime (or --deep) earns a checksum, which decides.
+    touched = unit["mtime_ns"] is not None and st.st_mtime_ns != unit["mtime_ns"]
+    if (deep or touched) and unit["sha256"] and file_sha256(path) != unit["sha256"]:
+        return Verdict.INPUT_CHANGED, "input content changed since import (sha256 differs)"
+    return None
+
+
+def _correction(unit, verdict: str, reason: str) -> tuple | None:
+    """The state the disk says the unit is in, as (state, error_class, message, clear_output)."""
+    if verdict in (Verdict.OUTPUT_MISSING, Verdict.OUTPUT_INCOMPLETE):
+        # Recomputed by resume; the old result is no result.
+        return (UnitState.PENDING, "", f"{verdict.replace('_', ' ')} at verify: {reason}", True)
+    if verdict == Verdict.INPUT_MISSING and unit["error_class"] != ErrorClass.INPUT_MISSING:
+        return (UnitState.FAILED, ErrorClass.INPUT_MISSING, reason, False)
+    if verdict == Verdict.INPUT_CHANGED and unit["error_class"] != ErrorClass.INPUT_CHANGED:
+        message = f"{reason} (resume --retry-failed processes the new content)"
+        return (UnitState.FAILED, ErrorClass.INPUT_CHANGED, message, False)
+    if verdict == Verdict.INPUT_INVALID and unit["state"] != UnitState.FAILED:
+        return (UnitState.FAILED, ErrorClass.INPUT_INVALID, reason, False)
+    return None
+
+
+def _apply(campaign: Campaign, fixes: dict[tuple, list[int]]) -> int:
+    corrected = 0
+    now = timezone.now()
+    for (state, error_class, message, clear_output), pks in fixes.items():
+        values = {
+            "state": state,
+            "error_class": error_class,
+            "error_message": message,
+            "updated_at": now,
+        }
+        if clear_output:
+            values.update(output_path="", output_size=None, output_sha256="")
+        for start in range(0, len(pks), 1000):
+            with transaction.atomic():
+                # Never overwrite a unit a worker took meanwhile.
+                corrected += (
+                    Unit.objects.filter(pk__in=pks[start : start + 1000], campaign=campaign)
+                    .exclude(state__in=(UnitState.QUEUED, UnitState.RUNNING))
+                    .update(**values)
+                )
+    return corrected
+
+
+def _scan_output_folder(campaign: Campaign, output_root: Path) -> tuple[int, list[str], int]:
+    """Orphan outputs (files no unit would write) and stale temp files (removed)."""
+    folder = output_root / campaign.name
+    if not folder.is_dir():
+        return 0, [], 0
+    labels = [entry.name for entry in os.scandir(folder) if entry.is_dir()]
+    uids = list(Unit.objects.filter(campaign=campaign).values_list("uid", flat=True))
+    suffix = get_spec(campaign.processor).output_suffix
+    expected = {
+        str(output_relpath(campaign=campaign.name, version_label=label, uid=uid, suffix=suffix))
+        for label in labels
+        for uid in uids
+    }
+    busy = Batch.objects.filter(
+        campaign=campaign, state=Batch.State.RUNNING, lease_expires_at__gt=timezone.now()
+    ).exists()
+    lease_age = settings.BATCH_LEASE_SECONDS
+    orphans, samples, removed = 0, [], 0
+    now = time.time()
+    for dirpath, _dirs, files in os.walk(folder):
+        for name in files:
+            path = Path(dirpath) / name
+            if is_temp_file(name):
+                # A live batch may be writing it right now; a crash's leftovers are old.
+                try:
+                    if not busy or now - path.stat().st_mtime > lease_age:
+                        path.unlink()
+                        removed += 1
+                except FileNotFoundError:
+                    pass
+                continue
+            rel = str(path.relative_to(output_root))
+            if rel not in expected:
+                orphans += 1
+                if len(samples) < SAMPLES_PER_VERDICT:
+                    samples.append(rel)
+    return orphans, samples, removed

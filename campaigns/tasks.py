@@ -1,0 +1,26 @@
+"""Maintenance tasks; no torch here, any worker can run them."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+from celery.signals import worker_ready
+
+from .services import batches_requeue_expired
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(name="campaigns.tasks.requeue_expired_batches")
+def requeue_expired_batches() -> list[int]:
+    requeued = batches_requeue_expired()
+    if requeued:
+        log.warning("requeued batches whose worker stopped renewing the lease: %s", requeued)
+    return requeued
+
+
+@worker_ready.connect
+def _requeue_on_start(**kwargs) -> None:
+    # A worker that starts after a crash picks up what the dead one held.
+    requeue_expired_batches.delay()

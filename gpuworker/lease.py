@@ -1,0 +1,51 @@
+"""The heartbeat that keeps a running batch's lease alive while its worker lives."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from campaigns.models import Batch
+
+
+def lease_deadline() -> dt.datetime:
+    return timezone.now() + dt.timedelta(seconds=settings.BATCH_LEASE_SECONDS)
+
+
+class LeaseKeeper:
+    """Renews the lease every quarter lease from a thread, until the batch is recorded.
+
+    If this process is killed, the renewals stop with it, the lease runs
+    out, and the sweeper requeues the batch.
+    """
+
+    def __init__(self, batch_id: int, token: str):
+        self.batch_id, self.token = batch_id, token
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{batch_id}", daemon=True)
+        self.lost = False
+
+    def __enter__(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        interval = max(0.2, settings.BATCH_LEASE_SECONDS / 4)
+        try:
+            while not self._stop.wait(interval):
+                renewed = Batch.objects.filter(
+                    pk=self.batch_id, state=Batch.State.RUNNING, lease_token=self.token
+                ).update(lease_expires_at=lease_deadline())
+                if not renewed:
+                    self.lost = True  # swept after a stall: another worker owns it now
+                    return
+        finally:
+            connection.close()  # this thread's own connection

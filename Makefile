@@ -32,12 +32,14 @@ run: install
 	@echo "  Stop with Ctrl-C (stops the web server and the worker)."
 	@echo ""
 	@trap 'kill $$worker 2>/dev/null; wait $$worker 2>/dev/null' EXIT INT TERM; \
-	$(BIN)/celery -A portal worker -Q gpu -c 1 --without-gossip --without-mingle \
+	$(BIN)/celery -A portal worker -Q gpu -c 1 --beat --without-gossip --without-mingle \
 		--without-heartbeat --loglevel INFO & worker=$$!; \
 	$(MANAGE) runserver $(HOST):$(PORT)
 
+# One worker with the embedded beat (the lease sweeper); on several nodes run
+# `celery -A portal beat` once instead (docs/architecture.md).
 worker: install
-	$(BIN)/celery -A portal worker -Q gpu -c 1 --without-gossip --without-mingle \
+	$(BIN)/celery -A portal worker -Q gpu -c 1 --beat --without-gossip --without-mingle \
 		--without-heartbeat --loglevel INFO
 
 test: install

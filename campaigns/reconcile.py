@@ -107,6 +107,7 @@ _FIELDS = (
     "sha256",
     "state",
     "error_class",
+    "error_message",
     "output_path",
     "output_size",
     "output_sha256",
@@ -166,7 +167,7 @@ def _judge(unit, spec, versions, input_root, output_root, deep) -> tuple[str, st
             ErrorClass.INPUT_MISSING: Verdict.INPUT_MISSING,
             ErrorClass.INPUT_CHANGED: Verdict.INPUT_CHANGED,
         }.get(unit["error_class"], Verdict.INPUT_INVALID)
-        return verdict, ""
+        return verdict, unit["error_message"]
 
     # The input first: a vanished source is not a vanished result.
     input_verdict = _check_input(unit, input_root, deep)
@@ -175,7 +176,7 @@ def _judge(unit, spec, versions, input_root, output_root, deep) -> tuple[str, st
     if state == UnitState.PENDING:
         return Verdict.PENDING, ""
     if state == UnitState.FAILED:
-        return Verdict.FAILED, ""
+        return Verdict.FAILED, unit["error_message"]
 
     # Succeeded: the output must be there and whole.
     rel = unit["output_path"]
@@ -185,6 +186,7 @@ def _judge(unit, spec, versions, input_root, output_root, deep) -> tuple[str, st
     params = versions.get(Path(rel).parts[1] if len(Path(rel).parts) > 1 else "", None)
     try:
         if params is None:
+            path.stat()  # gone is gone, whatever folder it was recorded in
             raise InvalidOutput(f"output is not under a known parameter version: {rel}")
         spec.quick_check(path, unit["output_size"], params)
         if deep:

@@ -27,7 +27,6 @@ class LeaseKeeper:
         self.batch_id, self.token = batch_id, token
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"lease-{batch_id}", daemon=True)
-        self.lost = False
 
     def __enter__(self) -> LeaseKeeper:
         self._thread.start()
@@ -45,7 +44,7 @@ class LeaseKeeper:
                     pk=self.batch_id, state=Batch.State.RUNNING, lease_token=self.token
                 ).update(lease_expires_at=lease_deadline())
                 if not renewed:
-                    self.lost = True  # swept after a stall: another worker owns it now
-                    return
+                    return  # swept after a stall: the result is dropped at recording
+
         finally:
             connection.close()  # this thread's own connection

@@ -39,7 +39,7 @@ def purge_queue() -> None:
 
 
 class Worker:
-    def __init__(self, log_path: Path):
+    def __init__(self, log_path: Path, *, beat: bool = False, env_extra: dict | None = None):
         env = dict(os.environ)
         env.update(
             {
@@ -48,6 +48,8 @@ class Worker:
                 "OUTPUT_ROOT": str(settings.OUTPUT_ROOT),
                 "VAR_DIR": str(settings.VAR_DIR),
                 "HF_HUB_OFFLINE": "1",
+                "BATCH_LEASE_SECONDS": str(settings.BATCH_LEASE_SECONDS),
+                **(env_extra or {}),
             }
         )
         self.log_path = log_path
@@ -69,6 +71,7 @@ class Worker:
                 "--without-heartbeat",
                 "-l",
                 "INFO",
+                *(["-B", "-s", str(log_path.with_suffix(".beat"))] if beat else []),
             ],
             cwd=REPO,
             env=env,
@@ -79,6 +82,12 @@ class Worker:
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL to the main process and its pool child: what a lost machine looks like."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self.log.close()
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -85,3 +85,37 @@ def test_run_wait_gives_up_with_a_hint_when_no_worker_runs(corpus, settings, tmp
     _call("create", "lonely", "--processor", "text-embedding", "--input", str(corpus))
     with pytest.raises(CommandError, match="is a worker running"):
         _call("run", "lonely", "--wait", "--timeout", "1")
+
+
+@pytest.mark.django_db
+def test_verify_json_has_one_verdict_per_unit(corpus):
+    _call("create", "v", "--processor", "text-embedding", "--input", str(corpus))
+    (corpus / "news" / "rail-strike.txt").unlink()
+    report = json.loads(_call("verify", "v", "--json"))
+    assert report["total"] == 39
+    assert report["input_missing"] == 1 and report["pending"] == 38
+    assert {
+        "valid",
+        "output_missing",
+        "output_incomplete",
+        "input_changed",
+        "orphan_outputs",
+        "stale_temp_files_removed",
+    } <= set(report)
+    table = _call("verify", "v")
+    assert "input_missing" in table and "rail-strike.txt" in table
+
+
+@pytest.mark.django_db
+def test_export_writes_the_dossier_files(corpus, tmp_path):
+    _call("create", "e", "--processor", "text-embedding", "--input", str(corpus))
+    out = _call("export", "e", "--to", str(tmp_path / "dossier"))
+    names = sorted(p.name for p in (tmp_path / "dossier").iterdir())
+    assert names == ["errors.csv", "manifest.csv", "results.csv", "versions.json"]
+    assert "wrote" in out
+    versions = json.loads((tmp_path / "dossier" / "versions.json").read_text())
+    software = versions["versions"][0]["software"]
+    assert {"python", "torch", "transformers", "git_commit", "briefgpu-portal"} <= set(software)
+    results = (tmp_path / "dossier" / "results.csv").read_text().splitlines()
+    assert results[0] == "id,source_path,output_path,state,error_class,output_size,output_sha256"
+    assert len(results) == 40

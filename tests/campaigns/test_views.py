@@ -117,3 +117,83 @@ def test_campaign_list_shows_progress_from_aggregate_counts(
     with django_assert_max_num_queries(6):  # not one query per unit or per campaign
         html = client.get(reverse("campaign_list")).content.decode()
     assert '<progress max="39" value="6">' in html
+
+
+def test_verify_button_corrects_states_and_shows_the_report(client, owner, campaign, output_root):
+    Unit.objects.filter(campaign=campaign, uid="news/rail-strike.txt").update(
+        state=UnitState.SUCCEEDED, output_path="texts/v1-x/00/gone.npy", output_size=10
+    )
+    client.force_login(owner)
+    response = client.post(reverse("campaign_verify", args=[campaign.name]), follow=True)
+    html = response.content.decode()
+    assert "Verified 39 units: 0 valid, 1 state corrected." in html
+    assert 'data-verdict="output_missing">1<' in html
+    assert 'data-verdict="pending">38<' in html
+    unit = Unit.objects.get(campaign=campaign, uid="news/rail-strike.txt")
+    assert unit.state == UnitState.PENDING
+
+
+def test_an_outsider_cannot_verify_or_export(client, outsider, campaign):
+    client.force_login(outsider)
+    assert client.post(reverse("campaign_verify", args=[campaign.name])).status_code == 404
+    url = reverse("campaign_export", args=[campaign.name, "manifest.csv"])
+    assert client.get(url).status_code == 404
+
+
+def test_inventory_files_download_from_the_page(client, owner, campaign):
+    client.force_login(owner)
+    html = client.get(_detail(campaign)).content.decode()
+    url = reverse("campaign_export", args=[campaign.name, "manifest.csv"])
+    assert url in html
+    response = client.get(url)
+    body = b"".join(response.streaming_content).decode()
+    lines = body.splitlines()
+    assert lines[0] == "id,source_path,size,sha256,category"
+    assert len(lines) == 40
+    assert response["Content-Disposition"] == 'attachment; filename="texts-manifest.csv"'
+    bad = reverse("campaign_export", args=[campaign.name, "..%2Fsettings.py"])
+    assert client.get(bad).status_code == 404
+
+
+def test_the_unit_page_shows_lineage_from_source_to_attempts(client, owner, campaign):
+    from django.utils import timezone
+
+    from campaigns.models import Attempt
+
+    unit = Unit.objects.get(campaign=campaign, uid="bad/empty.txt")
+    now = timezone.now()
+    Attempt.objects.create(
+        unit=unit,
+        version=campaign.current_version,
+        outcome="failed",
+        error_class="input_invalid",
+        error_message="empty file",
+        worker="gpu-1:42",
+        started_at=now,
+        finished_at=now,
+        duration_ms=3,
+        input_sha256="e3b0c442",
+    )
+    client.force_login(owner)
+    html = client.get(_detail(campaign)).content.decode()
+    url = reverse("unit_detail", args=[campaign.name, unit.pk])
+    assert f'href="{url}"' in html
+    page = client.get(url).content.decode()
+    assert unit.sha256 in page
+    assert "gpu-1:42" in page and "empty file" in page
+    assert campaign.current_version.label in page
+
+
+def test_failures_can_be_filtered_by_error_class(client, owner, campaign):
+    Unit.objects.filter(campaign=campaign, uid="bad/empty.txt").update(
+        state=UnitState.FAILED, error_class="input_invalid", error_message="empty file"
+    )
+    Unit.objects.filter(campaign=campaign, uid="news/rail-strike.txt").update(
+        state=UnitState.FAILED, error_class="processing_error", error_message="boom"
+    )
+    client.force_login(owner)
+    html = client.get(_detail(campaign), {"state": "failed", "error": "processing_error"})
+    html = html.content.decode()
+    table = html.split('id="units"')[-1]
+    assert "news/rail-strike.txt" in table and "bad/empty.txt" not in table
+    assert 'data-error="input_invalid"' in html

@@ -98,3 +98,57 @@ def _npy(vector):
     from campaigns.outputs import vector_to_npy
 
     return vector_to_npy(vector)
+
+
+def test_an_input_changed_after_import_is_refused_not_mixed(queued, corpus):
+    (corpus / "news" / "rail-strike.txt").write_text("Completely different news.\n")
+    batch = Unit.objects.get(campaign=queued, uid="news/rail-strike.txt").batch
+    run_batch(batch.pk)
+    unit = Unit.objects.get(campaign=queued, uid="news/rail-strike.txt")
+    assert (unit.state, unit.error_class) == ("failed", "input_changed")
+    assert not unit.output_path
+
+
+def test_results_of_a_worker_that_lost_its_lease_are_dropped(queued):
+    batch = Batch.objects.filter(campaign=queued).order_by("pk").first()
+    real_run = TextEmbeddingProcessor.run
+
+    def stall_then_run(self, items):
+        # Meanwhile the sweeper gave the batch to someone else.
+        Batch.objects.filter(pk=batch.pk).update(lease_token="someone-else")
+        return real_run(self, items)
+
+    with mock.patch.object(TextEmbeddingProcessor, "run", stall_then_run):
+        assert run_batch(batch.pk) == "lease lost"
+    assert not Attempt.objects.filter(batch=batch).exists()
+    assert set(Unit.objects.filter(batch=batch).values_list("state", flat=True)) == {"running"}
+
+
+def test_a_failure_records_a_traceback_digest(queued):
+    batch = Batch.objects.filter(campaign=queued).order_by("pk").last()
+    with mock.patch.object(TextEmbeddingProcessor, "run", side_effect=RuntimeError("boom")):
+        run_batch(batch.pk)
+    digests = set(Attempt.objects.filter(batch=batch).values_list("traceback_digest", flat=True))
+    assert len(digests) == 1 and len(digests.pop()) == 12
+
+
+# Committed rows: the heartbeat thread has its own connection and must see the batch.
+@pytest.mark.django_db(transaction=True)
+def test_the_lease_is_renewed_while_a_batch_runs(queued, settings):
+    settings.BATCH_LEASE_SECONDS = 1  # renewed every 0.25 s
+    batch = Batch.objects.filter(campaign=queued).order_by("pk").last()
+    seen = []
+    real_run = TextEmbeddingProcessor.run
+
+    def slow_run(self, items):
+        import time
+
+        first = Batch.objects.get(pk=batch.pk).lease_expires_at
+        time.sleep(0.8)
+        seen.append((first, Batch.objects.get(pk=batch.pk).lease_expires_at))
+        return real_run(self, items)
+
+    with mock.patch.object(TextEmbeddingProcessor, "run", slow_run):
+        assert run_batch(batch.pk) == "done"
+    first, later = seen[0]
+    assert later > first

@@ -11,8 +11,8 @@ def start_worker(transactional_db, output_root, tmp_path):
     purge_queue()
     workers: list[Worker] = []
 
-    def start() -> Worker:
-        worker = Worker(tmp_path / f"worker-{len(workers)}.log")
+    def start(**kwargs) -> Worker:
+        worker = Worker(tmp_path / f"worker-{len(workers)}.log", **kwargs)
         workers.append(worker)
         return worker
 

@@ -1,0 +1,214 @@
+"""verify and resume against real files (batches run in-process; the worker
+process variant is tests/integration/test_worker_killed.py)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+from campaigns import services
+from campaigns.models import Attempt, Batch, Unit, UnitState
+from campaigns.reconcile import campaign_verify
+from gpuworker.batch_runner import run_batch
+from tests.conftest import DEMO_BAD, DEMO_GOOD
+
+pytestmark = pytest.mark.django_db
+
+
+def _run_queued(campaign) -> int:
+    ran = 0
+    for pk in Batch.objects.filter(campaign=campaign, state=Batch.State.QUEUED).values_list(
+        "pk", flat=True
+    ):
+        run_batch(pk)
+        ran += 1
+    return ran
+
+
+@pytest.fixture
+def enqueue(django_capture_on_commit_callbacks):
+    """Runs services with the broker send captured: the batches then run in-process."""
+
+    def call(fn, **kwargs):
+        with (
+            mock.patch.object(services.celery_app, "send_task"),
+            django_capture_on_commit_callbacks(execute=True),
+        ):
+            return fn(**kwargs)
+
+    return call
+
+
+@pytest.fixture
+def done(make_campaign, output_root, enqueue):
+    campaign = make_campaign("checked", batch_size=8)
+    enqueue(services.campaign_run, campaign=campaign)
+    _run_queued(campaign)
+    return campaign
+
+
+def _succeeded(campaign, n, prefix=""):
+    return list(
+        Unit.objects.filter(
+            campaign=campaign, state=UnitState.SUCCEEDED, uid__startswith=prefix
+        ).order_by("uid")[:n]
+    )
+
+
+def test_a_finished_campaign_verifies_clean(done):
+    report = campaign_verify(campaign=done).as_dict()
+    assert report["total"] == DEMO_GOOD + DEMO_BAD
+    assert report["valid"] == DEMO_GOOD
+    assert report["input_invalid"] == DEMO_BAD
+    assert report["output_missing"] == report["output_incomplete"] == 0
+    assert report["orphan_outputs"] == 0 and report["corrected"] == 0
+
+
+def test_missing_and_truncated_outputs_are_told_apart_and_only_they_are_recomputed(
+    done, output_root, enqueue
+):
+    # given: three outputs deleted, two truncated
+    units = _succeeded(done, 5)
+    for unit in units[:3]:
+        (output_root / unit.output_path).unlink()
+    for unit in units[3:]:
+        path = output_root / unit.output_path
+        path.write_bytes(path.read_bytes()[:100])
+    untouched = {
+        u.uid: (output_root / u.output_path).stat().st_mtime_ns
+        for u in Unit.objects.filter(campaign=done, state=UnitState.SUCCEEDED)
+        if u.uid not in {x.uid for x in units}
+    }
+    time.sleep(0.01)
+
+    # when
+    report = campaign_verify(campaign=done).as_dict()
+
+    # then
+    assert report["output_missing"] == 3
+    assert report["output_incomplete"] == 2
+    assert report["valid"] == DEMO_GOOD - 5
+    missing = {s["id"] for s in report["samples"]["output_missing"]}
+    assert missing == {u.uid for u in units[:3]}
+    assert Unit.objects.filter(campaign=done, state=UnitState.PENDING).count() == 5
+
+    # and resume recomputes those five and no other
+    _report, _retried, batches = enqueue(services.campaign_resume, campaign=done)
+    assert batches == 1
+    _run_queued(done)
+    assert Unit.objects.filter(campaign=done, state=UnitState.SUCCEEDED).count() == DEMO_GOOD
+    for uid, mtime in untouched.items():
+        unit = Unit.objects.get(campaign=done, uid=uid)
+        assert (output_root / unit.output_path).stat().st_mtime_ns == mtime, uid
+    assert campaign_verify(campaign=done).as_dict()["valid"] == DEMO_GOOD
+
+
+def test_a_removed_input_is_input_missing_not_a_missing_output_and_is_not_retried(
+    done, corpus, enqueue
+):
+    gone = _succeeded(done, 2, prefix="news/")
+    for unit in gone:
+        (corpus / unit.source_path).unlink()
+    report = campaign_verify(campaign=done).as_dict()
+    assert report["input_missing"] == 2
+    assert report["output_missing"] == 0
+    _report, _retried, batches = enqueue(services.campaign_resume, campaign=done)
+    assert batches == 0
+    for unit in gone:
+        unit.refresh_from_db()
+        assert (unit.state, unit.error_class) == ("failed", "input_missing")
+        assert "not found" in unit.error_message
+    # even --retry-failed leaves an input that is still gone alone
+    _report, retried, _batches = enqueue(services.campaign_resume, campaign=done, retry_failed=True)
+    assert Unit.objects.filter(campaign=done, error_class="input_missing").count() == 2
+
+
+def test_a_modified_input_is_input_changed_and_retry_makes_a_new_output(
+    done, corpus, output_root, enqueue
+):
+    (unit,) = _succeeded(done, 1, prefix="recipes/bread")
+    old_output = (output_root / unit.output_path).read_bytes()
+    (corpus / unit.source_path).write_text("Sourdough needs a starter fed the day before.\n")
+    report = campaign_verify(campaign=done).as_dict()
+    assert report["input_changed"] == 1
+    unit.refresh_from_db()
+    assert (unit.state, unit.error_class) == ("failed", "input_changed")
+
+    enqueue(services.campaign_resume, campaign=done, retry_failed=True)
+    _run_queued(done)
+    unit.refresh_from_db()
+    assert unit.state == UnitState.SUCCEEDED
+    assert (output_root / unit.output_path).read_bytes() != old_output
+    latest = Attempt.objects.filter(unit=unit).order_by("-finished_at").first()
+    assert latest.input_sha256 == unit.sha256
+    assert latest.metrics.get("adopted") is not True
+
+
+def test_same_size_corruption_needs_deep(done, output_root):
+    (unit,) = _succeeded(done, 1)
+    path = output_root / unit.output_path
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF  # flip bits in the last float: same size, same header
+    path.write_bytes(bytes(data))
+    assert campaign_verify(campaign=done).as_dict()["output_incomplete"] == 0
+    deep = campaign_verify(campaign=done, deep=True).as_dict()
+    assert deep["output_incomplete"] == 1
+    assert "checksum" in deep["samples"]["output_incomplete"][0]["reason"]
+
+
+def test_stale_temp_files_are_removed_and_orphans_reported(done, output_root):
+    (unit,) = _succeeded(done, 1)
+    folder = (output_root / unit.output_path).parent
+    stale = folder / ".crashed.npy.abc123.tmp"
+    stale.write_bytes(b"partial")
+    orphan = folder / "not-from-any-unit.npy"
+    orphan.write_bytes(b"x")
+    report = campaign_verify(campaign=done).as_dict()
+    assert report["stale_temp_files_removed"] == 1
+    assert not stale.exists()
+    assert report["orphan_outputs"] == 1
+    assert orphan.exists()  # reported, never deleted: the user decides
+    assert report["orphan_samples"] == [str(orphan.relative_to(output_root))]
+
+
+def test_a_redelivered_batch_adopts_valid_outputs_instead_of_recomputing(
+    make_campaign, output_root, enqueue
+):
+    campaign = make_campaign("redeliver", batch_size=50)
+    enqueue(services.campaign_run, campaign=campaign)
+    batch = Batch.objects.get(campaign=campaign)
+    run_batch(batch.pk)
+    files = {p: p.stat().st_mtime_ns for p in Path(output_root).rglob("*.npy")}
+    # the worker died after writing, before recording: the database forgot
+    Unit.objects.filter(campaign=campaign).exclude(error_class__startswith="input").update(
+        state=UnitState.QUEUED, output_path="", output_size=None, output_sha256=""
+    )
+    Batch.objects.filter(pk=batch.pk).update(state=Batch.State.QUEUED)
+    run_batch(batch.pk)
+    assert Unit.objects.filter(campaign=campaign, state=UnitState.SUCCEEDED).count() == DEMO_GOOD
+    assert {p: p.stat().st_mtime_ns for p in Path(output_root).rglob("*.npy")} == files
+    adopted = Attempt.objects.filter(unit__campaign=campaign, metrics__adopted=True).count()
+    assert adopted == DEMO_GOOD
+
+
+def test_verify_counts_every_unit_once_across_many_chunks(done, monkeypatch):
+    monkeypatch.setattr("campaigns.reconcile._CHUNK", 7)
+    report = campaign_verify(campaign=done).as_dict()
+    assert report["total"] == DEMO_GOOD + DEMO_BAD
+
+
+def test_verify_takes_no_input_hash_for_untouched_files(done, monkeypatch):
+    calls = []
+    import campaigns.reconcile as reconcile
+
+    monkeypatch.setattr(reconcile, "file_sha256", lambda p: calls.append(p) or "x")
+    campaign_verify(campaign=done)
+    assert calls == []
+    os.utime(Path(done.input_root) / "news/rail-strike.txt")  # touched, same bytes
+    report = campaign_verify(campaign=done).as_dict()
+    assert len(calls) == 1  # the touched file earns a checksum
+    assert report["input_changed"] == 1  # our fake checksum differs: changed

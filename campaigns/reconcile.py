@@ -28,7 +28,7 @@ from .models import (
     UnitState,
 )
 from .outputs import InvalidOutput, file_sha256, is_temp_file
-from .paths import output_relpath, resolve_input
+from .paths import InputLocator, output_name
 from .processor_specs import get_spec
 
 
@@ -120,9 +120,11 @@ def campaign_verify(*, campaign: Campaign, deep: bool = False) -> VerifyReport:
     report = VerifyReport(campaign=campaign.name, deep=deep)
     spec = get_spec(campaign.processor)
     versions = {v.label: v.params for v in campaign.versions.all()}
-    input_root = Path(campaign.input_root)
-    output_root = Path(settings.OUTPUT_ROOT)
+    locate = InputLocator(Path(campaign.input_root))
+    output_root = str(settings.OUTPUT_ROOT)
     fixes: dict[tuple, list[int]] = defaultdict(list)
+    # '<shard>/<name>' of every unit: any other file in a version folder is an orphan.
+    claimed: set[str] = set()
 
     last_pk = 0
     while True:
@@ -136,14 +138,15 @@ def campaign_verify(*, campaign: Campaign, deep: bool = False) -> VerifyReport:
         last_pk = rows[-1][0]
         for row in rows:
             unit = dict(zip(_FIELDS, row, strict=True))
-            verdict, reason = _judge(unit, spec, versions, input_root, output_root, deep)
+            claimed.add(output_name(unit["uid"], spec.output_suffix))
+            verdict, reason = _judge(unit, spec, versions, locate, output_root, deep)
             report.note(verdict, unit["uid"], reason)
             fix = _correction(unit, verdict, reason)
             if fix is not None:
                 fixes[fix].append(unit["pk"])
     report.corrected = _apply(campaign, fixes)
     report.orphans, report.orphan_samples, report.stale_temp_removed = _scan_output_folder(
-        campaign, output_root
+        campaign, Path(output_root), claimed
     )
     report.seconds = time.perf_counter() - started
     Reconciliation.objects.create(
@@ -156,7 +159,7 @@ def campaign_verify(*, campaign: Campaign, deep: bool = False) -> VerifyReport:
     return report
 
 
-def _judge(unit, spec, versions, input_root, output_root, deep) -> tuple[str, str]:
+def _judge(unit, spec, versions, locate, output_root: str, deep) -> tuple[str, str]:
     state = unit["state"]
     if state in (UnitState.QUEUED, UnitState.RUNNING):
         return Verdict.IN_PROGRESS, ""
@@ -170,7 +173,7 @@ def _judge(unit, spec, versions, input_root, output_root, deep) -> tuple[str, st
         return verdict, unit["error_message"]
 
     # The input first: a vanished source is not a vanished result.
-    input_verdict = _check_input(unit, input_root, deep)
+    input_verdict = _check_input(unit, locate, deep)
     if input_verdict is not None:
         return input_verdict
     if state == UnitState.PENDING:
@@ -182,11 +185,12 @@ def _judge(unit, spec, versions, input_root, output_root, deep) -> tuple[str, st
     rel = unit["output_path"]
     if not rel:
         return Verdict.OUTPUT_MISSING, "succeeded without an output path"
-    path = output_root / rel
-    params = versions.get(Path(rel).parts[1] if len(Path(rel).parts) > 1 else "", None)
+    path = os.path.join(output_root, rel)
+    parts = rel.split("/")
+    params = versions.get(parts[1]) if len(parts) > 1 else None
     try:
         if params is None:
-            path.stat()  # gone is gone, whatever folder it was recorded in
+            os.stat(path)  # gone is gone, whatever folder it was recorded in
             raise InvalidOutput(f"output is not under a known parameter version: {rel}")
         spec.quick_check(path, unit["output_size"], params)
         if deep:
@@ -200,12 +204,12 @@ def _judge(unit, spec, versions, input_root, output_root, deep) -> tuple[str, st
     return Verdict.VALID, ""
 
 
-def _check_input(unit, input_root: Path, deep: bool) -> tuple[str, str] | None:
+def _check_input(unit, locate: InputLocator, deep: bool) -> tuple[str, str] | None:
     if not unit["source_path"]:
         return None
     try:
-        path = resolve_input(input_root, unit["source_path"])
-        st = path.stat()
+        path = locate(unit["source_path"])
+        st = os.stat(path)
     except ValueError as exc:
         return Verdict.INPUT_INVALID, str(exc)
     except FileNotFoundError:
@@ -259,39 +263,37 @@ def _apply(campaign: Campaign, fixes: dict[tuple, list[int]]) -> int:
     return corrected
 
 
-def _scan_output_folder(campaign: Campaign, output_root: Path) -> tuple[int, list[str], int]:
+def _scan_output_folder(
+    campaign: Campaign, output_root: Path, claimed: set[str]
+) -> tuple[int, list[str], int]:
     """Orphan outputs (files no unit would write) and stale temp files (removed)."""
     folder = output_root / campaign.name
     if not folder.is_dir():
         return 0, [], 0
-    labels = [entry.name for entry in os.scandir(folder) if entry.is_dir()]
-    uids = list(Unit.objects.filter(campaign=campaign).values_list("uid", flat=True))
-    suffix = get_spec(campaign.processor).output_suffix
-    expected = {
-        str(output_relpath(campaign=campaign.name, version_label=label, uid=uid, suffix=suffix))
-        for label in labels
-        for uid in uids
-    }
+    labels = {version.label for version in campaign.versions.all()}
     busy = Batch.objects.filter(
         campaign=campaign, state=Batch.State.RUNNING, lease_expires_at__gt=timezone.now()
     ).exists()
     lease_age = settings.BATCH_LEASE_SECONDS
     orphans, samples, removed = 0, [], 0
     now = time.time()
+    cut = len(str(output_root)) + 1
     for dirpath, _dirs, files in os.walk(folder):
         for name in files:
-            path = Path(dirpath) / name
+            path = os.path.join(dirpath, name)
             if is_temp_file(name):
                 # A live batch may be writing it right now; a crash's leftovers are old.
                 try:
-                    if not busy or now - path.stat().st_mtime > lease_age:
-                        path.unlink()
+                    if not busy or now - os.stat(path).st_mtime > lease_age:
+                        os.unlink(path)
                         removed += 1
                 except FileNotFoundError:
                     pass
                 continue
-            rel = str(path.relative_to(output_root))
-            if rel not in expected:
+            rel = path[cut:]
+            parts = rel.split(os.sep)
+            in_place = len(parts) == 4 and parts[1] in labels
+            if not (in_place and f"{parts[2]}/{parts[3]}" in claimed):
                 orphans += 1
                 if len(samples) < SAMPLES_PER_VERDICT:
                     samples.append(rel)

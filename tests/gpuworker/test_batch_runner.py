@@ -68,7 +68,7 @@ def test_batch_records_tokens_time_and_memory(queued):
     batch.refresh_from_db()
     assert batch.state == Batch.State.DONE
     assert batch.metrics["items"] == batch.size
-    assert batch.metrics["padded_tokens"] >= batch.metrics["real_tokens"] > 0
+    assert batch.padded_tokens >= batch.real_tokens > 0
     assert "memory" in batch.metrics and batch.metrics["runtime"]["torch"]
 
 
@@ -128,7 +128,9 @@ def test_a_failure_records_a_traceback_digest(queued):
     batch = Batch.objects.filter(campaign=queued).order_by("pk").last()
     with mock.patch.object(TextEmbeddingProcessor, "run", side_effect=RuntimeError("boom")):
         run_batch(batch.pk)
-    digests = set(Attempt.objects.filter(batch=batch).values_list("traceback_digest", flat=True))
+    failed = Attempt.objects.filter(batch=batch, error_class="processing_error")
+    assert failed.exists()
+    digests = set(failed.values_list("traceback_digest", flat=True))
     assert len(digests) == 1 and len(digests.pop()) == 12
 
 
@@ -152,3 +154,41 @@ def test_the_lease_is_renewed_while_a_batch_runs(queued, settings):
         assert run_batch(batch.pk) == "done"
     first, later = seen[0]
     assert later > first
+
+
+def test_out_of_memory_splits_the_batch_and_a_unit_too_big_alone_fails(queued):
+    import torch
+
+    batch = Batch.objects.filter(campaign=queued).order_by("pk").last()
+    real_run = TextEmbeddingProcessor.run
+
+    def tight_device(self, items):
+        # A device that holds two short texts at a time, and never the long report.
+        if len(items) > 2 or any(len(t) > 5000 for t in items):
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real_run(self, items)
+
+    long_unit = Unit.objects.get(campaign=queued, uid="long/annual-report.txt")
+    Unit.objects.filter(pk=long_unit.pk).update(batch=batch)
+    Batch.objects.filter(pk=batch.pk).update(size=batch.size + 1)
+    with mock.patch.object(TextEmbeddingProcessor, "run", tight_device):
+        assert run_batch(batch.pk) == "done"
+    batch.refresh_from_db()
+    units = Unit.objects.filter(batch=batch)
+    assert units.get(pk=long_unit.pk).error_class == "out_of_memory"
+    assert "even alone" in units.get(pk=long_unit.pk).error_message
+    good = units.exclude(pk=long_unit.pk).exclude(uid__startswith="bad/")
+    assert good.count() >= 4
+    assert set(good.values_list("state", flat=True)) == {"succeeded"}
+    assert batch.metrics["oom_splits"][0] == good.count() + 1
+    assert batch.state == Batch.State.DONE
+
+
+def test_batch_measurements_are_stored_as_columns(queued):
+    batch = Batch.objects.filter(campaign=queued).order_by("pk").last()
+    run_batch(batch.pk)
+    batch.refresh_from_db()
+    assert batch.padded_tokens >= batch.real_tokens > 0
+    assert batch.compute_seconds > 0
+    assert batch.rss > 0 or batch.mem_allocated is not None
+    assert batch.policy == "length_grouped"

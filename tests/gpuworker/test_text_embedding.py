@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from campaigns.processor_specs import TEXT_EMBEDDING
+from campaigns.builtin_processors import TEXT_EMBEDDING
 from gpuworker.processors import get_processor
 from gpuworker.processors.text_embedding import resolve_model_path
 
@@ -73,3 +73,53 @@ def test_memory_is_reported_for_the_device(processor):
 
 def test_the_processor_loads_once_per_process_and_version(processor):
     assert get_processor("text-embedding", TEXT_EMBEDDING.clean({})) is processor
+
+
+@pytest.mark.parametrize("pooling", ["cls", "max"])
+def test_other_poolings_give_other_unit_vectors(processor, pooling):
+    other = get_processor("text-embedding", TEXT_EMBEDDING.clean({"pooling": pooling}))
+    mean_vectors = processor.embed(TEXTS[:3]).vectors
+    vectors = other.embed(TEXTS[:3]).vectors
+    assert vectors.shape == (3, 384)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert not np.allclose(vectors, mean_vectors, atol=1e-3)
+
+
+def test_without_normalisation_vectors_keep_their_norm_and_still_pass_the_check(tmp_path):
+    raw = get_processor("text-embedding", TEXT_EMBEDDING.clean({"normalization": "none"}))
+    vectors = raw.embed(TEXTS[:3]).vectors
+    assert not np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-2)
+    path = tmp_path / "v.npy"
+    path.write_bytes(raw.serialize(vectors[0]))
+    raw.validate(path)
+
+
+def test_refuse_truncation_fails_over_long_texts_as_input_invalid():
+    from gpuworker.inputs import InputError
+
+    strict = get_processor("text-embedding", TEXT_EMBEDDING.clean({"truncation": "refuse"}))
+    assert strict.prepare(TEXTS[0].encode()) == TEXTS[0]
+    with pytest.raises(InputError) as info:
+        strict.prepare(TEXTS[-1].encode())
+    assert info.value.error_class == "input_invalid"
+    assert "over max_tokens 256 (truncation=refuse)" in info.value.message
+
+
+def test_half_precision_on_a_cpu_worker_is_a_clear_error():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this worker has CUDA: float16 is allowed here")
+    with pytest.raises(ValueError, match="float16 needs a CUDA worker"):
+        get_processor("text-embedding", TEXT_EMBEDDING.clean({"dtype": "float16"}))
+
+
+def test_the_token_cost_used_for_grouping_matches_the_model_tokenizer(processor, tmp_path):
+    from campaigns.builtin_processors import text_token_cost
+
+    params = TEXT_EMBEDDING.clean({})
+    for text in TEXTS:
+        path = tmp_path / "t.txt"
+        path.write_text(text)
+        expected = min(len(processor.tokenizer(text)["input_ids"]), 256)
+        assert text_token_cost(path, params) == expected

@@ -14,7 +14,7 @@ from campaigns import selectors, services
 from campaigns.importing import ManifestError
 from campaigns.inventory import export
 from campaigns.models import Campaign
-from campaigns.processor_specs import PROCESSORS
+from campaigns.processor_specs import all_specs
 from campaigns.reconcile import Verdict, campaign_verify
 
 
@@ -33,7 +33,7 @@ class Command(BaseCommand):
 
         create = sub.add_parser("create", help="create a campaign and import its units")
         create.add_argument("name")
-        create.add_argument("--processor", required=True, choices=sorted(PROCESSORS))
+        create.add_argument("--processor", required=True, choices=sorted(all_specs()))
         source = create.add_mutually_exclusive_group(required=True)
         source.add_argument("--input", type=Path, help="folder of inputs (read recursively)")
         source.add_argument("--manifest", type=Path, help="CSV or JSONL with id, path columns")

@@ -1,0 +1,127 @@
+"""What the batches measured, for the campaign page: policies side by side,
+memory over the run as a chart, and a warning when memory creeps up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db.models import Count, Sum
+
+from .models import Batch, Campaign
+
+CHART_BATCHES = 200
+CREEP_WINDOW = 8
+
+
+@dataclass
+class PolicyRow:
+    version: str
+    policy: str
+    batches: int
+    items: int
+    real_tokens: int
+    padded_tokens: int
+    seconds: float
+
+    @property
+    def padding(self) -> float | None:
+        return self.padded_tokens / self.real_tokens if self.real_tokens else None
+
+    @property
+    def items_per_second(self) -> float | None:
+        return self.items / self.seconds if self.seconds else None
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.real_tokens / self.seconds if self.seconds else None
+
+
+def policy_comparison(*, campaign: Campaign) -> list[PolicyRow]:
+    """One aggregate query: per parameter version and batch policy."""
+    rows = (
+        Batch.objects.filter(campaign=campaign, state=Batch.State.DONE)
+        .values("version__number", "version__fingerprint", "policy")
+        .annotate(
+            batches=Count("pk"),
+            items=Sum("size"),
+            real=Sum("real_tokens"),
+            padded=Sum("padded_tokens"),
+            seconds=Sum("compute_seconds"),
+        )
+        .order_by("version__number", "policy")
+    )
+    return [
+        PolicyRow(
+            version=f"v{r['version__number']}-{r['version__fingerprint'][:10]}",
+            policy=r["policy"] or "original",
+            batches=r["batches"],
+            items=r["items"] or 0,
+            real_tokens=r["real"] or 0,
+            padded_tokens=r["padded"] or 0,
+            seconds=r["seconds"] or 0.0,
+        )
+        for r in rows
+    ]
+
+
+@dataclass
+class MemoryChart:
+    series: dict[str, list[int]]  # name -> bytes after each batch, oldest first
+    width: int = 600
+    height: int = 160
+
+    @property
+    def top(self) -> int:
+        return max((max(v) for v in self.series.values() if v), default=0) or 1
+
+    def points(self, name: str) -> str:
+        values = self.series[name]
+        step = self.width / max(1, len(values) - 1)
+        return " ".join(
+            f"{i * step:.1f},{self.height - self.height * v / self.top:.1f}"
+            for i, v in enumerate(values)
+        )
+
+    @property
+    def lines(self) -> list[tuple[str, str]]:
+        return [(name, self.points(name)) for name, v in self.series.items() if v]
+
+
+def memory_chart(*, campaign: Campaign) -> MemoryChart | None:
+    recent = list(
+        Batch.objects.filter(campaign=campaign, state=Batch.State.DONE)
+        .exclude(finished_at=None)
+        .order_by("-finished_at")
+        .values_list("mem_allocated", "mem_reserved", "mem_peak_reserved", "rss")[:CHART_BATCHES]
+    )[::-1]
+    if not recent:
+        return None
+    names = ("allocated", "reserved", "peak reserved", "RSS")
+    series = {
+        name: [row[i] for row in recent if row[i] is not None] for i, name in enumerate(names)
+    }
+    series = {name: values for name, values in series.items() if values}
+    return MemoryChart(series=series) if series else None
+
+
+def memory_creep(chart: MemoryChart | None) -> str | None:
+    """A warning when memory after a batch rose batch after batch.
+
+    Allocated on CUDA (what tensors the program keeps alive), RSS on CPU. A
+    high reserved figure alone is the caching allocator, not a leak.
+    """
+    if chart is None:
+        return None
+    name = "allocated" if "allocated" in chart.series else "RSS"
+    values = chart.series.get(name, [])[-CREEP_WINDOW:]
+    if len(values) < CREEP_WINDOW:
+        return None
+    rises = sum(1 for a, b in zip(values, values[1:], strict=False) if b > a)
+    growth = values[-1] - values[0]
+    if rises >= CREEP_WINDOW - 2 and growth > max(values[0] * 0.02, 1 << 20):
+        return (
+            f"{name} memory after a batch rose in {rises} of the last {CREEP_WINDOW - 1} batches "
+            f"(+{growth / (1 << 20):.1f} MiB): something keeps results alive between batches. "
+            "Stop growing the batch and look before it saturates mid-corpus."
+        )
+    return None

@@ -1,0 +1,42 @@
+"""How pending units are grouped into batches: the version's batch_policy.
+
+- original: import order, batch_size at a time (padding follows the corpus);
+- length_grouped: sorted by cost (tokens), batch_size at a time, so a batch's
+  texts have similar lengths and little padding;
+- token_budget: sorted by cost, as many units as keep units × the longest one
+  within token_budget, so short texts travel in large batches and long ones in
+  small batches at the same memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+
+def plan_batches(pending: list[tuple[int, int | None]], params: dict) -> Iterator[list[int]]:
+    """Batches of unit ids from (id, cost) pairs in import order."""
+    policy = params.get("batch_policy", "original")
+    size = int(params.get("batch_size", 16))
+    if policy == "original":
+        ids = [pk for pk, _ in pending]
+        for start in range(0, len(ids), size):
+            yield ids[start : start + size]
+        return
+    ordered = sorted(pending, key=lambda row: (row[1] or 0, row[0]))
+    if policy == "length_grouped":
+        for start in range(0, len(ordered), size):
+            yield [pk for pk, _ in ordered[start : start + size]]
+        return
+    if policy != "token_budget":
+        raise ValueError(f"unknown batch policy {policy!r}")
+    budget = int(params["token_budget"])
+    batch: list[int] = []
+    for pk, cost in ordered:
+        cost = cost or 1
+        # Ascending order: this unit is the longest so far, so padded = n × cost.
+        if batch and (len(batch) + 1) * cost > budget:
+            yield batch
+            batch = []
+        batch.append(pk)
+    if batch:
+        yield batch

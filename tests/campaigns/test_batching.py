@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import pytest
+
+from campaigns.batching import plan_batches
+
+PENDING = [(1, 50), (2, 3), (3, 200), (4, 4), (5, 60), (6, 5), (7, 210)]
+
+
+def test_original_order_keeps_import_order():
+    params = {"batch_policy": "original", "batch_size": 3}
+    assert list(plan_batches(PENDING, params)) == [[1, 2, 3], [4, 5, 6], [7]]
+
+
+def test_length_grouped_puts_similar_lengths_together():
+    params = {"batch_policy": "length_grouped", "batch_size": 3}
+    assert list(plan_batches(PENDING, params)) == [[2, 4, 6], [1, 5, 3], [7]]
+
+
+def test_token_budget_keeps_count_times_longest_under_the_budget():
+    params = {"batch_policy": "token_budget", "batch_size": 3, "token_budget": 200}
+    batches = list(plan_batches(PENDING, params))
+    cost = dict(PENDING)
+    assert sorted(pk for b in batches for pk in b) == sorted(cost)
+    for batch in batches:
+        if len(batch) > 1:
+            assert len(batch) * max(cost[pk] for pk in batch) <= 200
+    # short texts travel together, a text over the budget travels alone
+    assert batches[0] == [2, 4, 6, 1]
+    assert [7] in batches
+
+
+def test_an_unknown_policy_is_refused():
+    with pytest.raises(ValueError, match="unknown batch policy"):
+        list(plan_batches(PENDING, {"batch_policy": "random"}))

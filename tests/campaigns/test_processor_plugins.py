@@ -1,0 +1,84 @@
+"""A user's own processor, registered by dotted path, through the same path as built-ins."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from django.core.management import call_command
+
+from campaigns import processor_specs, services
+from campaigns.models import Batch, Campaign, Unit
+from campaigns.reconcile import campaign_verify
+from gpuworker.batch_runner import run_batch
+from tests.conftest import DEMO_BAD, DEMO_GOOD
+
+
+@pytest.fixture
+def plugin(settings):
+    settings.BRIEFGPU_PROCESSORS = ["tests.plugins.text_stats.SPEC"]
+    processor_specs._registry.cache_clear()
+    yield
+    processor_specs._registry.cache_clear()
+
+
+@pytest.mark.django_db
+def test_a_plugin_processor_runs_end_to_end(
+    plugin, corpus, output_root, django_capture_on_commit_callbacks
+):
+    out = StringIO()
+    call_command(
+        "campaign",
+        "create",
+        "stats",
+        "--processor",
+        "text-stats",
+        "--input",
+        str(corpus),
+        "--param",
+        "batch_policy=length_grouped",
+        stdout=out,
+    )
+    campaign = Campaign.objects.get(name="stats")
+    assert campaign.current_version.params == {
+        "batch_size": 8,
+        "batch_policy": "length_grouped",
+        "lowercase": "no",
+    }
+    with (
+        mock.patch.object(services.celery_app, "send_task"),
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        services.campaign_run(campaign=campaign)
+    for batch in Batch.objects.filter(campaign=campaign):
+        run_batch(batch.pk)
+    unit = Unit.objects.get(campaign=campaign, uid="short/question.txt")
+    record = json.loads((Path(output_root) / unit.output_path).read_text())
+    assert record == {"chars": 36, "words": 6, "lines": 2}
+    assert unit.output_path.endswith(".json")
+    assert unit.cost == (corpus / "short/question.txt").stat().st_size
+    report = campaign_verify(campaign=campaign, deep=True).as_dict()
+    assert (report["valid"], report["input_invalid"]) == (DEMO_GOOD, DEMO_BAD)
+
+
+@pytest.mark.django_db
+def test_a_plugin_refuses_unknown_parameters_like_a_builtin(plugin, corpus, project):
+    from django.core.exceptions import ValidationError
+
+    with pytest.raises(ValidationError, match="unknown parameter.*pooling"):
+        services.campaign_create(
+            name="s",
+            processor="text-stats",
+            project=project,
+            input_folder=corpus,
+            params={"pooling": "mean"},
+        )
+
+
+def test_without_the_setting_the_plugin_is_unknown():
+    processor_specs._registry.cache_clear()
+    assert "text-stats" not in processor_specs.all_specs()
+    assert "text-embedding" in processor_specs.all_specs()

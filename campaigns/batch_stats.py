@@ -71,6 +71,10 @@ class MemoryChart:
     height: int = 160
 
     @property
+    def batches(self) -> int:
+        return max((len(v) for v in self.series.values()), default=0)
+
+    @property
     def top(self) -> int:
         return max((max(v) for v in self.series.values() if v), default=0) or 1
 

@@ -101,4 +101,107 @@ TEXT_EMBEDDING = ProcessorSpec(
     cost=text_token_cost,
 )
 
-BUILTIN = (TEXT_EMBEDDING,)
+
+# --- image transformation ------------------------------------------------------
+
+IMAGE_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
+_MAGIC = {"png": (b"\x89PNG\r\n\x1a\n",), "jpeg": (b"\xff\xd8\xff",), "webp": (b"RIFF",)}
+
+
+def _image_suffix(params: dict) -> str:
+    return ".jpg" if params["format"] == "jpeg" else f".{params['format']}"
+
+
+def expected_size(width: int, height: int, params: dict) -> tuple[int, int]:
+    """The dimensions a transformation must produce from a width × height input."""
+    target_w, target_h = int(params["width"]), int(params["height"])
+    if params["operation"] == "resize":
+        return target_w, target_h
+    if params["operation"] == "thumbnail":
+        scale = min(target_w / width, target_h / height, 1.0)
+        return max(1, round(width * scale)), max(1, round(height * scale))
+    return width, height  # convert: same pixels, another format
+
+
+def _image_quick_check(path: Path, expected: int | None, params: dict) -> None:
+    from .outputs import InvalidOutput
+
+    size = path.stat().st_size
+    if expected is not None and size != expected:
+        raise InvalidOutput(f"size {size} bytes, recorded {expected}")
+    with open(path, "rb") as fh:
+        head = fh.read(12)
+    if not head.startswith(_MAGIC[params["format"]]):
+        raise InvalidOutput(f"not a {params['format'].upper()} file")
+
+
+def check_image_output(path: Path, params: dict, source_size: tuple[int, int] | None = None):
+    """It decodes whole, in the asked format, with the asked dimensions."""
+    from PIL import Image
+
+    from .outputs import InvalidOutput
+
+    try:
+        with Image.open(path) as image:
+            image.load()
+            fmt, size = image.format, image.size
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise InvalidOutput(f"does not decode: {exc}") from exc
+    if fmt != IMAGE_FORMATS[params["format"]]:
+        raise InvalidOutput(f"format {fmt}, asked {IMAGE_FORMATS[params['format']]}")
+    if params["operation"] == "resize" and size != (int(params["width"]), int(params["height"])):
+        raise InvalidOutput(f"{size[0]}×{size[1]}, asked {params['width']}×{params['height']}")
+    if params["operation"] == "thumbnail" and (
+        size[0] > int(params["width"]) or size[1] > int(params["height"])
+    ):
+        raise InvalidOutput(f"{size[0]}×{size[1]} exceeds {params['width']}×{params['height']}")
+    if source_size is not None:
+        want = expected_size(*source_size, params)
+        if abs(size[0] - want[0]) > 1 or abs(size[1] - want[1]) > 1:
+            raise InvalidOutput(f"{size[0]}×{size[1]}, expected {want[0]}×{want[1]}")
+
+
+def _image_deep_check(path: Path, params: dict) -> None:
+    check_image_output(path, params)
+
+
+def image_pixel_cost(path: Path, params: dict) -> int:
+    from PIL import Image
+
+    with Image.open(path) as image:
+        width, height = image.size
+    return max(1, width * height)
+
+
+IMAGE_TRANSFORM = ProcessorSpec(
+    name="image-transform",
+    title="Image transformation",
+    help="Resize, thumbnail or convert images (PNG, JPEG, WebP); CPU only.",
+    output_suffix=".png",
+    suffix_for=_image_suffix,
+    implementation="gpuworker.processors.image_transform:ImageTransformProcessor",
+    params={
+        "operation": ParamSpec(
+            "thumbnail",
+            choices=("thumbnail", "resize", "convert"),
+            help="thumbnail keeps the aspect ratio within width × height",
+        ),
+        "width": ParamSpec(256, type=int, minimum=1, maximum=20000),
+        "height": ParamSpec(256, type=int, minimum=1, maximum=20000),
+        "format": ParamSpec("png", choices=tuple(IMAGE_FORMATS)),
+        "quality": ParamSpec(90, type=int, minimum=1, maximum=100, help="JPEG and WebP"),
+        "max_pixels": ParamSpec(
+            64_000_000, type=int, minimum=1, help="larger inputs fail as decompression bombs"
+        ),
+        "max_aspect": ParamSpec(
+            50, type=int, minimum=1, help="longer side over shorter side above this fails"
+        ),
+        "batch_size": ParamSpec(16, type=int, minimum=1, maximum=4096),
+        "batch_policy": ParamSpec("original", choices=("original", "length_grouped")),
+    },
+    quick_check=_image_quick_check,
+    deep_check=_image_deep_check,
+    cost=image_pixel_cost,
+)
+
+BUILTIN = (TEXT_EMBEDDING, IMAGE_TRANSFORM)

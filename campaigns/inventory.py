@@ -10,11 +10,17 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
+from django.conf import settings
+from numpy.lib import format as npy_format
+
 from .models import Batch, Campaign, Unit, UnitState
 from .outputs import write_atomic
+from .processor_specs import get_spec
 
 _CHUNK = 5000
 
@@ -133,4 +139,47 @@ def export(campaign: Campaign, folder: Path) -> list[Path]:
         path = folder / name
         write_atomic(path, (chunk.encode("utf-8") for chunk in generate(campaign)))
         written.append(path)
+    if get_spec(campaign.processor).output_suffix == ".npy":
+        written.extend(consolidate_vectors(campaign, folder))
+    return written
+
+
+def consolidate_vectors(campaign: Campaign, folder: Path) -> list[Path]:
+    """One (n, dim) float32 matrix per parameter version, rows in unit order,
+    with a CSV naming each row: versions never share a file."""
+    output_root = Path(settings.OUTPUT_ROOT)
+    written = []
+    for version in campaign.versions.order_by("number"):
+        prefix = f"{campaign.name}/{version.label}/"
+        done = Unit.objects.filter(
+            campaign=campaign, state=UnitState.SUCCEEDED, output_path__startswith=prefix
+        )
+        count = done.count()
+        if not count:
+            continue
+        dimension = int(version.params.get("dimension", 0))
+        matrix_path = folder / f"vectors-{version.label}.npy"
+        ids_path = folder / f"vectors-{version.label}.csv"
+        tmp = folder / f".{matrix_path.name}.tmp"
+        matrix = npy_format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(count, dimension))
+        rows = []
+        for row, (uid, source, rel) in enumerate(
+            _units(
+                campaign,
+                ("uid", "source_path", "output_path"),
+                state=UnitState.SUCCEEDED,
+                output_path__startswith=prefix,
+            )
+        ):
+            if row >= count:
+                break  # a unit finished meanwhile: next export includes it
+            matrix[row] = np.load(output_root / rel, allow_pickle=False)
+            rows.append((row, uid, source, rel))
+        matrix.flush()
+        del matrix
+        os.replace(tmp, matrix_path)
+        write_atomic(
+            ids_path, (c.encode() for c in _csv(["row", "id", "source_path", "output_path"], rows))
+        )
+        written += [matrix_path, ids_path]
     return written

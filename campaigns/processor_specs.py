@@ -48,6 +48,11 @@ class ProcessorSpec:
     # parameters; read without torch. None: every unit costs the same.
     cost: Callable[[Path, dict], int] | None = None
     help: str = ""
+    # When the output format is a parameter: params -> suffix (".png").
+    suffix_for: Callable[[dict], str] | None = None
+
+    def suffix(self, params: dict) -> str:
+        return self.suffix_for(params) if self.suffix_for else self.output_suffix
 
     def clean(self, given: dict[str, Any] | None) -> dict[str, Any]:
         """Defaults filled in; unknown keys and bad values refused with a clear message."""

@@ -120,6 +120,7 @@ def campaign_verify(*, campaign: Campaign, deep: bool = False) -> VerifyReport:
     report = VerifyReport(campaign=campaign.name, deep=deep)
     spec = get_spec(campaign.processor)
     versions = {v.label: v.params for v in campaign.versions.all()}
+    suffixes = {spec.suffix(params) for params in versions.values()} or {spec.output_suffix}
     locate = InputLocator(Path(campaign.input_root))
     output_root = str(settings.OUTPUT_ROOT)
     fixes: dict[tuple, list[int]] = defaultdict(list)
@@ -138,7 +139,8 @@ def campaign_verify(*, campaign: Campaign, deep: bool = False) -> VerifyReport:
         last_pk = rows[-1][0]
         for row in rows:
             unit = dict(zip(_FIELDS, row, strict=True))
-            claimed.add(output_name(unit["uid"], spec.output_suffix))
+            for suffix in suffixes:
+                claimed.add(output_name(unit["uid"], suffix))
             verdict, reason = _judge(unit, spec, versions, locate, output_root, deep)
             report.note(verdict, unit["uid"], reason)
             fix = _correction(unit, verdict, reason)

@@ -17,6 +17,10 @@ def _rss_bytes() -> int:
         return 0
 
 
+def cpu() -> torch.device:
+    return torch.device("cpu")
+
+
 class MemoryProbe:
     def __init__(self, device: torch.device):
         self.device = device

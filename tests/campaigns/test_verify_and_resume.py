@@ -212,3 +212,23 @@ def test_verify_takes_no_input_hash_for_untouched_files(done, monkeypatch):
     report = campaign_verify(campaign=done).as_dict()
     assert len(calls) == 1  # the touched file earns a checksum
     assert report["input_changed"] == 1  # our fake checksum differs: changed
+
+
+def test_export_consolidates_the_vectors_of_each_version(done, output_root, tmp_path):
+    import csv
+
+    import numpy as np
+
+    from campaigns.inventory import export
+
+    written = {p.name for p in export(done, tmp_path / "dossier")}
+    label = done.current_version.label
+    assert {f"vectors-{label}.npy", f"vectors-{label}.csv"} <= written
+    matrix = np.load(tmp_path / "dossier" / f"vectors-{label}.npy")
+    assert matrix.shape == (DEMO_GOOD, 384)
+    with open(tmp_path / "dossier" / f"vectors-{label}.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == DEMO_GOOD
+    for row in rows[:5]:
+        vector = np.load(output_root / row["output_path"])
+        assert np.array_equal(matrix[int(row["row"])], vector)

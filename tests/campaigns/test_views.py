@@ -197,3 +197,53 @@ def test_failures_can_be_filtered_by_error_class(client, owner, campaign):
     table = html.split('id="units"')[-1]
     assert "news/rail-strike.txt" in table and "bad/empty.txt" not in table
     assert 'data-error="input_invalid"' in html
+
+
+def _finished_batches(campaign, rows):
+    from django.utils import timezone
+
+    from campaigns.models import Batch
+
+    now = timezone.now()
+    for i, (policy, items, real, padded, seconds, rss) in enumerate(rows):
+        Batch.objects.create(
+            campaign=campaign,
+            version=campaign.current_version,
+            size=items,
+            state="done",
+            policy=policy,
+            real_tokens=real,
+            padded_tokens=padded,
+            compute_seconds=seconds,
+            rss=rss,
+            finished_at=now + timezone.timedelta(seconds=i),
+        )
+
+
+def test_the_page_compares_batch_policies_with_real_and_padded_tokens(client, owner, campaign):
+    _finished_batches(
+        campaign,
+        [
+            ("original", 16, 1000, 4000, 2.0, 500 << 20),
+            ("original", 16, 1000, 4200, 2.0, 500 << 20),
+            ("length_grouped", 16, 1000, 1010, 0.5, 500 << 20),
+        ],
+    )
+    client.force_login(owner)
+    html = client.get(_detail(campaign)).content.decode()
+    original = html.split('data-policy="original"')[1].split("</tr>")[0]
+    grouped = html.split('data-policy="length_grouped"')[1].split("</tr>")[0]
+    assert "×4.10" in original and "8.0" in original  # 32 items in 4 s
+    assert "×1.01" in grouped and "32.0" in grouped
+    assert "<svg" in html and "<polyline" in html
+    assert 'id="memory-warning"' not in html
+
+
+def test_memory_that_creeps_up_batch_after_batch_raises_a_warning(client, owner, campaign):
+    _finished_batches(
+        campaign, [("length_grouped", 16, 1000, 1010, 0.5, (500 + 40 * i) << 20) for i in range(10)]
+    )
+    client.force_login(owner)
+    html = client.get(_detail(campaign)).content.decode()
+    assert 'id="memory-warning"' in html
+    assert "RSS memory after a batch rose in 7 of the last 7 batches" in html

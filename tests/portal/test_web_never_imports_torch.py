@@ -26,6 +26,12 @@ assert client.get("/campaigns/").status_code == 200
 assert client.get("/campaigns/c/").status_code == 200
 htmx = {"HX-Request": "true", "HX-Target": "counts"}
 assert client.get("/campaigns/c/", headers=htmx).status_code == 286
+# Run measures token costs for length grouping (tokenizers, not torch) and enqueues.
+from unittest import mock
+with mock.patch("campaigns.services.celery_app.send_task"):
+    assert client.post("/campaigns/c/run/").status_code == 302
+from campaigns.models import Unit
+assert not Unit.objects.filter(cost__isnull=True).exists()
 print("torch" in sys.modules, "gpuworker" in sys.modules)
 """
 

@@ -1,0 +1,220 @@
+"""Our end-to-end worker path against SentenceTransformer.encode, same texts and model.
+
+    .venv/bin/python bench/worker_path.py --limit 3000
+
+For each batch policy (original, length_grouped, token_budget) a campaign is
+created over the texts (one file each), its batches planned (token costs
+measured) and run through gpuworker.batch_runner.run_batch — database claim,
+file reads, model, atomic writes, output checks, bulk recording — in this
+process, so the model time and the orchestration around it can be told apart.
+One more row runs the length_grouped campaign through a real Celery worker
+process (filesystem broker), from `campaign run` to the last unit recorded.
+sentence-transformers' encode runs on the same texts at the same batch size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus_stdlib_docstrings_5000.jsonl.gz"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
+    parser.add_argument("--limit", type=int, default=3000)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--token-budget", type=int, default=2048)
+    parser.add_argument("--skip-celery", action="store_true")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="bench-worker-"))
+    env = {
+        "VAR_DIR": str(work / "var"),
+        "OUTPUT_ROOT": str(work / "outputs"),
+        "DJANGO_SETTINGS_MODULE": "portal.settings",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    os.environ.update(env)
+    os.environ.pop("DATABASE_URL", None)
+    os.environ.pop("CELERY_BROKER_URL", None)
+    import django
+
+    django.setup()
+    import torch
+    from django.core.management import call_command
+    from sentence_transformers import SentenceTransformer
+
+    from campaigns import selectors, services
+    from campaigns.builtin_processors import TEXT_EMBEDDING, resolve_model_path
+    from campaigns.models import Batch
+    from gpuworker.batch_runner import run_batch
+
+    call_command("migrate", verbosity=0)
+    corpus = work / "corpus"
+    corpus.mkdir()
+    with gzip.open(args.corpus, "rt", encoding="utf-8") as fh:
+        texts = [json.loads(line)["text"] for _, line in zip(range(args.limit), fh, strict=False)]
+    for i, text in enumerate(texts):
+        (corpus / f"doc-{i:05d}.txt").write_text(text, encoding="utf-8")
+    project = services.project_for_user(name="bench")
+
+    def campaign(policy: str, name: str):
+        params = {
+            "batch_size": args.batch_size,
+            "batch_policy": policy,
+            "token_budget": args.token_budget,
+        }
+        c, _ = services.campaign_create(
+            name=name,
+            processor="text-embedding",
+            project=project,
+            input_folder=corpus,
+            params=params,
+        )
+        return c
+
+    # In-process rows run the batches here: no message goes to the broker.
+    from unittest import mock
+
+    quiet = mock.patch.object(services.celery_app, "send_task")
+    quiet.start()
+    # Warm the model once, like a worker that already ran a batch.
+    warm = campaign("original", "warm-up")
+    services.campaign_run(campaign=warm)
+    run_batch(Batch.objects.filter(campaign=warm).first().pk)
+
+    rows = []
+    for policy in ("original", "length_grouped", "token_budget"):
+        c = campaign(policy, f"path-{policy.replace('_', '-')}")
+        started = time.perf_counter()
+        services.campaign_run(campaign=c)
+        plan_s = time.perf_counter() - started
+        started = time.perf_counter()
+        for pk in Batch.objects.filter(campaign=c).order_by("pk").values_list("pk", flat=True):
+            run_batch(pk)
+        run_s = time.perf_counter() - started
+        batches = Batch.objects.filter(campaign=c)
+        model_s = sum(b.compute_seconds or 0 for b in batches)
+        real = sum(b.real_tokens or 0 for b in batches)
+        padded = sum(b.padded_tokens or 0 for b in batches)
+        done = selectors.campaign_counts(campaign=c).succeeded
+        rows.append(
+            {
+                "name": f"worker path, {policy}",
+                "docs": done,
+                "seconds": run_s,
+                "plan_s": plan_s,
+                "model_s": model_s,
+                "real": real,
+                "padded": padded,
+                "batches": batches.count(),
+            }
+        )
+
+    quiet.stop()
+    if not args.skip_celery:
+        c = campaign("length_grouped", "path-celery")
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "portal",
+                "worker",
+                "-Q",
+                "gpu",
+                "-c",
+                "1",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "-l",
+                "WARNING",
+            ],
+            cwd=REPO,
+            env={**os.environ, **env},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            # Let the worker load torch and the model on a one-batch campaign first.
+            probe, _ = services.campaign_create(
+                name="celery-warm",
+                processor="text-embedding",
+                project=project,
+                input_folder=REPO / "campaigns" / "demo_corpus" / "news",
+            )
+            services.campaign_run(campaign=probe)
+            while selectors.campaign_counts(campaign=probe).active:
+                time.sleep(0.2)
+            started = time.perf_counter()
+            services.campaign_run(campaign=c)
+            while selectors.campaign_counts(campaign=c).active:
+                time.sleep(0.1)
+            run_s = time.perf_counter() - started
+        finally:
+            worker.terminate()
+            worker.wait()
+        batches = Batch.objects.filter(campaign=c)
+        rows.append(
+            {
+                "name": "Celery worker process, length_grouped",
+                "docs": selectors.campaign_counts(campaign=c).succeeded,
+                "seconds": run_s,
+                "plan_s": 0.0,
+                "model_s": sum(b.compute_seconds or 0 for b in batches),
+                "real": sum(b.real_tokens or 0 for b in batches),
+                "padded": sum(b.padded_tokens or 0 for b in batches),
+                "batches": batches.count(),
+            }
+        )
+
+    params = TEXT_EMBEDDING.clean({})
+    reference = SentenceTransformer(
+        str(resolve_model_path(params["model"])), device="cpu", local_files_only=True
+    )
+    reference.encode(texts[:32])
+    started = time.perf_counter()
+    reference.encode(
+        texts, batch_size=args.batch_size, normalize_embeddings=True, show_progress_bar=False
+    )
+    st_s = time.perf_counter() - started
+
+    print(
+        f"# {len(texts)} texts, batch {args.batch_size}, token budget {args.token_budget}, "
+        f"truncation 256, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{os.cpu_count()} cores; peak RSS of this process "
+        f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB"
+    )
+    print("| path | docs/s | × ST | tokens/s | padding | batches | model share | plan s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    st_rate = len(texts) / st_s
+    for r in rows:
+        rate = r["docs"] / r["seconds"]
+        print(
+            f"| {r['name']} | {rate:.1f} | {rate / st_rate:.2f} | "
+            f"{r['real'] / r['seconds']:.0f} | ×{r['padded'] / max(1, r['real']):.2f} | "
+            f"{r['batches']} | {100 * r['model_s'] / r['seconds']:.0f}% | {r['plan_s']:.1f} |"
+        )
+    print(
+        f"| sentence-transformers encode (sorts by length) | {st_rate:.1f} | 1.00 | — | — | "
+        f"{-(-len(texts) // args.batch_size)} | — | — |"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+from __future__ import annotations
+
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from PIL import Image
+
+from campaigns import services
+from campaigns.models import Batch, Unit, UnitState
+from campaigns.reconcile import campaign_verify
+from gpuworker.batch_runner import run_batch
+from gpuworker.images import decode_image
+from gpuworker.inputs import InputError
+from tests.images import write_image_corpus
+
+# The bomb test image is 36 Mpx; the tests set the guard below it.
+LIMIT = 20_000_000
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    root = tmp_path_factory.mktemp("images")
+    return root, write_image_corpus(root)
+
+
+def test_every_image_decodes_to_rgb_or_fails_with_its_reason(images):
+    root, expected = images
+    for rel, outcome in expected.items():
+        data = (root / rel).read_bytes()
+        if outcome == "ok":
+            image = decode_image(data, max_pixels=LIMIT)
+            assert image.mode == "RGB", rel
+        else:
+            with pytest.raises(InputError) as info:
+                decode_image(data, max_pixels=LIMIT)
+            assert info.value.error_class == "input_invalid", rel
+            assert outcome in info.value.message, (rel, info.value.message)
+
+
+def test_exif_orientation_is_applied(images):
+    root, _ = images
+    image = decode_image((root / "ok/exif-rotated.jpg").read_bytes())
+    assert image.size == (200, 400)
+
+
+def test_alpha_is_composited_on_white_and_16_bit_is_scaled(images):
+    root, _ = images
+    alpha = decode_image((root / "ok/alpha.png").read_bytes())
+    assert alpha.getpixel((0, 0)) == (127, 127, 255)
+    grey = decode_image((root / "ok/sixteen-bit.png").read_bytes())
+    assert grey.getpixel((0, 0)) == (156, 156, 156)  # 40000 / 256, not clipped to 255
+
+
+@pytest.mark.django_db
+def test_an_image_transform_campaign_checks_every_output(
+    images, project, output_root, django_capture_on_commit_callbacks
+):
+    root, expected = images
+    campaign, _ = services.campaign_create(
+        name="thumbs",
+        processor="image-transform",
+        project=project,
+        input_folder=root,
+        params={
+            "operation": "thumbnail",
+            "width": 128,
+            "height": 128,
+            "format": "webp",
+            "max_pixels": LIMIT,
+        },
+    )
+    with (
+        mock.patch.object(services.celery_app, "send_task"),
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        services.campaign_run(campaign=campaign)
+    for batch in Batch.objects.filter(campaign=campaign):
+        run_batch(batch.pk)
+    units = {u.uid: u for u in Unit.objects.filter(campaign=campaign)}
+    for rel, outcome in expected.items():
+        unit = units[rel]
+        if outcome == "ok":
+            assert unit.state == UnitState.SUCCEEDED, (rel, unit.error_message)
+            with Image.open(output_root / unit.output_path) as out:
+                assert out.format == "WEBP"
+                assert max(out.size) <= 128
+            assert unit.output_path.endswith(".webp")
+        else:
+            assert (unit.state, unit.error_class) == ("failed", "input_invalid"), rel
+            assert outcome in unit.error_message
+    rgb = units["ok/rgb.jpg"]
+    with Image.open(output_root / rgb.output_path) as out:
+        assert out.size == (128, 96)  # 640×480 kept its aspect ratio
+    report = campaign_verify(campaign=campaign, deep=True).as_dict()
+    assert report["valid"] == sum(1 for o in expected.values() if o == "ok")
+    assert report["orphan_outputs"] == 0
+
+
+@pytest.mark.django_db
+def test_a_resized_output_of_the_wrong_size_is_not_a_result(
+    images, project, output_root, django_capture_on_commit_callbacks
+):
+    from gpuworker.processors.image_transform import ImageTransformProcessor
+
+    root, _ = images
+    campaign, _ = services.campaign_create(
+        name="resized",
+        processor="image-transform",
+        project=project,
+        input_folder=root / "ok",
+        params={"operation": "resize", "width": 64, "height": 64, "format": "png"},
+    )
+    with (
+        mock.patch.object(services.celery_app, "send_task"),
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        services.campaign_run(campaign=campaign)
+
+    def off_by_some(self, output):
+        image, source = output
+        return ImageTransformProcessor.__dict__["_real_serialize"](
+            self, (image.resize((64, 63)), source)
+        )
+
+    ImageTransformProcessor._real_serialize = ImageTransformProcessor.serialize
+    try:
+        with mock.patch.object(ImageTransformProcessor, "serialize", off_by_some):
+            for batch in Batch.objects.filter(campaign=campaign):
+                run_batch(batch.pk)
+    finally:
+        del ImageTransformProcessor._real_serialize
+    unit = Unit.objects.filter(campaign=campaign).first()
+    assert unit.error_class == "output_invalid"
+    assert "64×63, asked 64×64" in unit.error_message

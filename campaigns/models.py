@@ -22,7 +22,7 @@ class Campaign(models.Model):
     # The folder units' relative paths resolve against; read, never written.
     input_root = models.CharField(max_length=1000)
     current_version = models.ForeignKey(
-        "ParameterVersion", on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+        "ParameterVersion", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -107,7 +107,8 @@ class Batch(models.Model):
         FAILED = "failed"
 
     campaign = models.ForeignKey(Campaign, on_delete=models.CASCADE, related_name="batches")
-    version = models.ForeignKey(ParameterVersion, on_delete=models.PROTECT, related_name="batches")
+    # RESTRICT: a version that made batches cannot go on its own, only with its campaign.
+    version = models.ForeignKey(ParameterVersion, on_delete=models.RESTRICT, related_name="batches")
     state = models.CharField(max_length=20, choices=State.choices, default=State.QUEUED)
     size = models.PositiveIntegerField()
     worker = models.CharField(max_length=200, blank=True)
@@ -206,7 +207,7 @@ class Attempt(models.Model):
 
     unit = models.ForeignKey(Unit, on_delete=models.CASCADE, related_name="attempts")
     batch = models.ForeignKey(Batch, on_delete=models.SET_NULL, null=True, related_name="attempts")
-    version = models.ForeignKey(ParameterVersion, on_delete=models.PROTECT, related_name="+")
+    version = models.ForeignKey(ParameterVersion, on_delete=models.RESTRICT, related_name="+")
     outcome = models.CharField(max_length=20, choices=Outcome.choices)
     error_class = models.CharField(max_length=30, choices=ErrorClass.choices, blank=True)
     error_message = models.TextField(blank=True)

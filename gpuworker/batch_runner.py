@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -235,6 +235,36 @@ def _adopt(processor, outcome: Outcome) -> bool:
     return True
 
 
+_RESULT_FIELDS = (
+    "state",
+    "error_class",
+    "error_message",
+    "output_path",
+    "output_size",
+    "output_sha256",
+)
+
+
+def _save_unit_results(units: list[Unit], now) -> None:
+    """One UPDATE statement run for every unit (executemany).
+
+    bulk_update builds a CASE expression per field and unit, which cost a
+    fifth of a small batch's time in the worker-path benchmark.
+    """
+    meta = Unit._meta
+    columns = [meta.get_field(name).column for name in _RESULT_FIELDS]
+    quote = connection.ops.quote_name
+    sql = (
+        f"UPDATE {quote(meta.db_table)} SET "
+        + ", ".join(f"{quote(c)} = %s" for c in columns)
+        + f", {quote(meta.get_field('updated_at').column)} = %s WHERE {quote(meta.pk.column)} = %s"
+    )
+    stamp = connection.ops.adapt_datetimefield_value(now)
+    rows = [[getattr(u, name) for name in _RESULT_FIELDS] + [stamp, u.pk] for u in units]
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, rows)
+
+
 _COLUMNS = ("real_tokens", "padded_tokens", "compute_seconds")
 _COLUMNS_SAVED = (
     "real_tokens",
@@ -297,18 +327,7 @@ def _record(batch: Batch, token: str, outcomes: list[Outcome], metrics: dict, er
         if not owned:
             log.warning("batch %s: lease lost before recording; results dropped", batch.pk)
             return False
-        Unit.objects.bulk_update(
-            [o.unit for o in outcomes],
-            [
-                "state",
-                "error_class",
-                "error_message",
-                "output_path",
-                "output_size",
-                "output_sha256",
-                "updated_at",
-            ],
-        )
+        _save_unit_results([o.unit for o in outcomes], now)
         Attempt.objects.bulk_create(attempts)
         memory = metrics.get("memory", {})
         batch.finished_at = now

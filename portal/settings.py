@@ -140,7 +140,9 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "data_folder_in": str(CELERY_BROKER_DIR / "queue"),
         "data_folder_out": str(CELERY_BROKER_DIR / "queue"),
         "control_folder": str(CELERY_BROKER_DIR / "control"),
-        "polling_interval": 0.2,
+        # A worker looks for its next batch this often: at 0.2 s the
+        # worker-path benchmark lost a third of its time waiting.
+        "polling_interval": 0.05,
     }
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True

@@ -84,3 +84,20 @@ def test_campaign_names_must_be_slugs(project, corpus):
         services.campaign_create(
             name="My Campaign", processor="text-embedding", project=project, input_folder=corpus
         )
+
+
+def test_a_campaign_can_be_deleted_but_not_a_version_that_made_batches(
+    make_campaign, django_capture_on_commit_callbacks
+):
+    from django.db.models import RestrictedError
+
+    from campaigns.models import Campaign
+
+    campaign = make_campaign()
+    with mock.patch.object(services.celery_app, "send_task"), \
+            django_capture_on_commit_callbacks(execute=True):
+        services.campaign_run(campaign=campaign)
+    with pytest.raises(RestrictedError):
+        campaign.current_version.delete()
+    campaign.delete()
+    assert not Campaign.objects.exists() and not Unit.objects.exists()

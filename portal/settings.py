@@ -115,6 +115,17 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "campaign_list"
 LOGOUT_REDIRECT_URL = "login"
 
+# Folders the setup page offers as inputs (and their sub-folders, two levels
+# down). Nothing outside them can be chosen from the browser.
+CORPUS_ROOTS = [
+    _path(p)
+    for p in env.list(
+        "CORPUS_ROOTS",
+        default=[str(VAR_DIR / "corpora"), str(BASE_DIR / "campaigns" / "demo_corpus")],
+    )
+]
+MANIFEST_UPLOAD_MAX_BYTES = env.int("MANIFEST_UPLOAD_MAX_BYTES", default=50 * 1024 * 1024)
+
 # Where outputs go: <OUTPUT_ROOT>/<campaign>/<version>/... (campaigns.paths).
 # In the distributed setup every node must see the same OUTPUT_ROOT.
 OUTPUT_ROOT = _path(env.str("OUTPUT_ROOT", default=str(VAR_DIR / "outputs")))

@@ -10,8 +10,8 @@ from pathlib import Path
 from PIL import Image
 
 from campaigns.builtin_processors import IMAGE_FORMATS, check_image_output, expected_size
+from campaigns.images import decode_image
 
-from ..images import decode_image
 from ..memory import MemoryProbe, cpu
 
 

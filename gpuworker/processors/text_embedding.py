@@ -17,10 +17,10 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from campaigns.builtin_processors import resolve_model_path
+from campaigns.inputs import InputError, decode_text
 from campaigns.models import ErrorClass
 from campaigns.outputs import validate_embedding_file, vector_to_npy
 
-from ..inputs import InputError, decode_text
 from ..memory import MemoryProbe
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -94,8 +94,10 @@ def test_a_campaign_can_be_deleted_but_not_a_version_that_made_batches(
     from campaigns.models import Campaign
 
     campaign = make_campaign()
-    with mock.patch.object(services.celery_app, "send_task"), \
-            django_capture_on_commit_callbacks(execute=True):
+    with (
+        mock.patch.object(services.celery_app, "send_task"),
+        django_capture_on_commit_callbacks(execute=True),
+    ):
         services.campaign_run(campaign=campaign)
     with pytest.raises(RestrictedError):
         campaign.current_version.delete()

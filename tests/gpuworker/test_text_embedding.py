@@ -95,7 +95,7 @@ def test_without_normalisation_vectors_keep_their_norm_and_still_pass_the_check(
 
 
 def test_refuse_truncation_fails_over_long_texts_as_input_invalid():
-    from gpuworker.inputs import InputError
+    from campaigns.inputs import InputError
 
     strict = get_processor("text-embedding", TEXT_EMBEDDING.clean({"truncation": "refuse"}))
     assert strict.prepare(TEXTS[0].encode()) == TEXTS[0]

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from campaigns.inputs import decode_text
 from campaigns.outputs import InvalidOutput
 from campaigns.processor_specs import ParamSpec, ProcessorSpec
-from gpuworker.inputs import decode_text
 
 
 def _check(path: Path, expected_size: int | None, params: dict) -> None:

@@ -11,9 +11,8 @@ import warnings
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from campaigns.models import ErrorClass
-
 from .inputs import InputError
+from .models import ErrorClass
 
 # Pillow's own guard against decompression bombs (pixels), made an error.
 MAX_PIXELS = 64_000_000

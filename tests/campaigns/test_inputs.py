@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuworker.inputs import InputError, decode_text, read_bytes
+from campaigns.inputs import InputError, decode_text, read_bytes
 
 
 @pytest.mark.parametrize(

@@ -7,11 +7,11 @@ import pytest
 from PIL import Image
 
 from campaigns import services
+from campaigns.images import decode_image
+from campaigns.inputs import InputError
 from campaigns.models import Batch, Unit, UnitState
 from campaigns.reconcile import campaign_verify
 from gpuworker.batch_runner import run_batch
-from gpuworker.images import decode_image
-from gpuworker.inputs import InputError
 from tests.images import write_image_corpus
 
 # The bomb test image is 36 Mpx; the tests set the guard below it.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from campaigns.models import ErrorClass
-from campaigns.paths import resolve_input
+from .models import ErrorClass
+from .paths import resolve_input
 
 
 class InputError(Exception):

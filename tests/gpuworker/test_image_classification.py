@@ -1,0 +1,180 @@
+"""A tiny CNN trained here on generated shapes, loaded through the user's path."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageDraw
+
+from campaigns import services
+from campaigns.models import Attempt, Batch, Unit, UnitState
+from campaigns.reconcile import campaign_verify
+from gpuworker.batch_runner import run_batch
+
+CLASSES = ["circle", "square", "triangle"]
+COLOURS = {"circle": (220, 40, 40), "square": (40, 200, 40), "triangle": (40, 40, 220)}
+SIZE = 48
+
+
+def shape_image(kind: str, rng: random.Random) -> Image.Image:
+    background = tuple(rng.randint(0, 90) for _ in range(3))
+    image = Image.new("RGB", (SIZE, SIZE), background)
+    draw = ImageDraw.Draw(image)
+    r = rng.randint(10, 18)
+    cx, cy = rng.randint(r, SIZE - r), rng.randint(r, SIZE - r)
+    colour = tuple(min(255, max(0, c + rng.randint(-30, 30))) for c in COLOURS[kind])
+    if kind == "circle":
+        draw.ellipse((cx - r, cy - r, cx + r, cy + r), fill=colour)
+    elif kind == "square":
+        draw.rectangle((cx - r, cy - r, cx + r, cy + r), fill=colour)
+    else:
+        draw.polygon([(cx, cy - r), (cx - r, cy + r), (cx + r, cy + r)], fill=colour)
+    return image
+
+
+class TinyCNN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(8, 16, 3, padding=1),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(),
+        )
+        self.head = torch.nn.Linear(16, len(CLASSES))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.body(x)
+        return self.head(features), features
+
+
+def _tensor(image: Image.Image) -> np.ndarray:
+    return ((np.asarray(image, dtype=np.float32) / 255.0 - 0.5) / 0.5).transpose(2, 0, 1)
+
+
+@pytest.fixture(scope="module")
+def user_model(tmp_path_factory) -> tuple[Path, Path]:
+    """Trains in a few seconds; saved as TorchScript like a user's own file."""
+    torch.manual_seed(0)
+    rng = random.Random(0)
+    model = TinyCNN()
+    optimiser = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _step in range(120):
+        kinds = [rng.randrange(3) for _ in range(32)]
+        x = torch.from_numpy(np.stack([_tensor(shape_image(CLASSES[k], rng)) for k in kinds]))
+        loss = torch.nn.functional.cross_entropy(model(x)[0], torch.tensor(kinds))
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+    folder = tmp_path_factory.mktemp("model")
+    torch.jit.script(model.eval()).save(str(folder / "tiny.pt"))
+    (folder / "labels.txt").write_text("\n".join(CLASSES) + "\n")
+    return folder / "tiny.pt", folder / "labels.txt"
+
+
+@pytest.fixture
+def shapes(tmp_path) -> Path:
+    rng = random.Random(42)
+    root = tmp_path / "shapes"
+    for kind in CLASSES:
+        (root / kind).mkdir(parents=True)
+        for i in range(10):
+            shape_image(kind, rng).save(root / kind / f"{i}.png")
+    (root / "bad").mkdir()
+    (root / "bad" / "notes.jpg").write_text("not a picture")
+    good = root / "circle" / "0.png"
+    (root / "bad" / "cut.png").write_bytes(good.read_bytes()[:200])
+    return root
+
+
+def _params(user_model, **extra):
+    model, labels = user_model
+    return {
+        "model": str(model),
+        "labels": str(labels),
+        "resize": SIZE,
+        "crop": SIZE,
+        "mean": "0.5,0.5,0.5",
+        "std": "0.5,0.5,0.5",
+        "top_k": 3,
+        **extra,
+    }
+
+
+def _run(campaign, capture):
+    with mock.patch.object(services.celery_app, "send_task"), capture(execute=True):
+        services.campaign_run(campaign=campaign)
+    for batch in Batch.objects.filter(campaign=campaign):
+        run_batch(batch.pk)
+
+
+@pytest.mark.django_db
+def test_a_user_torchscript_model_classifies_and_exports_features(
+    user_model, shapes, project, output_root, django_capture_on_commit_callbacks
+):
+    campaign, _ = services.campaign_create(
+        name="shapes",
+        processor="image-classification",
+        project=project,
+        input_folder=shapes,
+        params=_params(user_model, batch_size=8),
+    )
+    _run(campaign, django_capture_on_commit_callbacks)
+
+    units = Unit.objects.filter(campaign=campaign)
+    assert units.filter(state=UnitState.SUCCEEDED).count() == 30
+    bad = {u.uid: u for u in units.filter(state=UnitState.FAILED)}
+    assert set(bad) == {"bad/notes.jpg", "bad/cut.png"}
+    assert "not an image" in bad["bad/notes.jpg"].error_message
+    assert "truncated" in bad["bad/cut.png"].error_message
+
+    right = 0
+    for unit in units.filter(state=UnitState.SUCCEEDED):
+        attempt = Attempt.objects.get(unit=unit)
+        right += attempt.metrics["category"] == unit.uid.split("/")[0]
+        with np.load(output_root / unit.output_path) as out:
+            assert out["features"].shape == (16,)
+            assert list(out["top_labels"])[0] == attempt.metrics["category"]
+            assert 0.0 <= float(out["margin"]) <= 1.0
+            assert np.isclose(out["top_probs"].sum(), 1.0, atol=1e-4)  # top 3 of 3 classes
+    assert right >= 27, f"{right}/30 right: the tiny model or the preprocessing is off"
+    report = campaign_verify(campaign=campaign, deep=True).as_dict()
+    assert report["valid"] == 30 and report["input_invalid"] == 2
+
+
+@pytest.mark.django_db
+def test_a_labels_file_that_does_not_match_the_model_fails_the_batch_clearly(
+    user_model, shapes, project, output_root, tmp_path, django_capture_on_commit_callbacks
+):
+    labels = tmp_path / "two.txt"
+    labels.write_text("circle\nsquare\n")
+    params = _params(user_model)
+    params["labels"] = str(labels)
+    campaign, _ = services.campaign_create(
+        name="mismatch",
+        processor="image-classification",
+        project=project,
+        input_folder=shapes / "circle",
+        params=params,
+    )
+    _run(campaign, django_capture_on_commit_callbacks)
+    messages = set(Unit.objects.filter(campaign=campaign).values_list("error_message", flat=True))
+    assert messages == {"ValueError: model gives 3 classes, labels file has 2"}
+
+
+@pytest.mark.django_db
+def test_model_and_labels_are_required(project, shapes):
+    from django.core.exceptions import ValidationError
+
+    with pytest.raises(ValidationError, match="model is required"):
+        services.campaign_create(
+            name="x", processor="image-classification", project=project, input_folder=shapes
+        )

@@ -21,6 +21,21 @@ def cpu() -> torch.device:
     return torch.device("cpu")
 
 
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def device_and_dtype(dtype_name: str) -> tuple[torch.device, torch.dtype]:
+    """The CUDA device when there is one; half precision only there."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = _DTYPES[dtype_name]
+    if dtype != torch.float32 and device.type != "cuda":
+        raise ValueError(
+            f"dtype {dtype_name} needs a CUDA worker; this worker runs on the CPU "
+            "(make a parameter version with dtype float32)"
+        )
+    return device, dtype
+
+
 class MemoryProbe:
     def __init__(self, device: torch.device):
         self.device = device
@@ -38,12 +53,11 @@ class MemoryProbe:
                 "peak_allocated": torch.cuda.max_memory_allocated(self.device),
                 "peak_reserved": torch.cuda.max_memory_reserved(self.device),
             }
-        # ru_maxrss is the process peak in KiB on Linux.
-        return {
-            "device": "cpu",
-            "rss": _rss_bytes(),
-            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        }
+        # ru_maxrss is the process peak in KiB on Linux; the kernel updates it
+        # lazily, so it can lag the current RSS by a little.
+        rss = _rss_bytes()
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        return {"device": "cpu", "rss": rss, "peak_rss": max(rss, peak)}
 
 
 @functools.cache

@@ -86,3 +86,28 @@ def make_campaign(project, corpus):
         return campaign
 
     return make
+
+
+@pytest.fixture
+def run_here(django_capture_on_commit_callbacks):
+    """Queue a campaign's pending units, then run every batch in this process.
+
+    The broker send is captured: tests of task bodies run them here; the
+    integration tests run them in real worker processes.
+    """
+    from unittest import mock
+
+    from campaigns.models import Batch
+    from gpuworker.batch_runner import run_batch
+
+    def run(campaign) -> None:
+        with (
+            mock.patch.object(services.celery_app, "send_task"),
+            django_capture_on_commit_callbacks(execute=True),
+        ):
+            services.campaign_run(campaign=campaign)
+        queued = Batch.objects.filter(campaign=campaign, state=Batch.State.QUEUED)
+        for pk in queued.order_by("pk").values_list("pk", flat=True):
+            run_batch(pk)
+
+    return run

@@ -20,9 +20,7 @@ from PIL import Image
 from campaigns.builtin_processors import check_classification_output
 from campaigns.images import decode_image
 
-from ..memory import MemoryProbe
-
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+from ..memory import MemoryProbe, device_and_dtype
 
 
 @dataclass
@@ -39,10 +37,7 @@ class ImageClassificationProcessor:
 
     def __init__(self, params: dict):
         self.params = params
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.dtype = _DTYPES[params["dtype"]]
-        if self.dtype != torch.float32 and self.device.type != "cuda":
-            raise ValueError(f"dtype {params['dtype']} needs a CUDA worker; this one is CPU-only")
+        self.device, self.dtype = device_and_dtype(params["dtype"])
         self.model = torch.jit.load(params["model"], map_location=self.device).eval()
         if self.dtype != torch.float32:
             self.model = self.model.to(self.dtype)

@@ -21,9 +21,7 @@ from campaigns.inputs import InputError, decode_text
 from campaigns.models import ErrorClass
 from campaigns.outputs import validate_embedding_file, vector_to_npy
 
-from ..memory import MemoryProbe
-
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+from ..memory import MemoryProbe, device_and_dtype
 
 __all__ = ["EmbeddingBatch", "TextEmbeddingProcessor", "resolve_model_path"]
 
@@ -44,13 +42,7 @@ class TextEmbeddingProcessor:
     def __init__(self, params: dict):
         self.params = params
         self.max_tokens = int(params["max_tokens"])
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = _DTYPES[params["dtype"]]
-        if dtype != torch.float32 and self.device.type != "cuda":
-            raise ValueError(
-                f"dtype {params['dtype']} needs a CUDA worker; this worker runs on the CPU "
-                "(make a parameter version with dtype float32)"
-            )
+        self.device, dtype = device_and_dtype(params["dtype"])
         path = resolve_model_path(params["model"])
         # local_files_only: weights come from this folder, never from a hub.
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)

@@ -9,9 +9,8 @@ from PIL import Image
 from campaigns import services
 from campaigns.images import decode_image
 from campaigns.inputs import InputError
-from campaigns.models import Batch, Unit, UnitState
+from campaigns.models import Unit, UnitState
 from campaigns.reconcile import campaign_verify
-from gpuworker.batch_runner import run_batch
 from tests.images import write_image_corpus
 
 # The bomb test image is 36 Mpx; the tests set the guard below it.
@@ -53,9 +52,7 @@ def test_alpha_is_composited_on_white_and_16_bit_is_scaled(images):
 
 
 @pytest.mark.django_db
-def test_an_image_transform_campaign_checks_every_output(
-    images, project, output_root, django_capture_on_commit_callbacks
-):
+def test_an_image_transform_campaign_checks_every_output(images, project, output_root, run_here):
     root, expected = images
     campaign, _ = services.campaign_create(
         name="thumbs",
@@ -70,13 +67,7 @@ def test_an_image_transform_campaign_checks_every_output(
             "max_pixels": LIMIT,
         },
     )
-    with (
-        mock.patch.object(services.celery_app, "send_task"),
-        django_capture_on_commit_callbacks(execute=True),
-    ):
-        services.campaign_run(campaign=campaign)
-    for batch in Batch.objects.filter(campaign=campaign):
-        run_batch(batch.pk)
+    run_here(campaign)
     units = {u.uid: u for u in Unit.objects.filter(campaign=campaign)}
     for rel, outcome in expected.items():
         unit = units[rel]
@@ -98,9 +89,7 @@ def test_an_image_transform_campaign_checks_every_output(
 
 
 @pytest.mark.django_db
-def test_a_resized_output_of_the_wrong_size_is_not_a_result(
-    images, project, output_root, django_capture_on_commit_callbacks
-):
+def test_a_resized_output_of_the_wrong_size_is_not_a_result(images, project, output_root, run_here):
     from gpuworker.processors.image_transform import ImageTransformProcessor
 
     root, _ = images
@@ -111,25 +100,14 @@ def test_a_resized_output_of_the_wrong_size_is_not_a_result(
         input_folder=root / "ok",
         params={"operation": "resize", "width": 64, "height": 64, "format": "png"},
     )
-    with (
-        mock.patch.object(services.celery_app, "send_task"),
-        django_capture_on_commit_callbacks(execute=True),
-    ):
-        services.campaign_run(campaign=campaign)
+    real_serialize = ImageTransformProcessor.serialize
 
     def off_by_some(self, output):
         image, source = output
-        return ImageTransformProcessor.__dict__["_real_serialize"](
-            self, (image.resize((64, 63)), source)
-        )
+        return real_serialize(self, (image.resize((64, 63)), source))
 
-    ImageTransformProcessor._real_serialize = ImageTransformProcessor.serialize
-    try:
-        with mock.patch.object(ImageTransformProcessor, "serialize", off_by_some):
-            for batch in Batch.objects.filter(campaign=campaign):
-                run_batch(batch.pk)
-    finally:
-        del ImageTransformProcessor._real_serialize
+    with mock.patch.object(ImageTransformProcessor, "serialize", off_by_some):
+        run_here(campaign)
     unit = Unit.objects.filter(campaign=campaign).first()
     assert unit.error_class == "output_invalid"
     assert "64×63, asked 64×64" in unit.error_message

@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 from io import StringIO
 from pathlib import Path
-from unittest import mock
 
 import pytest
 from django.core.management import call_command
 
 from campaigns import processor_specs, services
-from campaigns.models import Batch, Campaign, Unit
+from campaigns.models import Campaign, Unit
 from campaigns.reconcile import campaign_verify
-from gpuworker.batch_runner import run_batch
 from tests.conftest import DEMO_BAD, DEMO_GOOD
 
 
@@ -26,9 +24,7 @@ def plugin(settings):
 
 
 @pytest.mark.django_db
-def test_a_plugin_processor_runs_end_to_end(
-    plugin, corpus, output_root, django_capture_on_commit_callbacks
-):
+def test_a_plugin_processor_runs_end_to_end(plugin, corpus, output_root, run_here):
     out = StringIO()
     call_command(
         "campaign",
@@ -48,13 +44,7 @@ def test_a_plugin_processor_runs_end_to_end(
         "batch_policy": "length_grouped",
         "lowercase": "no",
     }
-    with (
-        mock.patch.object(services.celery_app, "send_task"),
-        django_capture_on_commit_callbacks(execute=True),
-    ):
-        services.campaign_run(campaign=campaign)
-    for batch in Batch.objects.filter(campaign=campaign):
-        run_batch(batch.pk)
+    run_here(campaign)
     unit = Unit.objects.get(campaign=campaign, uid="short/question.txt")
     record = json.loads((Path(output_root) / unit.output_path).read_text())
     assert record == {"chars": 36, "words": 6, "lines": 2}

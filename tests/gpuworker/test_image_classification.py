@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import pytest
@@ -12,9 +11,8 @@ import torch
 from PIL import Image, ImageDraw
 
 from campaigns import services
-from campaigns.models import Attempt, Batch, Unit, UnitState
+from campaigns.models import Attempt, Unit, UnitState
 from campaigns.reconcile import campaign_verify
-from gpuworker.batch_runner import run_batch
 
 CLASSES = ["circle", "square", "triangle"]
 COLOURS = {"circle": (220, 40, 40), "square": (40, 200, 40), "triangle": (40, 40, 220)}
@@ -109,16 +107,9 @@ def _params(user_model, **extra):
     }
 
 
-def _run(campaign, capture):
-    with mock.patch.object(services.celery_app, "send_task"), capture(execute=True):
-        services.campaign_run(campaign=campaign)
-    for batch in Batch.objects.filter(campaign=campaign):
-        run_batch(batch.pk)
-
-
 @pytest.mark.django_db
 def test_a_user_torchscript_model_classifies_and_exports_features(
-    user_model, shapes, project, output_root, django_capture_on_commit_callbacks
+    user_model, shapes, project, output_root, run_here
 ):
     campaign, _ = services.campaign_create(
         name="shapes",
@@ -127,7 +118,7 @@ def test_a_user_torchscript_model_classifies_and_exports_features(
         input_folder=shapes,
         params=_params(user_model, batch_size=8),
     )
-    _run(campaign, django_capture_on_commit_callbacks)
+    run_here(campaign)
 
     units = Unit.objects.filter(campaign=campaign)
     assert units.filter(state=UnitState.SUCCEEDED).count() == 30
@@ -152,7 +143,7 @@ def test_a_user_torchscript_model_classifies_and_exports_features(
 
 @pytest.mark.django_db
 def test_a_labels_file_that_does_not_match_the_model_fails_the_batch_clearly(
-    user_model, shapes, project, output_root, tmp_path, django_capture_on_commit_callbacks
+    user_model, shapes, project, output_root, tmp_path, run_here
 ):
     labels = tmp_path / "two.txt"
     labels.write_text("circle\nsquare\n")
@@ -165,7 +156,7 @@ def test_a_labels_file_that_does_not_match_the_model_fails_the_batch_clearly(
         input_folder=shapes / "circle",
         params=params,
     )
-    _run(campaign, django_capture_on_commit_callbacks)
+    run_here(campaign)
     messages = set(Unit.objects.filter(campaign=campaign).values_list("error_message", flat=True))
     assert messages == {"ValueError: model gives 3 classes, labels file has 2"}
 

@@ -127,35 +127,50 @@ def _process(batch: Batch, processor, outcomes: list[Outcome]) -> dict:
         )
     # Reading and decoding in threads: file I/O and image decoding release
     # the GIL, so a slow disk or a large image does not serialise the batch.
-    with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
-        prepared = list(pool.map(lambda o: _prepare(processor, root, o), outcomes))
+    prepared = list(_io_pool().map(lambda o: _prepare(processor, root, o), outcomes))
     ready = [(o, item) for o, item in zip(outcomes, prepared, strict=True) if item is not _SKIP]
     adopted = sum(1 for o in outcomes if o.metrics.get("adopted"))
     if not ready:
         return {"adopted": adopted}
     splits: list[int] = []
     parts = _run_splitting(processor, ready, splits)
+    jobs = []
     for part, result in parts:
         for index, (outcome, _) in enumerate(part):
             outcome.metrics = processor.unit_metrics(result, index)
-            path = Path(settings.OUTPUT_ROOT) / outcome.target
-            try:
-                data = processor.serialize(processor.output(result, index))
-                written = write_atomic(path, data)
-                processor.validate(path)
-            except InvalidOutput as exc:
-                outcome.fail(ErrorClass.OUTPUT_INVALID, f"output failed its check: {exc}")
-                continue
-            except OSError as exc:
-                outcome.fail(ErrorClass.PROCESSING_ERROR, f"cannot write output: {exc}")
-                continue
-            outcome.succeed(outcome.target, written.size, written.sha256)
+            data = processor.serialize(processor.output(result, index))
+            jobs.append((outcome, data))
+    # Writes and checks in threads: each waits on its own fsync.
+    list(_io_pool().map(lambda job: _write_and_check(processor, *job), jobs))
     metrics = merge_batch_metrics([processor.batch_metrics(result) for _, result in parts])
     return {"adopted": adopted, "oom_splits": splits, **metrics}
 
 
 _SKIP = object()
-READ_THREADS = 4
+IO_THREADS = 4
+_pool: ThreadPoolExecutor | None = None
+
+
+def _io_pool() -> ThreadPoolExecutor:
+    """One pool per worker process, made on first use (after the prefork fork)."""
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="unit-io")
+    return _pool
+
+
+def _write_and_check(processor, outcome: Outcome, data: bytes) -> None:
+    path = Path(settings.OUTPUT_ROOT) / outcome.target
+    try:
+        written = write_atomic(path, data)
+        processor.validate(path)
+    except InvalidOutput as exc:
+        outcome.fail(ErrorClass.OUTPUT_INVALID, f"output failed its check: {exc}")
+        return
+    except OSError as exc:
+        outcome.fail(ErrorClass.PROCESSING_ERROR, f"cannot write output: {exc}")
+        return
+    outcome.succeed(outcome.target, written.size, written.sha256)
 
 
 def _prepare(processor, root: Path, outcome: Outcome):

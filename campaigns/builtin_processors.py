@@ -273,7 +273,8 @@ IMAGE_CLASSIFICATION = ProcessorSpec(
         "model": ParamSpec(
             "",
             required=True,
-            help="a TorchScript file whose forward(x) returns logits, or (logits, features)",
+            help="a torch.export (.pt2) or TorchScript file whose forward(x) returns logits, "
+            "or (logits, features)",
         ),
         "labels": ParamSpec("", required=True, help="a text file, one category per line"),
         "resize": ParamSpec(

@@ -1,7 +1,8 @@
 """Classification and features from a user's TorchScript model.
 
-The model file goes through torch.jit.load, the same path for a user's file and
-for the tiny CNN the tests train. forward(x) returns logits (n, classes), or a
+The model file goes through load_model_file — torch.export programs (.pt2) or
+TorchScript — the same path for a user's file and for the tiny CNN the tests
+train. forward(x) returns logits (n, classes), or a
 tuple (logits, features) to also export the penultimate layer; without
 features the logits are exported as the feature vector.
 """
@@ -23,6 +24,14 @@ from campaigns.images import decode_image
 from ..memory import MemoryProbe, device_and_dtype
 
 
+def load_model_file(path: Path, device: torch.device):
+    """A user's model file: torch.export (.pt2) or TorchScript (anything else)."""
+    if path.suffix == ".pt2":
+        program = torch.export.load(str(path))
+        return program.module().to(device)
+    return torch.jit.load(str(path), map_location=device).eval()
+
+
 @dataclass
 class ClassificationBatch:
     probs: np.ndarray  # (n, classes)
@@ -38,7 +47,7 @@ class ImageClassificationProcessor:
     def __init__(self, params: dict):
         self.params = params
         self.device, self.dtype = device_and_dtype(params["dtype"])
-        self.model = torch.jit.load(params["model"], map_location=self.device).eval()
+        self.model = load_model_file(Path(params["model"]), self.device)
         if self.dtype != torch.float32:
             self.model = self.model.to(self.dtype)
         self.labels = [

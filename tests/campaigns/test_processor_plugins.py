@@ -72,3 +72,21 @@ def test_without_the_setting_the_plugin_is_unknown():
     processor_specs._registry.cache_clear()
     assert "text-stats" not in processor_specs.all_specs()
     assert "text-embedding" in processor_specs.all_specs()
+
+
+def test_an_installed_package_registers_a_processor_by_entry_point(tmp_path, monkeypatch):
+    dist = tmp_path / "briefgpu_text_stats-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: briefgpu-text-stats\nVersion: 0.1\n"
+    )
+    (dist / "entry_points.txt").write_text(
+        "[briefgpu.processors]\ntext-stats = tests.plugins.text_stats:SPEC\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    processor_specs._registry.cache_clear()
+    try:
+        spec = processor_specs.get_spec("text-stats")
+        assert spec.implementation == "tests.plugins.text_stats:TextStats"
+    finally:
+        processor_specs._registry.cache_clear()

@@ -169,3 +169,32 @@ def test_model_and_labels_are_required(project, shapes):
         services.campaign_create(
             name="x", processor="image-classification", project=project, input_folder=shapes
         )
+
+
+@pytest.mark.django_db
+def test_a_torch_export_program_works_like_a_torchscript_file(
+    user_model, shapes, project, output_root, tmp_path, run_here
+):
+    scripted = torch.jit.load(str(user_model[0]))
+    model = TinyCNN()
+    model.load_state_dict(scripted.state_dict())
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    program = torch.export.export(
+        model.eval(), (torch.zeros(2, 3, SIZE, SIZE),), dynamic_shapes=({0: batch},)
+    )
+    path = tmp_path / "tiny.pt2"
+    torch.export.save(program, str(path))
+    params = _params(user_model, batch_size=7)
+    params["model"] = str(path)
+    campaign, _ = services.campaign_create(
+        name="exported",
+        processor="image-classification",
+        project=project,
+        input_folder=shapes / "square",
+        params=params,
+    )
+    run_here(campaign)
+    done = Unit.objects.filter(campaign=campaign, state=UnitState.SUCCEEDED)
+    assert done.count() == 10
+    right = sum(Attempt.objects.get(unit=u).metrics["category"] == "square" for u in done)
+    assert right >= 9

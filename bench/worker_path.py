@@ -39,6 +39,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--token-budget", type=int, default=2048)
     parser.add_argument("--skip-celery", action="store_true")
+    parser.add_argument(
+        "--broker-url",
+        default="",
+        help="run the Celery row on this broker (e.g. redis://127.0.0.1:6379/0) "
+        "instead of the embedded filesystem one",
+    )
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-worker-"))
@@ -49,9 +55,12 @@ def main() -> None:
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
     }
+    if args.broker_url:
+        env["CELERY_BROKER_URL"] = args.broker_url
     os.environ.update(env)
     os.environ.pop("DATABASE_URL", None)
-    os.environ.pop("CELERY_BROKER_URL", None)
+    if not args.broker_url:
+        os.environ.pop("CELERY_BROKER_URL", None)
     import django
 
     django.setup()
@@ -137,6 +146,10 @@ def main() -> None:
 
     quiet.stop()
     if not args.skip_celery:
+        broker = "Redis" if args.broker_url else "filesystem broker"
+        # Only this run's batches in the queue.
+        with services.celery_app.connection_for_write() as conn:
+            conn.default_channel.queue_purge("gpu")
         c = campaign("length_grouped", "path-celery")
         worker = subprocess.Popen(
             [
@@ -183,7 +196,7 @@ def main() -> None:
         batches = Batch.objects.filter(campaign=c)
         rows.append(
             {
-                "name": "Celery worker process, length_grouped",
+                "name": f"Celery worker process ({broker}), length_grouped",
                 "docs": selectors.campaign_counts(campaign=c).succeeded,
                 "seconds": run_s,
                 "plan_s": 0.0,

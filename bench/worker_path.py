@@ -7,9 +7,7 @@ created over the texts (one file each), its batches planned (token costs
 measured) and run through gpuworker.batch_runner.run_batch — database claim,
 file reads, model, atomic writes, output checks, bulk recording — in this
 process, so the model time and the orchestration around it can be told apart.
-The pipelined rows write, check and record each batch on the finisher thread
-while the next batch computes, as the Celery task does. One more row runs the
-length_grouped campaign through a real Celery worker
+One more row runs the length_grouped campaign through a real Celery worker
 process (filesystem broker), from `campaign run` to the last unit recorded.
 sentence-transformers' encode runs on the same texts at the same batch size.
 """
@@ -71,7 +69,7 @@ def main() -> None:
     from campaigns import selectors, services
     from campaigns.builtin_processors import TEXT_EMBEDDING, resolve_model_path
     from campaigns.models import Batch
-    from gpuworker.batch_runner import drain_finisher, run_batch
+    from gpuworker.batch_runner import run_batch
 
     call_command("migrate", verbosity=0)
     corpus = work / "corpus"
@@ -108,23 +106,14 @@ def main() -> None:
     run_batch(Batch.objects.filter(campaign=warm).first().pk)
 
     rows = []
-    runs = [
-        ("original", False),
-        ("length_grouped", False),
-        ("token_budget", False),
-        ("length_grouped", True),
-        ("token_budget", True),
-    ]
-    for policy, pipelined in runs:
-        suffix = "-pipelined" if pipelined else ""
-        c = campaign(policy, f"path-{policy.replace('_', '-')}{suffix}")
+    for policy in ("original", "length_grouped", "token_budget"):
+        c = campaign(policy, f"path-{policy.replace('_', '-')}")
         started = time.perf_counter()
         services.campaign_run(campaign=c)
         plan_s = time.perf_counter() - started
         started = time.perf_counter()
         for pk in Batch.objects.filter(campaign=c).order_by("pk").values_list("pk", flat=True):
-            run_batch(pk, pipelined=pipelined)
-        drain_finisher()
+            run_batch(pk)
         run_s = time.perf_counter() - started
         batches = Batch.objects.filter(campaign=c)
         model_s = sum(b.compute_seconds or 0 for b in batches)
@@ -133,7 +122,7 @@ def main() -> None:
         done = selectors.campaign_counts(campaign=c).succeeded
         rows.append(
             {
-                "name": f"worker path, {policy}{', pipelined' if pipelined else ''}",
+                "name": f"worker path, {policy}",
                 "docs": done,
                 "seconds": run_s,
                 "plan_s": plan_s,

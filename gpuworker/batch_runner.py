@@ -68,16 +68,10 @@ class Outcome:
         self.finished = time.time()
 
 
-def run_batch(batch_id: int, *, pipelined: bool = False) -> str:
-    """Run one batch. With pipelined=True (the Celery task), writing, checking
-    and recording the outputs happen on this process's finisher thread while
-    the next batch computes; the lease stays held until the batch is recorded,
-    so a worker that dies in between loses nothing: the batch comes back."""
+def run_batch(batch_id: int) -> str:
     batch = Batch.objects.select_related("campaign", "version").filter(pk=batch_id).first()
     if batch is None:
         return "gone"
-    if pipelined:
-        _finisher().wait_for_room()
     # Claim by update: a second delivery of the same message finds nothing to do.
     token = uuid.uuid4().hex
     claimed = Batch.objects.filter(pk=batch_id, state=Batch.State.QUEUED).update(
@@ -92,107 +86,24 @@ def run_batch(batch_id: int, *, pipelined: bool = False) -> str:
         return "not runnable"
     Unit.objects.filter(batch=batch, state=UnitState.QUEUED).update(state=UnitState.RUNNING)
     units = list(Unit.objects.filter(batch=batch, state=UnitState.RUNNING).order_by("pk"))
-    work = _BatchWork(batch=batch, token=token, outcomes=[Outcome(unit=u) for u in units])
-    work.lease.__enter__()
-    try:
-        processor = get_processor(batch.campaign.processor, batch.version.params)
-        work.processor = processor
-        _compute(work)
-    except Exception as exc:  # the model itself failed: every unfinished unit says why
-        work.fail_rest(exc)
-    if pipelined:
-        _finisher().submit(work)
-        return "computed; recording"
-    return "done" if _finish(work) else "lease lost"
-
-
-@dataclass
-class _BatchWork:
-    """One batch between its model run and its recording."""
-
-    batch: Batch
-    token: str
-    outcomes: list[Outcome]
-    processor: object = None
-    jobs: list = field(default_factory=list)  # (outcome, serialized output)
-    metrics: dict = field(default_factory=dict)
-    error: str = ""
-    started: float = field(default_factory=time.perf_counter)
-
-    def __post_init__(self) -> None:
-        self.lease = LeaseKeeper(self.batch.pk, self.token)
-        self.metrics = {"items": len(self.outcomes), "runtime": runtime_facts()}
-
-    def fail_rest(self, exc: Exception) -> None:
-        self.error = "".join(traceback.format_exception_only(exc)).strip()
-        digest = hashlib.sha1(traceback.format_exc().encode()).hexdigest()[:12]
-        log.exception("batch %s failed", self.batch.pk)
-        self.jobs = []
-        for outcome in self.outcomes:
-            if outcome.finished is None:
-                outcome.fail(_error_class(exc), self.error, digest)
-
-
-def _finish(work: _BatchWork) -> bool:
-    """Write and check every output, then record the batch; releases the lease."""
-    try:
-        # Writes and checks in threads: each waits on its own fsync.
-        list(_io_pool().map(lambda job: _write_and_check(work.processor, *job), work.jobs))
-        work.metrics["seconds"] = round(time.perf_counter() - work.started, 4)
-        return _record(work.batch, work.token, work.outcomes, work.metrics, work.error)
-    finally:
-        work.lease.__exit__(None, None, None)
-
-
-class _Finisher:
-    """A single thread that finishes batches while the task thread computes the next.
-
-    At most one batch waits here: a worker never holds more than two batches'
-    outputs in memory, and never runs far ahead of what it has recorded.
-    """
-
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-finisher")
-        self._pending: list = []
-
-    def submit(self, work: _BatchWork) -> None:
-        self._pending.append(self._pool.submit(self._run, work))
-
-    @staticmethod
-    def _run(work: _BatchWork) -> bool:
+    started = time.perf_counter()
+    outcomes = [Outcome(unit=u) for u in units]
+    batch_metrics: dict = {"items": len(units), "runtime": runtime_facts()}
+    batch_error = ""
+    with LeaseKeeper(batch_id, token):
         try:
-            return _finish(work)
-        except Exception:
-            # Not recorded: the lease runs out and the batch comes back.
-            log.exception("batch %s: recording failed", work.batch.pk)
-            return False
-        finally:
-            connection.close()  # this thread's connection; reopened on the next batch
-
-    def wait_for_room(self) -> None:
-        """Return once at most one earlier batch is still finishing."""
-        while self._pending and (len(self._pending) > 1 or self._pending[0].done()):
-            self._pending.pop(0).result()
-
-    def drain(self) -> None:
-        while self._pending:
-            self._pending.pop(0).result()
-
-
-_finisher_instance: _Finisher | None = None
-
-
-def _finisher() -> _Finisher:
-    global _finisher_instance
-    if _finisher_instance is None:
-        _finisher_instance = _Finisher()
-    return _finisher_instance
-
-
-def drain_finisher() -> None:
-    """Wait until every computed batch is recorded (worker shutdown, tests)."""
-    if _finisher_instance is not None:
-        _finisher_instance.drain()
+            processor = get_processor(batch.campaign.processor, batch.version.params)
+            batch_metrics.update(_process(batch, processor, outcomes))
+        except Exception as exc:  # the model itself failed: every unfinished unit says why
+            batch_error = "".join(traceback.format_exception_only(exc)).strip()
+            digest = hashlib.sha1(traceback.format_exc().encode()).hexdigest()[:12]
+            log.exception("batch %s failed", batch_id)
+            for outcome in outcomes:
+                if outcome.finished is None:
+                    outcome.fail(_error_class(exc), batch_error, digest)
+        batch_metrics["seconds"] = round(time.perf_counter() - started, 4)
+        recorded = _record(batch, token, outcomes, batch_metrics, batch_error)
+    return "done" if recorded else "lease lost"
 
 
 def _error_class(exc: BaseException) -> str:
@@ -203,9 +114,7 @@ def _error_class(exc: BaseException) -> str:
     return ErrorClass.PROCESSING_ERROR
 
 
-def _compute(work: _BatchWork) -> None:
-    """Read and prepare the inputs, run the model, serialize the outputs."""
-    batch, processor, outcomes = work.batch, work.processor, work.outcomes
+def _process(batch: Batch, processor, outcomes: list[Outcome]) -> dict:
     root = Path(batch.campaign.input_root)
     for outcome in outcomes:
         outcome.target = str(
@@ -220,19 +129,21 @@ def _compute(work: _BatchWork) -> None:
     # the GIL, so a slow disk or a large image does not serialise the batch.
     prepared = list(_io_pool().map(lambda o: _prepare(processor, root, o), outcomes))
     ready = [(o, item) for o, item in zip(outcomes, prepared, strict=True) if item is not _SKIP]
-    work.metrics["adopted"] = sum(1 for o in outcomes if o.metrics.get("adopted"))
+    adopted = sum(1 for o in outcomes if o.metrics.get("adopted"))
     if not ready:
-        return
+        return {"adopted": adopted}
     splits: list[int] = []
     parts = _run_splitting(processor, ready, splits)
+    jobs = []
     for part, result in parts:
         for index, (outcome, _) in enumerate(part):
             outcome.metrics = processor.unit_metrics(result, index)
-            work.jobs.append((outcome, processor.serialize(processor.output(result, index))))
-    work.metrics["oom_splits"] = splits
-    work.metrics.update(
-        merge_batch_metrics([processor.batch_metrics(result) for _, result in parts])
-    )
+            data = processor.serialize(processor.output(result, index))
+            jobs.append((outcome, data))
+    # Writes and checks in threads: each waits on its own fsync.
+    list(_io_pool().map(lambda job: _write_and_check(processor, *job), jobs))
+    metrics = merge_batch_metrics([processor.batch_metrics(result) for _, result in parts])
+    return {"adopted": adopted, "oom_splits": splits, **metrics}
 
 
 _SKIP = object()

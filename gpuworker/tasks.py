@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 from celery import shared_task
-from celery.signals import worker_process_shutdown
 from django.conf import settings
 
-from .batch_runner import drain_finisher
 from .batch_runner import run_batch as _run_batch
 
 
@@ -19,11 +17,4 @@ from .batch_runner import run_batch as _run_batch
 def run_batch(batch_id: int) -> str:
     # Idempotent: the runner claims the batch by update, so a redelivery
     # of this message finds it no longer queued and returns quietly.
-    # Pipelined: this batch's outputs are written and recorded while the
-    # next one computes (the lease covers the gap).
-    return _run_batch(batch_id, pipelined=True)
-
-
-@worker_process_shutdown.connect
-def _record_what_was_computed(**kwargs) -> None:
-    drain_finisher()
+    return _run_batch(batch_id)

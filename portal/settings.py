@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "django_tables2",
+    "django_ratelimit",
     "portal",
     "campaigns",
 ]
@@ -140,6 +141,32 @@ BATCH_MAX_DELIVERIES = env.int("BATCH_MAX_DELIVERIES", default=5)
 # A batch still running after this many seconds fails its units as `timeout`.
 BATCH_TIME_LIMIT = env.int("BATCH_TIME_LIMIT", default=3600)
 
+# --- Ordering portal ----------------------------------------------------------
+FIAT_CURRENCY = env.str("FIAT_CURRENCY", default="EUR")
+# A quote holds its crypto amount this long; unpaid, the order expires.
+ORDER_QUOTE_MINUTES = env.int("ORDER_QUOTE_MINUTES", default=60)
+# Staff enter rates in the admin; an older newest rate refuses new quotes.
+EXCHANGE_RATE_MAX_AGE_MINUTES = env.int("EXCHANGE_RATE_MAX_AGE_MINUTES", default=30)
+# The customer is reminded this long before the rental ends to retrieve results.
+ORDER_END_REMINDER_HOURS = env.int("ORDER_END_REMINDER_HOURS", default=24)
+# Shared secret of the BTCPay Server store's webhook; empty refuses every delivery.
+BTCPAY_WEBHOOK_SECRET = env.str("BTCPAY_WEBHOOK_SECRET", default="")
+# Per client address (django-ratelimit rates: count/period).
+ORDER_CREATE_RATE = env.str("ORDER_CREATE_RATE", default="10/h")
+ORDER_NOTICE_RATE = env.str("ORDER_NOTICE_RATE", default="20/h")
+# Order dossiers are kept here, regenerated when the order changes.
+DOSSIER_ROOT = _path(env.str("DOSSIER_ROOT", default=str(VAR_DIR / "dossiers")))
+
+EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
+# Links in e-mails point here.
+SITE_URL = env.str("SITE_URL", default="http://127.0.0.1:8000")
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="BriefGPU <orders@briefgpu.local>")
+# Rate limits count in this cache. The default lives in one process (the
+# embedded runserver); with several web processes set CACHE_URL to Redis.
+CACHES = {"default": env.cache_url("CACHE_URL", default="locmemcache://")}
+if CACHES["default"]["BACKEND"].endswith("LocMemCache"):
+    SILENCED_SYSTEM_CHECKS = ["django_ratelimit.E003", "django_ratelimit.W001"]
+
 # --- Celery -----------------------------------------------------------------
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://localhost/")
 CELERY_BROKER_DIR = VAR_DIR / "broker"
@@ -165,12 +192,16 @@ CELERY_TASK_ROUTES = {"gpuworker.tasks.*": {"queue": "gpu"}}
 # Only worker processes import the task modules (and so torch).
 CELERY_IMPORTS = ["gpuworker.tasks", "campaigns.tasks"]
 CELERY_TASK_ROUTES["campaigns.tasks.*"] = {"queue": "gpu"}
+CELERY_IMPORTS.append("portal.tasks")
+CELERY_TASK_ROUTES["portal.tasks.*"] = {"queue": "gpu"}
 # Run with `celery worker -B` (embedded default) or a separate `celery beat`.
 CELERY_BEAT_SCHEDULE = {
     "requeue-expired-leases": {
         "task": "campaigns.tasks.requeue_expired_batches",
         "schedule": max(1.0, BATCH_LEASE_SECONDS / 2),
     },
+    "expire-unpaid-quotes": {"task": "portal.tasks.expire_unpaid_quotes", "schedule": 60.0},
+    "rental-end-sweep": {"task": "portal.tasks.rental_end_sweep", "schedule": 300.0},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 if CELERY_BROKER_URL.startswith("redis"):

@@ -111,3 +111,54 @@ def run_here(django_capture_on_commit_callbacks):
             run_batch(pk)
 
     return run
+
+
+# --- ordering portal ---------------------------------------------------------
+# The catalog (GPUs, environments, durations, currencies) comes from the data
+# migration; rates and payment addresses are the operator's, made here.
+
+
+@pytest.fixture
+def fresh_rates(db):
+    from decimal import Decimal
+
+    from django.utils import timezone
+
+    from portal.models import CryptoCurrency, ExchangeRate
+
+    now = timezone.now()
+    for code, value in (("BTC", "60000"), ("LTC", "80"), ("XMR", "150")):
+        ExchangeRate.objects.create(
+            currency=CryptoCurrency.objects.get(code=code),
+            fiat_per_unit=Decimal(value),
+            recorded_at=now,
+        )
+
+
+@pytest.fixture
+def address_pool(db):
+    from portal.models import CryptoCurrency, PaymentAddress
+
+    for currency in CryptoCurrency.objects.all():
+        for i in range(5):
+            PaymentAddress.objects.create(currency=currency, address=f"{currency.code}-addr-{i}")
+
+
+@pytest.fixture
+def make_order(fresh_rates, address_pool):
+    """An order with its locked quote, through the same service the form uses."""
+    from portal.models import CryptoCurrency, Environment, GpuModel
+    from portal.order_services import Plan, order_create
+
+    def make(gpu="A40", quantity=1, days=7, currency="BTC", **fields):
+        plan = Plan(
+            gpu=GpuModel.objects.get(name=gpu),
+            quantity=quantity,
+            days=days,
+            environment=Environment.objects.first(),
+            currency=CryptoCurrency.objects.get(code=currency),
+        )
+        contact = {"first_name": "Ada", "last_name": "Lovelace", "email": "ada@example.org"}
+        return order_create(plan=plan, **{**contact, **fields})
+
+    return make

@@ -1,0 +1,58 @@
+"""The customer's e-mails: one per customer-visible change, sent after commit."""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.core.mail import send_mail
+from django.template.loader import render_to_string
+
+from .order_states import EXPLANATION, Status
+
+log = logging.getLogger(__name__)
+
+SUBJECTS = {
+    "created": "Your order {ref}: payment instructions",
+    "notice": "Your order {ref}: we received your payment notice",
+    "ending": "Your order {ref}: the rental ends soon, retrieve your results",
+    Status.PAYMENT_SEEN: "Your order {ref}: payment seen",
+    Status.CONFIRMED: "Your order {ref}: payment confirmed",
+    Status.PROVISIONING: "Your order {ref}: machines being prepared",
+    Status.ACTIVE: "Your order {ref}: your rental is active",
+    Status.COMPLETED: "Your order {ref}: rental completed",
+    Status.EXPIRED: "Your order {ref}: quote expired",
+    Status.UNDERPAID: "Your order {ref}: payment incomplete",
+    Status.REJECTED: "Your order {ref}: order rejected",
+}
+
+
+def tracking_url(order) -> str:
+    return f"{settings.SITE_URL.rstrip('/')}/order/t/{order.tracking_token}/"
+
+
+def send_order_email(*, order_id: int, kind: str) -> bool:
+    """Sent after the transaction committed; a mail failure never undoes an order change."""
+    from .models import Order
+
+    order = Order.objects.filter(pk=order_id).select_related("gpu", "currency").first()
+    if order is None or kind not in SUBJECTS:
+        return False  # payment_notified is answered by the "notice" mail
+    context = {
+        "order": order,
+        "kind": kind,
+        "status_label": order.get_status_display(),
+        "explanation": EXPLANATION.get(order.status, ""),
+        "tracking_url": tracking_url(order),
+    }
+    try:
+        send_mail(
+            SUBJECTS[kind].format(ref=order.reference),
+            render_to_string("orders/email/order.txt", context),
+            None,
+            [order.email],
+        )
+    except Exception:  # noqa: BLE001 — logged by reference only: no address in logs
+        log.exception("order %s: %s e-mail not sent", order.reference, kind)
+        return False
+    return True

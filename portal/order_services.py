@@ -1,0 +1,361 @@
+"""Every write to an order: creation with its locked quote, notices, and transitions.
+
+Each transition locks the order row, checks the table in order_states, records
+an OrderEvent and schedules the customer's e-mail after commit. Views, the
+admin, the webhook and the beat tasks all come through here.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from . import emails
+from .models import (
+    CryptoCurrency,
+    Environment,
+    GpuModel,
+    Order,
+    OrderEvent,
+    PaymentAddress,
+    PaymentNotice,
+)
+from .order_states import (
+    ACCEPTS_NOTICE,
+    PaymentException,
+    Status,
+    TransitionRefused,
+    check_transition,
+)
+from .pricing import QuoteRefused, cards_available, crypto_amount, fresh_rate, plan_price
+
+log = logging.getLogger(__name__)
+
+CUSTOMER = "customer"
+SYSTEM = "system"
+BTCPAY = "btcpay"
+
+
+def staff_actor(user) -> str:
+    return f"staff:{user.get_username()}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    gpu: GpuModel
+    quantity: int
+    days: int
+    environment: Environment
+    currency: CryptoCurrency
+
+
+def order_create(
+    *,
+    plan: Plan,
+    first_name: str,
+    last_name: str,
+    email: str,
+    campaign=None,
+    now: datetime | None = None,
+) -> Order:
+    """The order with its locked quote and an address of its own, or QuoteRefused."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        # Locking the card's row serialises orders for the same card, so two
+        # customers cannot both take its last units.
+        gpu = GpuModel.objects.select_for_update().get(pk=plan.gpu.pk)
+        if not gpu.active:
+            raise QuoteRefused(f"{gpu.name} is no longer offered.")
+        available = cards_available(gpu=gpu)
+        if plan.quantity > available:
+            raise QuoteRefused(
+                f"Only {available} {gpu.name} card(s) are free at the moment; "
+                f"you asked for {plan.quantity}."
+            )
+        rate = fresh_rate(currency=plan.currency, now=now)
+        price = plan_price(gpu=gpu, quantity=plan.quantity, days=plan.days)
+        order = Order.objects.create(
+            gpu=gpu,
+            quantity=plan.quantity,
+            duration_days=plan.days,
+            environment=plan.environment,
+            price_per_day=price.price_per_day,
+            fiat_total=price.total,
+            fiat_currency=settings.FIAT_CURRENCY,
+            currency=plan.currency,
+            crypto_amount=crypto_amount(
+                fiat=price.total, rate=rate, decimals=plan.currency.decimals
+            ),
+            rate=rate.fiat_per_unit,
+            rate_recorded_at=rate.recorded_at,
+            quote_expires_at=now + timedelta(minutes=settings.ORDER_QUOTE_MINUTES),
+            first_name=first_name,
+            last_name=last_name,
+            email=email,
+            campaign=campaign,
+        )
+        _assign_address(order=order, now=now)
+        OrderEvent.objects.create(
+            order=order,
+            from_status="",
+            to_status=order.status,
+            actor=CUSTOMER,
+            note=f"quote locked: {order.crypto_amount.normalize():f} {plan.currency.code} "
+            f"for {order.fiat_total} {order.fiat_currency}",
+        )
+        transaction.on_commit(lambda: emails.send_order_email(order_id=order.pk, kind="created"))
+    return order
+
+
+def _assign_address(*, order: Order, now: datetime) -> None:
+    # Claim by update: the row is taken only if still free, so two concurrent
+    # orders never get the same address (SQLite and PostgreSQL alike).
+    for _ in range(5):
+        candidate = (
+            PaymentAddress.objects.filter(currency=order.currency, order__isnull=True)
+            .order_by("pk")
+            .values_list("pk", flat=True)
+            .first()
+        )
+        if candidate is None:
+            log.error("payment address pool for %s is empty", order.currency.code)
+            raise QuoteRefused(
+                f"No {order.currency.code} payment address is free right now. "
+                "Choose another currency or try again later."
+            )
+        if PaymentAddress.objects.filter(pk=candidate, order__isnull=True).update(
+            order=order, assigned_at=now
+        ):
+            return
+    raise QuoteRefused("Payment addresses are busy; please submit again.")
+
+
+def _transition(
+    *,
+    order: Order,
+    to: str,
+    actor: str,
+    note: str = "",
+    exception: str | None = None,
+    fields: dict | None = None,
+) -> Order:
+    with transaction.atomic():
+        locked = Order.objects.select_for_update().get(pk=order.pk)
+        check_transition(locked.status, to)
+        previous = locked.status
+        locked.status = to
+        update = ["status", "updated_at"]
+        if exception is not None:
+            locked.exception = exception
+            update.append("exception")
+        for name, value in (fields or {}).items():
+            setattr(locked, name, value)
+            update.append(name)
+        locked.save(update_fields=update)
+        OrderEvent.objects.create(
+            order=locked, from_status=previous, to_status=to, actor=actor, note=note
+        )
+        transaction.on_commit(lambda: emails.send_order_email(order_id=locked.pk, kind=to))
+    order.refresh_from_db()
+    return order
+
+
+# --- the customer -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NoticeResult:
+    notice: PaymentNotice
+    created: bool
+
+
+def order_record_notice(
+    *,
+    order: Order,
+    transaction_id: str = "",
+    claimed_amount: Decimal | None = None,
+    now: datetime | None = None,
+) -> NoticeResult:
+    """Record "I paid". The same notice twice is one notice; after expiry it is
+    kept too, and the order is flagged for staff."""
+    now = now or timezone.now()
+    transaction_id = transaction_id.strip()
+    with transaction.atomic():
+        locked = Order.objects.select_for_update().get(pk=order.pk)
+        if locked.status not in ACCEPTS_NOTICE:
+            raise TransitionRefused(locked.status, Status.PAYMENT_NOTIFIED)
+        existing = PaymentNotice.objects.filter(order=locked, transaction_id=transaction_id).first()
+        if existing is not None:
+            return NoticeResult(existing, created=False)
+        late = now > locked.quote_expires_at
+        try:
+            with transaction.atomic():
+                notice = PaymentNotice.objects.create(
+                    order=locked,
+                    transaction_id=transaction_id,
+                    claimed_amount=claimed_amount,
+                    after_expiry=late,
+                )
+        except IntegrityError:  # the same press, raced in from another request
+            return NoticeResult(
+                PaymentNotice.objects.get(order=locked, transaction_id=transaction_id), False
+            )
+        note = "customer says they paid" + (
+            f" (transaction {transaction_id})" if transaction_id else ""
+        )
+        if late:
+            note += "; after the quote expired: paid late?"
+        if late and locked.status == Status.AWAITING_PAYMENT:
+            # The expiry sweep had not come by yet: expire now, so the notice
+            # lands in staff's "expired with a notice" group at once.
+            OrderEvent.objects.create(
+                order=locked,
+                from_status=locked.status,
+                to_status=Status.EXPIRED,
+                actor=SYSTEM,
+                note="quote expired unpaid",
+            )
+            locked.status = Status.EXPIRED
+            locked.save(update_fields=["status", "updated_at"])
+        if late and not locked.paid_late_claim:
+            locked.paid_late_claim = True
+            locked.save(update_fields=["paid_late_claim", "updated_at"])
+        if locked.status == Status.AWAITING_PAYMENT and not late:
+            locked.status = Status.PAYMENT_NOTIFIED
+            locked.save(update_fields=["status", "updated_at"])
+            OrderEvent.objects.create(
+                order=locked,
+                from_status=Status.AWAITING_PAYMENT,
+                to_status=Status.PAYMENT_NOTIFIED,
+                actor=CUSTOMER,
+                note=note,
+            )
+        else:
+            # Status unchanged (already notified, seen, underpaid or expired):
+            # the notice still goes on the timeline for staff.
+            OrderEvent.objects.create(
+                order=locked,
+                from_status=locked.status,
+                to_status=locked.status,
+                actor=CUSTOMER,
+                note=note,
+            )
+        transaction.on_commit(lambda: emails.send_order_email(order_id=locked.pk, kind="notice"))
+    order.refresh_from_db()
+    return NoticeResult(notice, created=True)
+
+
+# --- payment outcomes (staff or BTCPay) -----------------------------------------
+
+
+def order_mark_payment_seen(*, order: Order, actor: str, note: str = "") -> Order:
+    exception = PaymentException.PAID_LATE if order.status == Status.EXPIRED else None
+    return _transition(
+        order=order, to=Status.PAYMENT_SEEN, actor=actor, note=note, exception=exception
+    )
+
+
+def order_confirm_payment(*, order: Order, actor: str, note: str, overpaid: bool = False) -> Order:
+    if overpaid:
+        exception = PaymentException.PAID_OVER
+    elif order.status == Status.EXPIRED or order.exception == PaymentException.PAID_LATE:
+        exception = PaymentException.PAID_LATE
+    else:
+        exception = PaymentException.NONE
+    return _transition(
+        order=order, to=Status.CONFIRMED, actor=actor, note=note, exception=exception
+    )
+
+
+def order_mark_underpaid(*, order: Order, actor: str, note: str) -> Order:
+    return _transition(
+        order=order,
+        to=Status.UNDERPAID,
+        actor=actor,
+        note=note,
+        exception=PaymentException.PAID_PARTIAL,
+    )
+
+
+def order_reject(*, order: Order, actor: str, note: str) -> Order:
+    return _transition(order=order, to=Status.REJECTED, actor=actor, note=note)
+
+
+def order_expire(*, order: Order, actor: str = SYSTEM, note: str = "") -> Order:
+    return _transition(
+        order=order, to=Status.EXPIRED, actor=actor, note=note or "quote expired unpaid"
+    )
+
+
+# --- the rental ------------------------------------------------------------------
+
+
+def order_start_provisioning(*, order: Order, actor: str, note: str = "") -> Order:
+    return _transition(order=order, to=Status.PROVISIONING, actor=actor, note=note)
+
+
+def order_mark_provisioned(
+    *, order: Order, actor: str, note: str = "", now: datetime | None = None
+) -> Order:
+    now = now or timezone.now()
+    return _transition(
+        order=order,
+        to=Status.ACTIVE,
+        actor=actor,
+        note=note,
+        fields={"starts_at": now, "ends_at": now + timedelta(days=order.duration_days)},
+    )
+
+
+def order_complete(*, order: Order, actor: str = SYSTEM, note: str = "") -> Order:
+    return _transition(
+        order=order, to=Status.COMPLETED, actor=actor, note=note or "rental period ended"
+    )
+
+
+# --- sweeps run by Celery beat ---------------------------------------------------
+
+
+def orders_expire_unpaid(*, now: datetime | None = None) -> list[int]:
+    """Unpaid quotes past their expiry become expired (notified orders wait for staff)."""
+    now = now or timezone.now()
+    expired = []
+    due = Order.objects.filter(status=Status.AWAITING_PAYMENT, quote_expires_at__lt=now)
+    for order in due.only("pk", "status").iterator():
+        try:
+            order_expire(order=order)
+        except TransitionRefused:
+            continue  # paid or notified meanwhile: the lock saw the newer state
+        expired.append(order.pk)
+    return expired
+
+
+def orders_rental_end_sweep(*, now: datetime | None = None) -> dict[str, list[int]]:
+    """Remind customers before the end, then complete rentals whose period is over."""
+    now = now or timezone.now()
+    reminded, completed = [], []
+    soon = now + timedelta(hours=settings.ORDER_END_REMINDER_HOURS)
+    for order in Order.objects.filter(
+        status=Status.ACTIVE, ends_at__lte=soon, ends_at__gt=now, end_reminder_sent_at=None
+    ):
+        # Claim by update: one reminder even if two sweeps overlap.
+        if Order.objects.filter(pk=order.pk, end_reminder_sent_at=None).update(
+            end_reminder_sent_at=now
+        ):
+            transaction.on_commit(
+                lambda pk=order.pk: emails.send_order_email(order_id=pk, kind="ending")
+            )
+            reminded.append(order.pk)
+    for order in Order.objects.filter(status=Status.ACTIVE, ends_at__lte=now):
+        try:
+            order_complete(order=order)
+        except TransitionRefused:
+            continue
+        completed.append(order.pk)
+    return {"reminded": reminded, "completed": completed}

@@ -55,6 +55,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Turns a rate-limited request into RATELIMIT_VIEW's readable 429.
+    "django_ratelimit.middleware.RatelimitMiddleware",
 ]
 
 ROOT_URLCONF = "portal.urls"
@@ -164,6 +166,7 @@ DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="BriefGPU <orders@bri
 # Rate limits count in this cache. The default lives in one process (the
 # embedded runserver); with several web processes set CACHE_URL to Redis.
 CACHES = {"default": env.cache_url("CACHE_URL", default="locmemcache://")}
+RATELIMIT_VIEW = "portal.order_views.rate_limited"
 if CACHES["default"]["BACKEND"].endswith("LocMemCache"):
     SILENCED_SYSTEM_CHECKS = ["django_ratelimit.E003", "django_ratelimit.W001"]
 

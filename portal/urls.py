@@ -7,4 +7,5 @@ urlpatterns = [
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
     path("campaigns/", include("campaigns.urls")),
+    path("order/", include("portal.order_urls")),
 ]

@@ -1,0 +1,111 @@
+"""Forms of the ordering portal. Prices are never a field: the server computes them."""
+
+from __future__ import annotations
+
+from django import forms
+
+from .models import CryptoCurrency, Environment, GpuModel, RentalDuration
+from .pricing import cards_available
+
+MAX_CARDS = 16
+
+
+class GpuChoiceField(forms.ModelChoiceField):
+    def label_from_instance(self, gpu: GpuModel) -> str:
+        free = getattr(gpu, "free", None)
+        stock = " — out of stock" if free == 0 else (f" — {free} free" if free else "")
+        return (
+            f"{gpu.name} ({gpu.architecture}, {gpu.memory_gb} GB) · "
+            f"{gpu.price_per_day} per day{stock}"
+        )
+
+
+class DurationChoiceField(forms.ModelChoiceField):
+    def label_from_instance(self, duration: RentalDuration) -> str:
+        return f"{duration.days} days — {duration.purpose}"
+
+
+class OrderForm(forms.Form):
+    gpu = GpuChoiceField(queryset=GpuModel.objects.none(), label="GPU model", empty_label=None)
+    quantity = forms.IntegerField(
+        min_value=1, max_value=MAX_CARDS, initial=1, help_text="number of cards"
+    )
+    duration = DurationChoiceField(
+        queryset=RentalDuration.objects.filter(active=True),
+        empty_label=None,
+        widget=forms.RadioSelect,
+    )
+    environment = forms.ModelChoiceField(
+        queryset=Environment.objects.filter(active=True),
+        empty_label=None,
+        label="Software environment",
+    )
+    first_name = forms.CharField(max_length=100)
+    last_name = forms.CharField(max_length=100)
+    email = forms.EmailField(help_text="the order's contact: payment instructions and updates")
+    currency = forms.ModelChoiceField(
+        queryset=CryptoCurrency.objects.filter(active=True),
+        empty_label=None,
+        label="Pay with",
+    )
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Out-of-stock cards stay visible (with their state) and are refused
+        # on submit with a reason, not hidden.
+        gpus = list(GpuModel.objects.filter(active=True))
+        for gpu in gpus:
+            gpu.free = cards_available(gpu=gpu)
+        self.free = {gpu.pk: gpu.free for gpu in gpus}
+        field = self.fields["gpu"]
+        field.queryset = GpuModel.objects.filter(active=True)
+        field.choices = [(gpu.pk, field.label_from_instance(gpu)) for gpu in gpus]
+
+    def clean(self):
+        cleaned = super().clean()
+        gpu, quantity = cleaned.get("gpu"), cleaned.get("quantity")
+        if gpu is not None and quantity is not None:
+            free = self.free.get(gpu.pk, 0)
+            if free == 0:
+                self.add_error("gpu", f"{gpu.name} is out of stock. Choose another card.")
+            elif quantity > free:
+                self.add_error(
+                    "quantity", f"Only {free} {gpu.name} card(s) are free; choose {free} or fewer."
+                )
+        return cleaned
+
+
+class NoticeForm(forms.Form):
+    transaction_id = forms.CharField(
+        max_length=200,
+        required=False,
+        label="Transaction id (optional)",
+        help_text="helps staff find your payment faster",
+    )
+    claimed_amount = forms.DecimalField(
+        max_digits=30,
+        decimal_places=12,
+        min_value=0,
+        required=False,
+        label="Amount you sent (optional)",
+    )
+
+    def clean_transaction_id(self) -> str:
+        value = self.cleaned_data["transaction_id"].strip()
+        if value and not value.replace("-", "").replace("_", "").isalnum():
+            raise forms.ValidationError("A transaction id holds letters and digits only.")
+        return value
+
+
+class StaffActionForm(forms.Form):
+    ACTIONS = (
+        ("confirm", "Confirm payment"),
+        ("partial", "Mark partially paid"),
+        ("reject", "Reject"),
+        ("seen", "Mark payment seen"),
+        ("provisioning", "Start provisioning"),
+        ("provisioned", "Mark provisioned (rental starts now)"),
+    )
+    action = forms.ChoiceField(choices=ACTIONS)
+    note = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), max_length=2000)
+    overpaid = forms.BooleanField(required=False, label="more than the quote arrived")

@@ -1,0 +1,200 @@
+"""The customer's pages: configurator, tracking, "I paid", dossier. Thin: services decide."""
+
+from __future__ import annotations
+
+import segno
+from django.conf import settings
+from django.contrib import messages
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.utils.safestring import mark_safe
+from django.views.decorators.http import require_POST
+from django_htmx.http import HttpResponseStopPolling
+from django_ratelimit.decorators import ratelimit
+
+from . import order_services
+from .forms import NoticeForm, OrderForm
+from .models import GpuModel, Order, RentalDuration
+from .order_states import ACCEPTS_NOTICE, EXPLANATION, Status, TransitionRefused
+from .pricing import QuoteRefused, plan_price
+
+FINAL = {Status.COMPLETED, Status.REJECTED}
+
+
+def _create_rate(group, request) -> str:
+    return settings.ORDER_CREATE_RATE
+
+
+def _notice_rate(group, request) -> str:
+    return settings.ORDER_NOTICE_RATE
+
+
+def _order_by_token(token: str) -> Order:
+    # One answer for a wrong, expired or guessed token: no hint either way.
+    order = (
+        Order.objects.select_related("gpu", "environment", "currency", "payment_address")
+        .filter(tracking_token=token)
+        .first()
+    )
+    if order is None:
+        raise Http404("No such order.")
+    return order
+
+
+def _price_preview(data) -> dict:
+    """What the summary shows for the current choices; nothing here is trusted later."""
+    try:
+        gpu = GpuModel.objects.get(pk=int(data.get("gpu", "")), active=True)
+        duration = RentalDuration.objects.get(pk=int(data.get("duration", "")), active=True)
+        quantity = max(1, min(int(data.get("quantity", "1")), 16))
+    except (ValueError, GpuModel.DoesNotExist, RentalDuration.DoesNotExist):
+        return {}
+    price = plan_price(gpu=gpu, quantity=quantity, days=duration.days)
+    return {
+        "gpu": gpu,
+        "duration": duration,
+        "quantity": quantity,
+        "total": price.total,
+        "fiat": settings.FIAT_CURRENCY,
+    }
+
+
+def _campaign_for(request: HttpRequest):
+    """A campaign the signed-in user may see, when the order starts from one."""
+    name = request.GET.get("campaign") or request.POST.get("campaign")
+    if not name or not request.user.is_authenticated:
+        return None
+    from campaigns.selectors import campaigns_for_user
+
+    return campaigns_for_user(request.user).filter(name=name).first()
+
+
+def _min_memory(request: HttpRequest) -> int | None:
+    try:
+        value = int(request.GET.get("min_memory_gb", ""))
+    except ValueError:
+        return None
+    return value if 0 < value < 1000 else None
+
+
+@ratelimit(key="ip", rate=_create_rate, method="POST", block=True)
+def order_new(request: HttpRequest) -> HttpResponse:
+    if request.method == "POST":
+        form = OrderForm(request.POST)
+        if form.is_valid():
+            data = form.cleaned_data
+            plan = order_services.Plan(
+                gpu=data["gpu"],
+                quantity=data["quantity"],
+                days=data["duration"].days,
+                environment=data["environment"],
+                currency=data["currency"],
+            )
+            try:
+                order = order_services.order_create(
+                    plan=plan,
+                    first_name=data["first_name"],
+                    last_name=data["last_name"],
+                    email=data["email"],
+                    campaign=_campaign_for(request),
+                )
+            except QuoteRefused as exc:
+                form.add_error(None, str(exc))
+            else:
+                return redirect("order_track", token=order.tracking_token)
+        preview = _price_preview(request.POST)
+    else:
+        initial = {k: v for k, v in request.GET.items() if k in ("gpu", "quantity", "duration")}
+        form = OrderForm(initial=initial or None)
+        first = {
+            "gpu": form.fields["gpu"].choices[0][0] if form.fields["gpu"].choices else "",
+            "duration": RentalDuration.objects.filter(active=True)
+            .values_list("pk", flat=True)
+            .first(),
+            "quantity": 1,
+        }
+        preview = _price_preview({**first, **initial})
+    context = {
+        "form": form,
+        "preview": preview,
+        "durations": RentalDuration.objects.filter(active=True),
+        "campaign": _campaign_for(request),
+        "min_memory_gb": _min_memory(request),
+        "gpus": GpuModel.objects.filter(active=True),
+    }
+    return render(request, "orders/order_new.html", context)
+
+
+def order_price(request: HttpRequest) -> HttpResponse:
+    """The summary partial the configurator swaps in as choices change."""
+    return render(request, "orders/order_new.html#price", {"preview": _price_preview(request.GET)})
+
+
+def order_track(request: HttpRequest, token: str) -> HttpResponse:
+    order = _order_by_token(token)
+    context = {
+        "order": order,
+        "explanation": EXPLANATION.get(order.status, ""),
+        "events": order.events.all(),
+        "notices": order.notices.all(),
+        "accepts_notice": order.status in ACCEPTS_NOTICE,
+        "notice_form": NoticeForm(),
+        "now": timezone.now(),
+    }
+    if request.htmx and request.htmx.target == "status":
+        response = render(request, "orders/order_track.html#status", context)
+        if order.status in FINAL:
+            response.status_code = HttpResponseStopPolling.status_code
+        return response
+    if hasattr(order, "payment_address"):
+        uri = order.payment_uri()
+        context["payment_uri"] = uri
+        context["qr_svg"] = mark_safe(  # noqa: S308 — segno's own SVG of our URI
+            segno.make(uri, error="m").svg_inline(scale=4, title="Payment QR code")
+        )
+    return render(request, "orders/order_track.html", context)
+
+
+@require_POST
+@ratelimit(key="ip", rate=_notice_rate, method="POST", block=True)
+def order_paid(request: HttpRequest, token: str) -> HttpResponse:
+    order = _order_by_token(token)
+    form = NoticeForm(request.POST)
+    if not form.is_valid():
+        errors = "; ".join(e for errs in form.errors.values() for e in errs)
+        messages.error(request, f"Your notice was not recorded: {errors}")
+        return redirect("order_track", token=token)
+    try:
+        result = order_services.order_record_notice(
+            order=order,
+            transaction_id=form.cleaned_data["transaction_id"],
+            claimed_amount=form.cleaned_data["claimed_amount"],
+        )
+    except TransitionRefused:
+        messages.error(request, "This order no longer takes payment notices.")
+        return redirect("order_track", token=token)
+    if result.created:
+        messages.success(
+            request,
+            "Your notice was recorded. Verification is under way: "
+            "we will confirm once the payment is seen on the network.",
+        )
+    else:
+        messages.info(request, "This notice was already recorded; verification is under way.")
+    return redirect("order_track", token=token)
+
+
+def order_dossier(request: HttpRequest, token: str) -> HttpResponse:
+    from .dossier import dossier_store
+
+    order = _order_by_token(token)
+    path = dossier_store(order=order)
+    return FileResponse(
+        path.open("rb"), as_attachment=True, filename=f"{order.reference}-dossier.zip"
+    )
+
+
+def rate_limited(request: HttpRequest, exception) -> HttpResponse:
+    """django-ratelimit's answer (RATELIMIT_VIEW): readable, and nothing was recorded."""
+    return render(request, "orders/rate_limited.html", status=429)

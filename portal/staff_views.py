@@ -1,0 +1,112 @@
+"""Staff's verification queue and order actions. Every action goes through a service."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.admin.views.decorators import staff_member_required
+from django.db.models import Count, Q
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from . import order_services
+from .forms import StaffActionForm
+from .models import Order
+from .order_states import ALLOWED, Status, TransitionRefused
+
+# Which action moves an order where; the state table says whether it may.
+ACTION_TARGET = {
+    "confirm": Status.CONFIRMED,
+    "partial": Status.UNDERPAID,
+    "reject": Status.REJECTED,
+    "seen": Status.PAYMENT_SEEN,
+    "provisioning": Status.PROVISIONING,
+    "provisioned": Status.ACTIVE,
+}
+
+
+def _orders():
+    return Order.objects.select_related("gpu", "currency").annotate(notice_count=Count("notices"))
+
+
+@staff_member_required
+def staff_queue(request: HttpRequest) -> HttpResponse:
+    # Notified first (a customer is waiting), then expired orders that still
+    # got a notice (paid late?), then what the processor saw or found short.
+    groups = [
+        (
+            "Payment notified",
+            _orders().filter(status=Status.PAYMENT_NOTIFIED).order_by("updated_at"),
+        ),
+        (
+            "Expired with a notice (paid late?)",
+            _orders()
+            .filter(status=Status.EXPIRED)
+            .filter(Q(paid_late_claim=True) | Q(notices__isnull=False))
+            .distinct()
+            .order_by("updated_at"),
+        ),
+        (
+            "Payment seen or underpaid",
+            _orders()
+            .filter(status__in=[Status.PAYMENT_SEEN, Status.UNDERPAID])
+            .order_by("updated_at"),
+        ),
+        (
+            "To provision",
+            _orders()
+            .filter(status__in=[Status.CONFIRMED, Status.PROVISIONING])
+            .order_by("updated_at"),
+        ),
+    ]
+    return render(request, "orders/staff_queue.html", {"groups": groups})
+
+
+@staff_member_required
+def staff_order(request: HttpRequest, pk: int) -> HttpResponse:
+    order = get_object_or_404(_orders(), pk=pk)
+    allowed = ALLOWED.get(order.status, frozenset())
+    actions = [(k, label) for k, label in StaffActionForm.ACTIONS if ACTION_TARGET[k] in allowed]
+    context = {
+        "order": order,
+        "events": order.events.all(),
+        "notices": order.notices.all(),
+        "actions": actions,
+        "form": StaffActionForm(),
+    }
+    return render(request, "orders/staff_order.html", context)
+
+
+@staff_member_required
+@require_POST
+def staff_order_action(request: HttpRequest, pk: int) -> HttpResponse:
+    order = get_object_or_404(Order, pk=pk)
+    form = StaffActionForm(request.POST)
+    if not form.is_valid():
+        errors = "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items())
+        messages.error(request, f"Nothing changed: {errors}")
+        return redirect("staff_order", pk=pk)
+    actor = order_services.staff_actor(request.user)
+    note = form.cleaned_data["note"]
+    action = form.cleaned_data["action"]
+    try:
+        if action == "confirm":
+            order_services.order_confirm_payment(
+                order=order, actor=actor, note=note, overpaid=form.cleaned_data["overpaid"]
+            )
+        elif action == "partial":
+            order_services.order_mark_underpaid(order=order, actor=actor, note=note)
+        elif action == "reject":
+            order_services.order_reject(order=order, actor=actor, note=note)
+        elif action == "seen":
+            order_services.order_mark_payment_seen(order=order, actor=actor, note=note)
+        elif action == "provisioning":
+            order_services.order_start_provisioning(order=order, actor=actor, note=note)
+        elif action == "provisioned":
+            order_services.order_mark_provisioned(order=order, actor=actor, note=note)
+    except TransitionRefused as exc:
+        messages.error(request, f"Nothing changed: {exc}.")
+        return redirect("staff_order", pk=pk)
+    order.refresh_from_db()
+    messages.success(request, f"{order.reference} is now {order.get_status_display().lower()}.")
+    return redirect("staff_queue")

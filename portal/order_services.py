@@ -8,6 +8,7 @@ admin, the webhook and the beat tasks all come through here.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -142,18 +143,20 @@ def _transition(
     to: str,
     actor: str,
     note: str = "",
-    exception: str | None = None,
+    exception: str | Callable[[Order], str] | None = None,
     fields: dict | None = None,
 ) -> Order:
     with transaction.atomic():
         locked = Order.objects.select_for_update().get(pk=order.pk)
         check_transition(locked.status, to)
         previous = locked.status
-        locked.status = to
         update = ["status", "updated_at"]
         if exception is not None:
-            locked.exception = exception
+            # Decided on the locked row, before it moves: another request may
+            # have changed it since the caller read it.
+            locked.exception = exception(locked) if callable(exception) else exception
             update.append("exception")
+        locked.status = to
         for name, value in (fields or {}).items():
             setattr(locked, name, value)
             update.append(name)
@@ -254,20 +257,24 @@ def order_record_notice(
 # --- payment outcomes (staff or BTCPay) -----------------------------------------
 
 
+def _late_or(other: str | None) -> Callable[[Order], str | None]:
+    def decide(locked: Order):
+        if locked.status == Status.EXPIRED or locked.exception == PaymentException.PAID_LATE:
+            return PaymentException.PAID_LATE
+        return other if other is not None else locked.exception
+
+    return decide
+
+
 def order_mark_payment_seen(*, order: Order, actor: str, note: str = "") -> Order:
-    exception = PaymentException.PAID_LATE if order.status == Status.EXPIRED else None
+    exception = _late_or(None)
     return _transition(
         order=order, to=Status.PAYMENT_SEEN, actor=actor, note=note, exception=exception
     )
 
 
 def order_confirm_payment(*, order: Order, actor: str, note: str, overpaid: bool = False) -> Order:
-    if overpaid:
-        exception = PaymentException.PAID_OVER
-    elif order.status == Status.EXPIRED or order.exception == PaymentException.PAID_LATE:
-        exception = PaymentException.PAID_LATE
-    else:
-        exception = PaymentException.NONE
+    exception = PaymentException.PAID_OVER if overpaid else _late_or(PaymentException.NONE)
     return _transition(
         order=order, to=Status.CONFIRMED, actor=actor, note=note, exception=exception
     )

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import order_views, staff_views
+from . import order_views, staff_views, webhook_views
 
 urlpatterns = [
     path("", order_views.order_new, name="order_new"),
@@ -8,6 +8,8 @@ urlpatterns = [
     path("t/<str:token>/", order_views.order_track, name="order_track"),
     path("t/<str:token>/paid/", order_views.order_paid, name="order_paid"),
     path("t/<str:token>/dossier.zip", order_views.order_dossier, name="order_dossier"),
+    # BTCPay Server posts here (docs/btcpay.md).
+    path("btcpay/webhook/", webhook_views.btcpay_webhook, name="btcpay_webhook"),
     path("staff/", staff_views.staff_queue, name="staff_queue"),
     path("staff/<int:pk>/", staff_views.staff_order, name="staff_order"),
     path("staff/<int:pk>/action/", staff_views.staff_order_action, name="staff_order_action"),

@@ -119,7 +119,19 @@ def run_here(django_capture_on_commit_callbacks):
 
 
 @pytest.fixture
-def fresh_rates(db):
+def catalog(db):
+    """The seeded catalog, again: a transactional test (live server, worker
+    processes) flushes every table, data migrations' rows included."""
+    import importlib
+
+    from django.apps import apps
+
+    seed = importlib.import_module("portal.migrations.0002_seed_catalog").seed
+    seed(apps, None)
+
+
+@pytest.fixture
+def fresh_rates(catalog):
     from decimal import Decimal
 
     from django.utils import timezone
@@ -136,7 +148,7 @@ def fresh_rates(db):
 
 
 @pytest.fixture
-def address_pool(db):
+def address_pool(catalog):
     from portal.models import CryptoCurrency, PaymentAddress
 
     for currency in CryptoCurrency.objects.all():

@@ -13,6 +13,9 @@ from campaigns.models import Campaign
 DEMO_CORPUS = Path(__file__).resolve().parents[2] / "demo_corpus"
 DEMO_USER, DEMO_PASSWORD = "demo", "demo-briefgpu"
 DEMO_CAMPAIGN = "demo-embeddings"
+DEMO_STAFF, DEMO_STAFF_PASSWORD = "staff", "staff-briefgpu"
+# Demo rates (fiat per coin); staff record real ones in the admin.
+DEMO_RATES = {"BTC": "60000", "LTC": "80", "XMR": "150"}
 
 
 class Command(BaseCommand):
@@ -40,4 +43,34 @@ class Command(BaseCommand):
         if not no_run:
             batches = services.campaign_run(campaign=campaign)
             self.stdout.write(f"enqueued {batches} batches")
+        self._ordering_demo(User)
         self.stdout.write(f"log in as {DEMO_USER} / {DEMO_PASSWORD}")
+        self.stdout.write(f"staff (verification queue): {DEMO_STAFF} / {DEMO_STAFF_PASSWORD}")
+
+    def _ordering_demo(self, User) -> None:
+        """Rates stamped now and a pool of demo addresses, so /order/ can quote at once.
+
+        The addresses are placeholders that no wallet accepts: a real shop loads
+        its own pool and records its rates in the admin.
+        """
+        from decimal import Decimal
+
+        from django.utils import timezone
+
+        from portal.models import CryptoCurrency, ExchangeRate, PaymentAddress
+
+        staff = User.objects.filter(username=DEMO_STAFF).first()
+        if staff is None:
+            User.objects.create_user(DEMO_STAFF, password=DEMO_STAFF_PASSWORD, is_staff=True)
+        now = timezone.now()
+        for currency in CryptoCurrency.objects.filter(code__in=DEMO_RATES):
+            ExchangeRate.objects.create(
+                currency=currency, fiat_per_unit=Decimal(DEMO_RATES[currency.code]), recorded_at=now
+            )
+            free = PaymentAddress.objects.filter(currency=currency, order__isnull=True).count()
+            start = PaymentAddress.objects.filter(currency=currency).count()
+            PaymentAddress.objects.bulk_create(
+                PaymentAddress(currency=currency, address=f"DEMO-{currency.code}-{i:04d}")
+                for i in range(start, start + max(0, 20 - free))
+            )
+        self.stdout.write("ordering demo: rates recorded now, demo address pools filled")

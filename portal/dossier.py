@@ -1,0 +1,326 @@
+"""The order dossier: one zip with everything a customer's order holds.
+
+The customer downloads it from the tracking page at any time; a copy is kept
+under DOSSIER_ROOT, named by the order's reference, and can be regenerated at
+will: the same data always gives the same bytes (fixed entry order, dates,
+permissions and compression), so a changed checksum means changed data.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import zipfile
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ObjectDoesNotExist
+
+from campaigns.models import Batch, Campaign, Unit, UnitState
+from campaigns.outputs import write_atomic
+
+from .models import Order, format_amount
+
+# Fixed so the same data compresses to the same bytes, on every run.
+_COMPRESSION = zipfile.ZIP_DEFLATED
+_COMPRESSLEVEL = 6
+# A regular file, rw-r--r--: what the customer's unzip gives them.
+_FILE_MODE = 0o100644 << 16
+# Unix, whatever machine builds it: create_system is part of the bytes.
+_CREATE_SYSTEM = 3
+_ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
+_ZIP_LAST = (2107, 12, 31, 23, 59, 58)
+_CHUNK = 2000
+
+_NO_ESTIMATE = {"estimate": None, "note": "no profile has been run for this campaign"}
+
+
+def dossier_bytes(*, order: Order) -> bytes:
+    """The dossier zip of an order; identical bytes for identical data."""
+    date_time = _zip_date_time(order.created_at)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=_COMPRESSION, compresslevel=_COMPRESSLEVEL) as zf:
+        _write(zf, "README.txt", date_time, _readme(order).encode("utf-8"))
+        _write(zf, "order.json", date_time, _json(order_summary(order=order)))
+        campaign = order.campaign
+        if campaign is not None:
+            _write_csv(
+                zf,
+                "campaign/manifest.csv",
+                date_time,
+                ["id", "path", "size", "sha256"],
+                _manifest_rows(campaign),
+            )
+            _write(
+                zf,
+                "campaign/parameter_versions.json",
+                date_time,
+                _json(_parameter_versions(campaign)),
+            )
+            _write_csv(zf, "campaign/batches.csv", date_time, _BATCH_HEADER, _batch_rows(campaign))
+            _write_csv(
+                zf,
+                "campaign/errors.csv",
+                date_time,
+                ["id", "path", "state", "error_class", "error_message"],
+                _error_rows(campaign),
+            )
+            _write(zf, "campaign/estimate.json", date_time, _json(_estimate(campaign)))
+    return buf.getvalue()
+
+
+def dossier_path(*, order: Order) -> Path:
+    return Path(settings.DOSSIER_ROOT) / f"{order.reference}.zip"
+
+
+def dossier_store(*, order: Order) -> Path:
+    """Write the dossier next to the others, atomically: kept with the order,
+    regenerable, and a reader never sees half a zip."""
+    path = dossier_path(order=order)
+    write_atomic(path, dossier_bytes(order=order))
+    return path
+
+
+# --- order.json -----------------------------------------------------------------
+
+
+def order_summary(*, order: Order) -> dict[str, Any]:
+    """The order as the customer sees it: choices, prices, quote, payment,
+    history. Never the tracking token: the file may be forwarded."""
+    try:
+        address = order.payment_address
+    except ObjectDoesNotExist:
+        address = None
+    currency = order.currency
+    return {
+        "reference": order.reference,
+        "status": order.status,
+        "status_label": order.get_status_display(),
+        "exception": order.exception,
+        "exception_label": order.get_exception_display() if order.exception else "",
+        "created_at": _time(order.created_at),
+        "starts_at": _time(order.starts_at),
+        "ends_at": _time(order.ends_at),
+        "contact": {
+            "first_name": order.first_name,
+            "last_name": order.last_name,
+            "email": order.email,
+        },
+        "plan": {
+            "gpu": {
+                "name": order.gpu.name,
+                "architecture": order.gpu.architecture,
+                "memory_gb": order.gpu.memory_gb,
+            },
+            "quantity": order.quantity,
+            "duration_days": order.duration_days,
+            "environment": {
+                "name": order.environment.name,
+                "framework": order.environment.framework,
+                "framework_version": order.environment.framework_version,
+                "cuda_version": order.environment.cuda_version,
+                "image": order.environment.image,
+            },
+        },
+        "price": {
+            "price_per_day": str(order.price_per_day),
+            "total": str(order.fiat_total),
+            "currency": order.fiat_currency,
+        },
+        "quote": {
+            "currency": currency.code,
+            # The same digits as in the payment URI: what the customer sends.
+            "amount": format_amount(order.crypto_amount, currency.decimals),
+            "rate": _decimal(order.rate),
+            "rate_unit": f"{order.fiat_currency} per {currency.code}",
+            "rate_recorded_at": _time(order.rate_recorded_at),
+            "expires_at": _time(order.quote_expires_at),
+        },
+        "payment": {
+            "address": address.address if address else None,
+            "uri": order.payment_uri() if address else None,
+        },
+        "campaign": order.campaign.name if order.campaign_id else None,
+        "notices": [
+            {
+                "time": _time(notice.created_at),
+                "transaction_id": notice.transaction_id,
+                "claimed_amount": _decimal(notice.claimed_amount),
+                "after_expiry": notice.after_expiry,
+            }
+            for notice in order.notices.order_by("created_at", "pk")
+        ],
+        "events": [
+            {
+                "time": _time(event.created_at),
+                "from": event.from_status,
+                "to": event.to_status,
+                "actor": event.actor,
+                "note": event.note,
+            }
+            for event in order.events.order_by("created_at", "pk")
+        ],
+    }
+
+
+# --- campaign files --------------------------------------------------------------
+
+
+def _manifest_rows(campaign: Campaign) -> Iterable[tuple]:
+    # values_list + iterator: a million units stream as tuples, never as models.
+    return (
+        Unit.objects.filter(campaign=campaign)
+        .order_by("uid")
+        .values_list("uid", "source_path", "size", "sha256")
+        .iterator(chunk_size=_CHUNK)
+    )
+
+
+def _error_rows(campaign: Campaign) -> Iterable[tuple]:
+    return (
+        Unit.objects.filter(campaign=campaign, state__in=[UnitState.FAILED, UnitState.NEEDS_REVIEW])
+        .order_by("uid")
+        .values_list("uid", "source_path", "state", "error_class", "error_message")
+        .iterator(chunk_size=_CHUNK)
+    )
+
+
+_BATCH_FIELDS = (
+    "pk",
+    "version_id",
+    "state",
+    "size",
+    "policy",
+    "real_tokens",
+    "padded_tokens",
+    "compute_seconds",
+    "mem_allocated",
+    "mem_reserved",
+    "mem_peak_allocated",
+    "mem_peak_reserved",
+    "rss",
+    "deliveries",
+    "started_at",
+    "finished_at",
+)
+_BATCH_HEADER = ["id", "version", *_BATCH_FIELDS[2:]]
+
+
+def _batch_rows(campaign: Campaign) -> Iterable[list]:
+    # A campaign has a handful of versions: one query for their labels, not one per batch.
+    labels = {version.pk: version.label for version in campaign.versions.all()}
+    rows = (
+        Batch.objects.filter(campaign=campaign)
+        .order_by("pk")
+        .values_list(*_BATCH_FIELDS)
+        .iterator(chunk_size=_CHUNK)
+    )
+    for pk, version_id, *measured, started_at, finished_at in rows:
+        yield [pk, labels.get(version_id, ""), *measured, _time(started_at), _time(finished_at)]
+
+
+def _parameter_versions(campaign: Campaign) -> dict[str, Any]:
+    return {
+        "campaign": campaign.name,
+        "processor": campaign.processor,
+        "current": campaign.current_version.label if campaign.current_version_id else None,
+        "versions": [
+            {
+                "number": version.number,
+                "label": version.label,
+                "fingerprint": version.fingerprint,
+                "params": version.params,
+                "software": version.software,
+                "created_at": _time(version.created_at),
+            }
+            for version in campaign.versions.order_by("number")
+        ],
+    }
+
+
+def _estimate(campaign: Campaign) -> dict[str, Any]:
+    # campaigns.models has no profile/estimate model yet; when one lands, its
+    # latest row for this campaign belongs here instead of the note.
+    return dict(_NO_ESTIMATE)
+
+
+# --- README.txt -------------------------------------------------------------------
+
+
+def _readme(order: Order) -> str:
+    lines = [
+        f"Dossier of order {order.reference}.",
+        "order.json: your choices, prices, locked quote, payment address and URI, "
+        "contact, payment notices and the order's history (times in UTC, ISO 8601).",
+    ]
+    if order.campaign_id:
+        lines.append(
+            "campaign/: manifest.csv (every input with its size and sha256), "
+            "parameter_versions.json, batches.csv (one row per batch with its measurements), "
+            "errors.csv (inputs that failed or need review, with the reason) and estimate.json."
+        )
+    return "\n".join(lines) + "\n"
+
+
+# --- zip writing --------------------------------------------------------------------
+
+
+def _zip_date_time(moment: datetime | None) -> tuple[int, int, int, int, int, int]:
+    # The order's own creation time, not "now": regenerating must not change the bytes.
+    # A zip stores 1980..2107 only.
+    if moment is None:
+        return _ZIP_EPOCH
+    stamp = moment.astimezone(UTC).timetuple()[:6] if moment.tzinfo else moment.timetuple()[:6]
+    return max(_ZIP_EPOCH, min(_ZIP_LAST, tuple(stamp)))
+
+
+def _info(name: str, date_time: tuple[int, ...]) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(name, date_time=date_time)
+    info.compress_type = _COMPRESSION
+    # Python 3.11 has no public setter for an entry's level; ZipFile.open(info, "w")
+    # reads this attribute (3.13 keeps it as an alias of compress_level).
+    info._compresslevel = _COMPRESSLEVEL
+    info.create_system = _CREATE_SYSTEM
+    info.external_attr = _FILE_MODE
+    return info
+
+
+def _write(zf: zipfile.ZipFile, name: str, date_time: tuple[int, ...], data: bytes) -> None:
+    zf.writestr(_info(name, date_time), data)
+
+
+def _write_csv(
+    zf: zipfile.ZipFile,
+    name: str,
+    date_time: tuple[int, ...],
+    header: list[str],
+    rows: Iterable[Iterable[Any]],
+) -> None:
+    # Straight into the compressed entry: the CSV text is never whole in memory.
+    with zf.open(_info(name, date_time), mode="w") as raw:
+        text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+        writer = csv.writer(text)
+        writer.writerow(header)
+        writer.writerows(rows)
+        text.flush()
+        text.detach()
+
+
+def _json(value: Any) -> bytes:
+    return (json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def _time(moment: datetime | None) -> str | None:
+    if moment is None:
+        return None
+    return (moment.astimezone(UTC) if moment.tzinfo else moment).isoformat()
+
+
+def _decimal(value: Decimal | None) -> str | None:
+    # Fixed-point, no exponent, no padding zeros from the column's scale.
+    return None if value is None else f"{value.normalize():f}"

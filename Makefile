@@ -29,6 +29,7 @@ run: install
 	$(MANAGE) demo
 	@echo ""
 	@echo "  Dashboard: http://$(HOST):$(PORT)/   (log in as demo / demo-briefgpu)"
+	@echo "  Rent GPUs: http://$(HOST):$(PORT)/order/   (staff: staff / staff-briefgpu)"
 	@echo "  Stop with Ctrl-C (stops the web server and the worker)."
 	@echo ""
 	@trap 'kill $$worker 2>/dev/null; wait $$worker 2>/dev/null' EXIT INT TERM; \

@@ -174,3 +174,11 @@ def make_order(fresh_rates, address_pool):
         return order_create(plan=plan, **{**contact, **fields})
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _fresh_rate_limits():
+    """Rate-limit counts live in the cache: each test starts with none."""
+    from django.core.cache import cache
+
+    cache.clear()

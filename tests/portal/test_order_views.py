@@ -4,19 +4,10 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-import pytest
-from django.core.cache import cache
 from django.test import Client
 
 from portal.models import Environment, GpuModel, Order, RentalDuration
 from portal.order_states import Status
-
-
-@pytest.fixture(autouse=True)
-def _fresh_rate_limits():
-    cache.clear()
-    yield
-    cache.clear()
 
 
 def _post_data(**overrides) -> dict:

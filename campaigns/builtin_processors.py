@@ -61,6 +61,7 @@ TEXT_EMBEDDING = ProcessorSpec(
     help="One vector per text from a local Hugging Face encoder.",
     output_suffix=".npy",
     implementation="gpuworker.processors.text_embedding:TextEmbeddingProcessor",
+    padding="longest",
     params={
         "model": ParamSpec(
             DEFAULT_TEXT_MODEL,

@@ -48,6 +48,10 @@ class ProcessorSpec:
     # Cost of one input for grouping (tokens, pixels), from its path and the
     # parameters; read without torch. None: every unit costs the same.
     cost: Callable[[Path, dict], int] | None = None
+    # How a batch's work grows with its units' costs: "longest" when the model
+    # pads every item to the longest (texts), "sum" when each item weighs its
+    # own cost. The profiler's estimate plans the corpus's batches with it.
+    padding: str = "sum"
     help: str = ""
     # Raises campaigns.inputs.InputError for input bytes the processor will refuse;
     # lets the setup page show the failing inputs before anything runs.

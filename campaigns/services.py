@@ -139,13 +139,16 @@ def campaign_run(*, campaign: Campaign) -> int:
     return len(created)
 
 
-def measure_costs(*, campaign: Campaign, params: dict) -> int:
-    """Fill Unit.cost (tokens, pixels) for pending units that have none yet."""
+def measure_costs(*, campaign: Campaign, params: dict, pending_only: bool = True) -> int:
+    """Fill Unit.cost (tokens, pixels) for units that have none yet (pending ones,
+    or all of them for a profile, which weighs the whole corpus)."""
     cost = get_spec(campaign.processor).cost
     if cost is None:
         return 0
     root = Path(campaign.input_root)
-    todo = Unit.objects.filter(campaign=campaign, state=UnitState.PENDING, cost__isnull=True)
+    todo = Unit.objects.filter(campaign=campaign, cost__isnull=True)
+    if pending_only:
+        todo = todo.filter(state=UnitState.PENDING)
     measured = 0
     while chunk := list(todo.only("pk", "source_path")[:1000]):
         for unit in chunk:

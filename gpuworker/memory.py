@@ -87,3 +87,73 @@ def runtime_facts() -> dict:
         facts["driver"] = _driver_version()
     facts["threads"] = torch.get_num_threads()
     return facts
+
+
+def release_cached(device: torch.device) -> None:
+    """Give freed memory back, so the next measurement starts from the baseline:
+    the CUDA caching allocator's blocks, or glibc's free heap pages on CPU."""
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: RSS may stay at its high-water mark
+
+
+class StepMemory:
+    """Peak memory of one step: allocated and reserved on CUDA; on CPU, the
+    process RSS sampled every millisecond by a thread (RSS has no peak reset)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.peak_allocated = self.peak_reserved = 0
+        self._stop = None
+
+    def __enter__(self) -> StepMemory:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return self
+        import threading
+
+        self._stop = threading.Event()
+        self.peak_reserved = _rss_bytes()
+
+        def sample() -> None:
+            while not self._stop.wait(0.001):
+                self.peak_reserved = max(self.peak_reserved, _rss_bytes())
+
+        self._thread = threading.Thread(target=sample, name="rss-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak_allocated = torch.cuda.max_memory_allocated(self.device)
+            self.peak_reserved = torch.cuda.max_memory_reserved(self.device)
+            return
+        self._stop.set()
+        self._thread.join()
+        self.peak_reserved = max(self.peak_reserved, _rss_bytes())
+        self.peak_allocated = self.peak_reserved
+
+
+def allocated_now(device: torch.device) -> int:
+    """What the program keeps alive: allocated on CUDA, RSS after a trim on CPU."""
+    release_cached(device)
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    return _rss_bytes()
+
+
+def device_memory(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return None

@@ -18,3 +18,11 @@ def run_batch(batch_id: int) -> str:
     # Idempotent: the runner claims the batch by update, so a redelivery
     # of this message finds it no longer queued and returns quietly.
     return _run_batch(batch_id)
+
+
+@shared_task(name="gpuworker.tasks.run_profile", acks_late=True)
+def run_profile(profile_id: int) -> str:
+    # Claimed by update like a batch: a redelivered message finds it running.
+    from .profiler import profile_run
+
+    return profile_run(profile_id)

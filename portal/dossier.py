@@ -244,9 +244,18 @@ def _parameter_versions(campaign: Campaign) -> dict[str, Any]:
 
 
 def _estimate(campaign: Campaign) -> dict[str, Any]:
-    # campaigns.models has no profile/estimate model yet; when one lands, its
-    # latest row for this campaign belongs here instead of the note.
-    return dict(_NO_ESTIMATE)
+    """The latest finished profile and its estimate: what the rental was sized on."""
+    from campaigns.models import Profile
+    from campaigns.profiling import profile_report
+
+    profile = (
+        Profile.objects.filter(campaign=campaign, state=Profile.State.DONE)
+        .order_by("-created_at", "-pk")
+        .first()
+    )
+    if profile is None:
+        return dict(_NO_ESTIMATE)
+    return profile_report(profile)
 
 
 # --- README.txt -------------------------------------------------------------------

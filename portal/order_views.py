@@ -105,7 +105,11 @@ def order_new(request: HttpRequest) -> HttpResponse:
                 return redirect("order_track", token=order.tracking_token)
         preview = _price_preview(request.POST)
     else:
-        initial = {k: v for k, v in request.GET.items() if k in ("gpu", "quantity", "duration")}
+        initial = {
+            k: v
+            for k, v in request.GET.items()
+            if k in ("gpu", "quantity", "duration", "environment")
+        }
         form = OrderForm(initial=initial or None)
         first = {
             "gpu": form.fields["gpu"].choices[0][0] if form.fields["gpu"].choices else "",

@@ -143,6 +143,16 @@ BATCH_MAX_DELIVERIES = env.int("BATCH_MAX_DELIVERIES", default=5)
 # A batch still running after this many seconds fails its units as `timeout`.
 BATCH_TIME_LIMIT = env.int("BATCH_TIME_LIMIT", default=3600)
 
+# --- Profiles and estimates ------------------------------------------------------
+# On CPU a profile measures against this memory budget (process RSS), as it
+# measures against device memory on CUDA.
+PROFILE_CPU_MEMORY_BUDGET_MB = env.int("PROFILE_CPU_MEMORY_BUDGET_MB", default=8192)
+# Speed of a device missing from the catalog (a CPU, say) relative to an A40,
+# used to project its measured hours onto the catalog's cards.
+PROFILE_DEVICE_RELATIVE_THROUGHPUT = env.float("PROFILE_DEVICE_RELATIVE_THROUGHPUT", default=0.03)
+# Hours of an estimate × this = the rental's working time (corrections, review).
+PROFILE_SAFETY_FACTOR = env.float("PROFILE_SAFETY_FACTOR", default=1.5)
+
 # --- Ordering portal ----------------------------------------------------------
 FIAT_CURRENCY = env.str("FIAT_CURRENCY", default="EUR")
 # A quote holds its crypto amount this long; unpaid, the order expires.

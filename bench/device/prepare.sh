@@ -2,7 +2,7 @@
 # Build .gpu/ (git-ignored) for a run on a lent GPU machine, which has Python,
 # PyTorch, transformers and sentence-transformers but none of our other
 # packages and no network. Then, through the device tool:
-#   run(command="bash bench/device/run.sh", carry=[".gpu"], timeout_s=480)
+#   run(command="bash bench/device/run.sh", carry=[".gpu"], timeout_s=560)
 # Rehearse here first: bench/device/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

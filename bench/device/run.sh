@@ -27,6 +27,10 @@ timeout "${T1:-150}" $PY bench/gpu_check.py --limit "$LIMIT" --corpus $CORPUS --
   grep -v Loading | tee "$OUT/gpu_check.log"
 since gpu_check
 
+timeout "${T5:-90}" $PY bench/profile_device.py --limit "$LIMIT" --corpus $CORPUS --out "$OUT" 2>&1 |
+  grep -v Loading | tee "$OUT/profile_device.log"
+since "profile_device"
+
 timeout "${T2:-100}" $PY bench/worker_path.py --limit "$LIMIT" --corpus $CORPUS 2>&1 |
   grep -v Loading | tee "$OUT/worker_path_b16.log"
 since "worker_path batch 16"

@@ -210,3 +210,55 @@ def test_the_stored_dossier_is_kept_by_reference_and_regenerates_to_the_same_fil
     again = dossier_store(order=Order.objects.get(pk=order.pk))
     assert again == path
     assert hashlib.sha256(again.read_bytes()).hexdigest() == first
+
+
+def test_the_campaign_profile_and_estimate_go_into_the_order_dossier(
+    make_order, make_campaign, catalog
+):
+    from campaigns import profiling, services
+    from campaigns.models import Profile
+
+    campaign = make_campaign()
+    services.measure_costs(
+        campaign=campaign, params=campaign.current_version.params, pending_only=False
+    )
+    mib = 1024 * 1024
+    steps = [
+        {
+            "phase": phase,
+            "batch_size": n,
+            "compute_s": 0.01 * n * (8 if phase == "heaviest" else 1),
+            "prepare_s": 0.001 * n,
+            "padded": n * (256 if phase == "heaviest" else 30),
+            "real": n * 30,
+            "peak_allocated": 600 * mib,
+            "peak_reserved": 600 * mib + n * mib,
+            "fits": True,
+            "write_s_per_item": 0.001,
+            "output_bytes_per_item": 1664,
+        }
+        for phase in ("count", "heaviest")
+        for n in (1, 2, 4, 8)
+    ]
+    profile = Profile.objects.create(
+        campaign=campaign,
+        version=campaign.current_version,
+        state=Profile.State.DONE,
+        sample=list(campaign.units.values_list("pk", flat=True)[:10]),
+        device="CPU (2 threads)",
+        runtime={"torch": "2.13.0+cpu"},
+        memory_budget=2048 * mib,
+        steps=steps,
+        chosen_batch_size=8,
+        chosen_peak_reserved=608 * mib,
+    )
+    profiling.estimate_build(profile=profile)
+    order = make_order()
+    order.campaign = campaign
+    order.save()
+
+    estimate = json.loads(_open(dossier_bytes(order=order)).read("campaign/estimate.json"))
+
+    assert estimate["chosen_batch_size"] == 8
+    assert estimate["estimate"]["units"] == campaign.units.count()
+    assert estimate["estimate"]["plan"]["duration_days"] in (3, 7, 30)

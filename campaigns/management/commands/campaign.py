@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import json as _json
 import time
 from pathlib import Path
 
@@ -88,6 +89,25 @@ class Command(BaseCommand):
 
         listing = sub.add_parser("list", help="all campaigns with their counts")
         listing.add_argument("--json", action="store_true")
+
+        profile = sub.add_parser(
+            "profile",
+            help="measure the batch size on the heaviest inputs and estimate the corpus "
+            "(runs here, on this machine's device)",
+        )
+        profile.add_argument("name")
+        profile.add_argument("--margin", type=float, default=0.2, help="memory kept free (0.2)")
+        profile.add_argument(
+            "--budget-mb",
+            type=int,
+            default=None,
+            help="memory budget in MiB (default: the CUDA device's memory; on CPU "
+            "PROFILE_CPU_MEMORY_BUDGET_MB)",
+        )
+        profile.add_argument("--max-batch", type=int, default=1024)
+        profile.add_argument("--sample", type=int, default=48, help="ordinary units at random")
+        profile.add_argument("--heavy", type=int, default=12, help="heaviest units added")
+        profile.add_argument("--json", action="store_true")
 
         status = sub.add_parser("status", help="counts of one campaign")
         status.add_argument("name")
@@ -212,6 +232,63 @@ class Command(BaseCommand):
                 f"{row['campaign']:<30} {row['processor']:<16} "
                 f"{row['succeeded']}/{row['total']} succeeded, {row['failed']} failed"
             )
+
+    def _profile(self, *, name, margin, budget_mb, max_batch, sample, heavy, json: bool, **_):
+        from campaigns import profiling
+        from gpuworker.profiler import profile_run  # this command runs the model
+
+        campaign = self._campaign(name)
+        try:
+            profile = profiling.profile_create(
+                campaign=campaign,
+                margin=margin,
+                memory_budget=budget_mb * 1024 * 1024 if budget_mb else None,
+                max_batch_size=max_batch,
+                sample_size=sample,
+                heavy=heavy,
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+        profile_run(profile.pk)
+        profile.refresh_from_db()
+        report = profiling.profile_report(profile)
+        if json:
+            self.stdout.write(_json.dumps(report, indent=2, default=str))
+        else:
+            self._print_profile(report)
+        if profile.state != profile.State.DONE:
+            raise CommandError(f"profile failed: {profile.error}")
+
+    def _print_profile(self, report: dict) -> None:
+        mib = 1024 * 1024
+        out = self.stdout.write
+        out(f"profile {report['profile']} of {report['campaign']} on {report['device']}")
+        out(f"  budget {report['memory_budget'] / mib:.0f} MiB, margin {report['margin']:.0%}")
+        out("  phase       batch  items/s  peak alloc MiB  peak reserved MiB  fits")
+        for s in report["steps"]:
+            rate = f"{s['items_per_s']:.1f}" if s.get("items_per_s") else "OOM"
+            out(
+                f"  {s['phase']:<10} {s['batch_size']:>6} {rate:>8} "
+                f"{s['peak_allocated'] / mib:>15.0f} {s['peak_reserved'] / mib:>18.0f}  "
+                f"{'yes' if s['fits'] else 'no'}"
+            )
+        if report["chosen_batch_size"]:
+            out(
+                f"chosen batch size: {report['chosen_batch_size']} (peak reserved "
+                f"{report['chosen_peak_reserved'] / mib:.0f} MiB on the heaviest inputs)"
+            )
+        out(f"leak check: {report['leak'].get('message', 'not run')}")
+        estimate = report["estimate"]
+        if estimate:
+            out(
+                f"estimate: {estimate['hours_measured_device']:.3f} h on {estimate['device']} "
+                f"(sample mean would say {estimate['hours_naive_sample_mean']:.3f} h), "
+                f"memory tier {estimate['memory_tier_gb']} GB"
+            )
+            for line in estimate["reasoning"]:
+                out(f"  - {line}")
+        if report["error"]:
+            out(f"error: {report['error']}")
 
     def _status(self, *, name, json: bool, **_):
         campaign = self._campaign(name)

@@ -1,0 +1,102 @@
+"""The batch-size profiler on this machine's device, on the benchmark corpus.
+
+    python bench/profile_device.py --limit 3000               # CUDA: budget = device memory
+    python bench/profile_device.py --limit 300 --budget-mb 3000 --max-batch 64   # CPU
+
+Prints each step (phase, batch size, items/s, peak allocated and reserved),
+the chosen batch size with its margin, the leak check and the estimate, as
+`campaign profile --json` would; writes the report to --out as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus_stdlib_docstrings_5000.jsonl.gz"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS)
+    parser.add_argument("--limit", type=int, default=3000)
+    parser.add_argument("--max-tokens", type=int, default=512)
+    parser.add_argument("--max-batch", type=int, default=4096)
+    parser.add_argument("--budget-mb", type=int, default=None)
+    parser.add_argument("--margin", type=float, default=0.2)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="bench-profile-"))
+    os.environ.update(
+        {
+            "VAR_DIR": str(work / "var"),
+            "OUTPUT_ROOT": str(work / "outputs"),
+            "DJANGO_SETTINGS_MODULE": "portal.settings",
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+    )
+    os.environ.pop("DATABASE_URL", None)
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    from campaigns import profiling, services
+    from gpuworker.profiler import profile_run
+
+    call_command("migrate", verbosity=0)
+    corpus = work / "corpus"
+    corpus.mkdir()
+    with gzip.open(args.corpus, "rt", encoding="utf-8") as fh:
+        texts = [json.loads(line)["text"] for _, line in zip(range(args.limit), fh, strict=False)]
+    for i, text in enumerate(texts):
+        (corpus / f"doc-{i:05d}.txt").write_text(text, encoding="utf-8")
+    campaign, _ = services.campaign_create(
+        name="profile-bench",
+        processor="text-embedding",
+        project=services.project_for_user(name="bench"),
+        input_folder=corpus,
+        params={"max_tokens": args.max_tokens, "dtype": args.dtype},
+    )
+    profile = profiling.profile_create(
+        campaign=campaign,
+        margin=args.margin,
+        memory_budget=args.budget_mb * 1024 * 1024 if args.budget_mb else None,
+        max_batch_size=args.max_batch,
+    )
+    profile_run(profile.pk)
+    profile.refresh_from_db()
+    report = profiling.profile_report(profile)
+    mib = 1024 * 1024
+    print(f"# {len(texts)} texts, max_tokens {args.max_tokens}, {args.dtype}, {profile.device}")
+    print(f"budget {report['memory_budget'] / mib:.0f} MiB, margin {args.margin:.0%}")
+    print("| phase | batch | items/s | tokens/s | peak allocated MiB | peak reserved MiB | fits |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for s in report["steps"]:
+        print(
+            f"| {s['phase']} | {s['batch_size']} | {s['items_per_s'] or 'OOM'} | "
+            f"{s['tokens_per_s'] or '—'} | {s['peak_allocated'] / mib:.0f} | "
+            f"{s['peak_reserved'] / mib:.0f} | {'yes' if s['fits'] else 'no'} |"
+        )
+    print(f"chosen batch size: {report['chosen_batch_size']}; leak check: {report['leak']}")
+    if report["estimate"]:
+        print(json.dumps(report["estimate"], indent=1, default=str))
+    if report["error"]:
+        print("error:", report["error"])
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "profile_device.json").write_text(json.dumps(report, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

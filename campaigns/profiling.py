@@ -369,7 +369,9 @@ def latest_profile(*, campaign: Campaign) -> Profile | None:
 PROFILE_TASK = "gpuworker.tasks.run_profile"
 
 
-def profile_start(*, campaign: Campaign, margin: float = 0.2) -> Profile:
+def profile_start(
+    *, campaign: Campaign, margin: float = 0.2, max_batch_size: int = 1024
+) -> Profile:
     """Queue a profile for a worker: the sample is built there (it measures every
     unit's cost, which is no work for a web request on a large corpus)."""
     from portal.celery import app as celery_app
@@ -377,7 +379,10 @@ def profile_start(*, campaign: Campaign, margin: float = 0.2) -> Profile:
     if not 0 <= margin < 1:
         raise ValueError("margin is a fraction of memory between 0 and 1 (0.2 keeps 20% free)")
     profile = Profile.objects.create(
-        campaign=campaign, version=campaign.current_version, margin=margin
+        campaign=campaign,
+        version=campaign.current_version,
+        margin=margin,
+        max_batch_size=max_batch_size,
     )
     transaction.on_commit(lambda: celery_app.send_task(PROFILE_TASK, args=[profile.pk]))
     return profile

@@ -217,12 +217,13 @@ def profile_run(profile_id: int) -> str:
         if not profile.sample:
             profile.sample, profile.heavy = profiling.sample_build(campaign=profile.campaign)
         _measure(profile, workdir)
-        profile.state = Profile.State.DONE
+        # No batch fits even one heaviest input: measured, but nothing to estimate.
+        profile.state = Profile.State.DONE if profile.chosen_batch_size else Profile.State.FAILED
         profile.finished_at = timezone.now()
         profile.save()
         if profile.chosen_batch_size:
             profiling.estimate_build(profile=profile)
-        return "done"
+        return profile.state
     except Exception as exc:
         log.exception("profile %s failed", profile_id)
         profile.state = Profile.State.FAILED

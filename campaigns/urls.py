@@ -13,4 +13,6 @@ urlpatterns = [
     path("<slug:name>/parameters/", views.campaign_params, name="campaign_params"),
     path("<slug:name>/export/<str:filename>", views.campaign_export, name="campaign_export"),
     path("<slug:name>/units/<int:pk>/", views.unit_detail, name="unit_detail"),
+    path("<slug:name>/profile/", views.campaign_profile, name="campaign_profile"),
+    path("<slug:name>/profile/start/", views.campaign_profile_start, name="campaign_profile_start"),
 ]

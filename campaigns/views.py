@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 import re
 import uuid
 from pathlib import Path
@@ -15,9 +16,18 @@ from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseStopPolling
 from django_tables2 import RequestConfig
 
-from . import batch_stats, importing, inventory, reconcile, selectors, services
+from . import (
+    batch_stats,
+    importing,
+    inventory,
+    profile_charts,
+    profiling,
+    reconcile,
+    selectors,
+    services,
+)
 from .forms import CampaignSetupForm, ParametersForm
-from .models import Campaign, ErrorClass, Project, Unit, UnitState
+from .models import Campaign, ErrorClass, Estimate, Profile, Project, Unit, UnitState
 from .tables import UnitTable
 
 UNITS_PER_PAGE = 50
@@ -76,6 +86,7 @@ def campaign_detail(request: HttpRequest, name: str) -> HttpResponse:
             "memory_chart": chart,
             "memory_warning": batch_stats.memory_creep(chart),
             "export_files": list(inventory.FILES),
+            "latest_profile": profiling.latest_profile(campaign=campaign),
         }
     )
     return render(request, "campaigns/campaign_detail.html", context)
@@ -262,3 +273,74 @@ def campaign_params(request: HttpRequest, name: str) -> HttpResponse:
         {"campaign": campaign, "form": form, "ran": ran},
         status=400 if request.method == "POST" else 200,
     )
+
+
+PROFILE_ACTIVE = {Profile.State.QUEUED, Profile.State.RUNNING}
+DEFAULT_MARGIN_PERCENT = 20
+MAX_MARGIN_PERCENT = 90
+
+
+@login_required
+def campaign_profile(request: HttpRequest, name: str) -> HttpResponse:
+    """The latest profile's report; the report part polls while a worker measures."""
+    campaign = _get_campaign_for_user(request, name)
+    profile = profiling.latest_profile(campaign=campaign)
+    context = {
+        "campaign": campaign,
+        "profile": profile,
+        "margin_percent": round(profile.margin * 100) if profile else DEFAULT_MARGIN_PERCENT,
+        "max_margin_percent": MAX_MARGIN_PERCENT,
+    }
+    if profile is not None:
+        estimate = Estimate.objects.filter(profile=profile).first()
+        context.update(
+            {
+                "active": profile.state in PROFILE_ACTIVE,
+                "report": profiling.profile_report(profile),
+                "headroom": profile_charts.headroom(profile),
+                "memory_chart": profile_charts.memory_chart(profile),
+                "throughput_chart": profile_charts.throughput_chart(profile),
+                "order_url": profiling.order_link(estimate=estimate)
+                if estimate is not None and estimate.gpu_name
+                else None,
+            }
+        )
+    if request.htmx and request.htmx.target == "profile-report":
+        response = render(request, "campaigns/campaign_profile.html#profile-report", context)
+        if not context.get("active"):
+            # 286: htmx swaps in the finished report and stops polling.
+            response.status_code = HttpResponseStopPolling.status_code
+        return response
+    return render(request, "campaigns/campaign_profile.html", context)
+
+
+def _margin_percent(raw: str) -> float | None:
+    """The form's margin, a percentage of memory kept free; None when it is not one."""
+    if not raw.strip():
+        return DEFAULT_MARGIN_PERCENT
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and 0 <= value <= MAX_MARGIN_PERCENT else None
+
+
+@login_required
+@require_POST
+def campaign_profile_start(request: HttpRequest, name: str) -> HttpResponse:
+    campaign = _get_campaign_for_user(request, name)
+    margin = _margin_percent(request.POST.get("margin", ""))
+    if margin is None:
+        messages.error(
+            request,
+            f"The margin is the share of memory kept free, a percentage from 0 to "
+            f"{MAX_MARGIN_PERCENT}: nothing was queued.",
+        )
+        return redirect("campaign_profile", name=campaign.name)
+    profiling.profile_start(campaign=campaign, margin=margin / 100)
+    messages.success(
+        request,
+        f"Profile queued: a worker measures the largest batch that keeps {margin:g}% of "
+        "memory free on this campaign's heaviest inputs, then estimates the whole corpus.",
+    )
+    return redirect("campaign_profile", name=campaign.name)

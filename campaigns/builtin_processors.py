@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from . import flags as flag_params
 from .images import MAX_ASPECT, MAX_PIXELS, decode_image
 from .inputs import decode_text
 from .outputs import InvalidOutput, check_npy_header, validate_embedding_file
@@ -104,6 +105,7 @@ TEXT_EMBEDDING = ProcessorSpec(
             maximum=10_000_000,
             help="token_budget policy: padded tokens per batch (texts × longest text)",
         ),
+        **flag_params.TEXT_EMBEDDING_FLAGS,
     },
     quick_check=_embedding_quick_check,
     deep_check=_embedding_deep_check,
@@ -216,6 +218,7 @@ IMAGE_TRANSFORM = ProcessorSpec(
         **IMAGE_INPUT_PARAMS,
         "batch_size": ParamSpec(16, type=int, minimum=1, maximum=4096),
         "batch_policy": ParamSpec("original", choices=("original", "length_grouped")),
+        **flag_params.IMAGE_INPUT_FLAGS,
     },
     quick_check=_image_quick_check,
     deep_check=_image_deep_check,
@@ -286,6 +289,8 @@ IMAGE_CLASSIFICATION = ProcessorSpec(
         **IMAGE_INPUT_PARAMS,
         "batch_size": ParamSpec(32, type=int, minimum=1, maximum=4096),
         "batch_policy": ParamSpec("original", choices=("original", "length_grouped")),
+        **flag_params.CLASSIFICATION_FLAGS,
+        **flag_params.IMAGE_INPUT_FLAGS,
     },
     quick_check=_classification_quick_check,
     deep_check=check_classification_output,

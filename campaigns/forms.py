@@ -50,6 +50,10 @@ def param_fields(spec: ProcessorSpec, *, initial: dict | None = None) -> dict[st
             fields[PARAM_PREFIX + key] = forms.IntegerField(
                 min_value=param.minimum, max_value=param.maximum, **common
             )
+        elif param.type is float:
+            fields[PARAM_PREFIX + key] = forms.FloatField(
+                min_value=param.minimum, max_value=param.maximum, **common
+            )
         else:
             fields[PARAM_PREFIX + key] = forms.CharField(max_length=1000, **common)
     return fields

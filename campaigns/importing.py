@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .holdout import is_holdout
 from .models import IN_FLIGHT, Campaign, ErrorClass, Unit, UnitState
 from .outputs import file_sha256
 from .paths import normalise_uid, resolve_input
@@ -174,6 +175,7 @@ def _store(campaign: Campaign, units: list[Unit], report: ImportReport, seen: se
             _compare(known[unit.uid], unit, report)
             continue
         unit.campaign = campaign
+        unit.holdout = is_holdout(unit.uid, campaign.holdout_share)
         fresh.append(unit)
         if unit.state == UnitState.FAILED:
             report.failed += 1

@@ -24,6 +24,11 @@ class Campaign(models.Model):
     current_version = models.ForeignKey(
         "ParameterVersion", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
+    # Units processed before the checkpoint stops the campaign for a spot check:
+    # None = max(1% of the units, 200), 0 = no checkpoint.
+    checkpoint_after = models.PositiveIntegerField(null=True, blank=True)
+    # Share of units (by a hash of their id) kept out of profiling and tuning.
+    holdout_share = models.FloatField(default=0.05)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -88,6 +93,7 @@ class ErrorClass(models.TextChoices):
     OUT_OF_MEMORY = "out_of_memory"
     OUTPUT_INVALID = "output_invalid"
     TIMEOUT = "timeout"
+    REJECTED_BY_REVIEW = "rejected_by_review"
 
 
 #: Failures that come from the input itself: retrying the same bytes cannot help.
@@ -170,6 +176,8 @@ class Unit(models.Model):
     # first groups it; null until then.
     cost = models.PositiveIntegerField(null=True, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
+    # Kept out of profiling samples and tuning; reported at checkpoints and at the end.
+    holdout = models.BooleanField(default=False)
     state = models.CharField(max_length=20, choices=UnitState.choices, default=UnitState.PENDING)
     error_class = models.CharField(max_length=30, choices=ErrorClass.choices, blank=True)
     error_message = models.TextField(blank=True)
@@ -310,3 +318,87 @@ class Estimate(models.Model):
     duration_days = models.PositiveIntegerField(null=True, blank=True)
     reasoning = models.JSONField(default=list)
     created_at = models.DateTimeField(auto_now_add=True)
+
+
+class Checkpoint(models.Model):
+    """The stop after the first group of units of a parameter version: a spot check."""
+
+    class State(models.TextChoices):
+        PENDING = "pending", "checkpoint pending"
+        PASSED = "passed"
+        FAILED = "failed"
+
+    campaign = models.ForeignKey(Campaign, on_delete=models.CASCADE, related_name="checkpoints")
+    version = models.ForeignKey(ParameterVersion, on_delete=models.RESTRICT, related_name="+")
+    after_units = models.PositiveIntegerField()
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING)
+    # The spot-check set: unit ids stratified by category and input size.
+    sample = models.JSONField(default=list)
+    reason = models.TextField(blank=True)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            # One checkpoint per version: opening it twice (two workers) is one.
+            models.UniqueConstraint(
+                fields=["campaign", "version"], name="one_checkpoint_per_version"
+            )
+        ]
+
+
+class ReviewItem(models.Model):
+    """An output a human should look at: flagged by a rule, by hand, or a spot check."""
+
+    class State(models.TextChoices):
+        OPEN = "open"
+        ACCEPTED = "accepted"
+        REJECTED = "rejected"
+        REQUEUED = "requeued"
+
+    class Source(models.TextChoices):
+        RULE = "rule"
+        MANUAL = "manual"
+        SPOT_CHECK = "spot_check", "spot check"
+
+    campaign = models.ForeignKey(Campaign, on_delete=models.CASCADE, related_name="review_items")
+    unit = models.ForeignKey(Unit, on_delete=models.CASCADE, related_name="review_items")
+    version = models.ForeignKey(ParameterVersion, on_delete=models.RESTRICT, related_name="+")
+    checkpoint = models.ForeignKey(
+        Checkpoint, on_delete=models.CASCADE, null=True, blank=True, related_name="items"
+    )
+    source = models.CharField(max_length=12, choices=Source.choices, default=Source.RULE)
+    reason = models.CharField(max_length=50)
+    detail = models.TextField(blank=True)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.OPEN)
+    reviewer = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
+    )
+    note = models.TextField(blank=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "pk"]
+        indexes = [
+            # The queue: open items of a campaign, by reason.
+            models.Index(fields=["campaign", "state", "reason"], name="review_queue"),
+        ]
+
+
+class ReviewDecision(models.Model):
+    """Every decision, kept: a later one undoes an earlier one without erasing it."""
+
+    item = models.ForeignKey(ReviewItem, on_delete=models.CASCADE, related_name="decisions")
+    from_state = models.CharField(max_length=10, choices=ReviewItem.State.choices)
+    to_state = models.CharField(max_length=10, choices=ReviewItem.State.choices)
+    reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True)
+    note = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "pk"]

@@ -76,11 +76,14 @@ class ProcessorSpec:
             if spec.required and given.get(key) in (None, ""):
                 raise ValidationError(f"{key} is required for {self.name}: {spec.help}")
             value = given.get(key, spec.default)
-            if spec.type is int:
+            if spec.type in (int, float):
+                kind = "an integer" if spec.type is int else "a number"
                 try:
-                    value = int(value)
+                    value = spec.type(value)
                 except (TypeError, ValueError):
-                    raise ValidationError(f"{key} must be an integer, got {value!r}") from None
+                    raise ValidationError(f"{key} must be {kind}, got {value!r}") from None
+                if spec.type is float and value != value:  # NaN
+                    raise ValidationError(f"{key} must be a number, got {value!r}")
                 if spec.minimum is not None and value < spec.minimum:
                     raise ValidationError(f"{key} must be at least {spec.minimum}")
                 if spec.maximum is not None and value > spec.maximum:

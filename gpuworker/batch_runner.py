@@ -25,8 +25,9 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from campaigns.flags import FlagReason
 from campaigns.inputs import InputError, read_bytes
-from campaigns.models import Attempt, Batch, ErrorClass, Unit, UnitState
+from campaigns.models import Attempt, Batch, ErrorClass, ReviewItem, Unit, UnitState
 from campaigns.outputs import InvalidOutput, write_atomic
 from campaigns.paths import output_relpath
 
@@ -57,6 +58,8 @@ class Outcome:
     input_sha256: str = ""
     traceback_digest: str = ""
     target: str = ""  # where this unit's output goes, relative to OUTPUT_ROOT
+    # (reason, detail) of each flag rule the output tripped: it goes to review.
+    flags: list = field(default_factory=list)
 
     def fail(self, error_class: str, message: str, digest: str = "") -> None:
         self.error_class, self.message = error_class, message[:2000]
@@ -135,11 +138,14 @@ def _process(batch: Batch, processor, outcomes: list[Outcome]) -> dict:
     splits: list[int] = []
     parts = _run_splitting(processor, ready, splits)
     jobs = []
+    flag = getattr(processor, "flags", None)
     for part, result in parts:
         for index, (outcome, _) in enumerate(part):
             outcome.metrics = processor.unit_metrics(result, index)
+            outcome.flags = list(flag(result, index)) if flag else []
             data = processor.serialize(processor.output(result, index))
             jobs.append((outcome, data))
+    _flag_duplicates(batch, [o for o, _ in jobs])
     # Writes and checks in threads: each waits on its own fsync.
     list(_io_pool().map(lambda job: _write_and_check(processor, *job), jobs))
     metrics = merge_batch_metrics([processor.batch_metrics(result) for _, result in parts])
@@ -235,6 +241,35 @@ def merge_batch_metrics(parts: list[dict]) -> dict:
             memory[key] = max(v for v in values if v is not None)
     merged["memory"] = memory
     return merged
+
+
+def _flag_duplicates(batch: Batch, outcomes: list[Outcome]) -> None:
+    """Flag the same vector for different inputs, in this batch or earlier ones
+    of the same version."""
+    by_hash: dict[str, list[Outcome]] = {}
+    for o in outcomes:
+        digest = o.metrics.get("vector_hash")
+        if digest:
+            by_hash.setdefault(digest, []).append(o)
+    if not by_hash:
+        return
+    earlier = {
+        digest: (uid, sha)
+        for digest, uid, sha in Attempt.objects.filter(
+            version=batch.version,
+            outcome=Attempt.Outcome.SUCCEEDED,
+            metrics__vector_hash__in=list(by_hash),
+        ).values_list("metrics__vector_hash", "unit__uid", "input_sha256")
+    }
+    for digest, group in by_hash.items():
+        for o in group:
+            twins = [t.unit.uid for t in group if t is not o and t.input_sha256 != o.input_sha256]
+            if digest in earlier and earlier[digest][1] != o.input_sha256:
+                twins.append(earlier[digest][0])
+            if twins:
+                o.flags.append(
+                    (FlagReason.DUPLICATE_VECTOR, f"same vector as {', '.join(sorted(twins)[:3])}")
+                )
 
 
 def _adopt(processor, outcome: Outcome) -> bool:
@@ -338,6 +373,10 @@ def _record(batch: Batch, token: str, outcomes: list[Outcome], metrics: dict, er
                 metrics=o.metrics,
             )
         )
+    flagged = [o for o in outcomes if o.flags and o.unit.state == UnitState.SUCCEEDED]
+    for o in flagged:
+        # The output is written and valid; a person decides whether it counts.
+        o.unit.state = UnitState.NEEDS_REVIEW
     with transaction.atomic():
         owned = Batch.objects.filter(
             pk=batch.pk, state=Batch.State.RUNNING, lease_token=token
@@ -347,6 +386,17 @@ def _record(batch: Batch, token: str, outcomes: list[Outcome], metrics: dict, er
             return False
         _save_unit_results([o.unit for o in outcomes], now)
         Attempt.objects.bulk_create(attempts)
+        ReviewItem.objects.bulk_create(
+            ReviewItem(
+                campaign_id=batch.campaign_id,
+                unit=o.unit,
+                version_id=batch.version_id,
+                reason=reason,
+                detail=detail[:2000],
+            )
+            for o in flagged
+            for reason, detail in o.flags
+        )
         memory = metrics.get("memory", {})
         batch.finished_at = now
         batch.metrics = {k: v for k, v in metrics.items() if k not in _COLUMNS}

@@ -19,6 +19,7 @@ import torch
 from PIL import Image
 
 from campaigns.builtin_processors import check_classification_output
+from campaigns.flags import classification_flags, image_input_flags
 from campaigns.images import decode_image
 
 from ..memory import MemoryProbe, device_and_dtype
@@ -35,6 +36,7 @@ def load_model_file(path: Path, device: torch.device):
 @dataclass
 class ClassificationBatch:
     probs: np.ndarray  # (n, classes)
+    sources: list[tuple[int, int]]  # input width, height (before resizing)
     features: np.ndarray  # (n, d)
     pixels: int
     seconds: float
@@ -59,13 +61,13 @@ class ImageClassificationProcessor:
         self.std = np.array([float(v) for v in params["std"].split(",")], dtype=np.float32)
         self.probe = MemoryProbe(self.device)
 
-    def prepare(self, data: bytes) -> np.ndarray:
+    def prepare(self, data: bytes) -> tuple[np.ndarray, tuple[int, int]]:
         image = decode_image(
             data,
             max_pixels=int(self.params["max_pixels"]),
             max_aspect=int(self.params["max_aspect"]),
         )
-        return self._preprocess(image)
+        return self._preprocess(image), image.size
 
     def _preprocess(self, image: Image.Image) -> np.ndarray:
         resize, crop = int(self.params["resize"]), int(self.params["crop"])
@@ -83,10 +85,12 @@ class ImageClassificationProcessor:
         return array.transpose(2, 0, 1)  # CHW
 
     @torch.inference_mode()
-    def run(self, items: list[np.ndarray]) -> ClassificationBatch:
+    def run(self, items: list[tuple[np.ndarray, tuple[int, int]]]) -> ClassificationBatch:
         started = time.perf_counter()
         self.probe.reset_peak()
-        batch = torch.from_numpy(np.stack(items)).to(self.device, self.dtype)
+        batch = torch.from_numpy(np.stack([array for array, _ in items])).to(
+            self.device, self.dtype
+        )
         out = self.model(batch)
         logits, features = (out[0], out[1]) if isinstance(out, tuple) else (out, out)
         if logits.shape[1] != len(self.labels):
@@ -97,6 +101,7 @@ class ImageClassificationProcessor:
         feats = features.float().reshape(len(items), -1).cpu().numpy()
         return ClassificationBatch(
             probs=probs,
+            sources=[size for _, size in items],
             features=feats,
             pixels=int(batch.shape[0] * batch.shape[2] * batch.shape[3]),
             seconds=time.perf_counter() - started,
@@ -131,6 +136,11 @@ class ImageClassificationProcessor:
             "probability": round(float(out["top_probs"][0]), 4),
             "margin": round(float(out["margin"]), 4),
         }
+
+    def flags(self, result: ClassificationBatch, index: int) -> list[tuple[str, str]]:
+        return classification_flags(
+            [float(p) for p in result.probs[index]], self.labels, self.params
+        ) + image_input_flags(*result.sources[index], self.params)
 
     def batch_metrics(self, result: ClassificationBatch) -> dict:
         return {

@@ -10,6 +10,7 @@ from pathlib import Path
 from PIL import Image
 
 from campaigns.builtin_processors import IMAGE_FORMATS, check_image_output, expected_size
+from campaigns.flags import image_input_flags
 from campaigns.images import decode_image
 
 from ..memory import MemoryProbe, cpu
@@ -71,6 +72,9 @@ class ImageTransformProcessor:
     def unit_metrics(self, result: TransformBatch, index: int) -> dict:
         width, height = result.sources[index]
         return {"source_width": width, "source_height": height}
+
+    def flags(self, result: TransformBatch, index: int) -> list[tuple[str, str]]:
+        return image_input_flags(*result.sources[index], self.params)
 
     def batch_metrics(self, result: TransformBatch) -> dict:
         # Pixels in the token columns: what the batch weighed, for comparisons.

@@ -8,6 +8,7 @@ depending on it at run time.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from campaigns.builtin_processors import resolve_model_path
+from campaigns.flags import norm_flags, truncation_flags
 from campaigns.inputs import InputError, decode_text
 from campaigns.models import ErrorClass
 from campaigns.outputs import validate_embedding_file, vector_to_npy
@@ -29,6 +31,7 @@ __all__ = ["EmbeddingBatch", "TextEmbeddingProcessor", "resolve_model_path"]
 @dataclass
 class EmbeddingBatch:
     vectors: np.ndarray  # (n, dim) float32, on the host
+    norms: np.ndarray  # (n,) norm of each pooled vector before normalisation
     input_tokens: list[int]  # tokens of each text before truncation
     real_tokens: int
     padded_tokens: int
@@ -85,7 +88,20 @@ class TextEmbeddingProcessor:
 
     def unit_metrics(self, result: EmbeddingBatch, index: int) -> dict:
         tokens = result.input_tokens[index]
-        return {"tokens": tokens, "truncated": tokens > self.max_tokens}
+        return {
+            "tokens": tokens,
+            "truncated": tokens > self.max_tokens,
+            "norm": round(float(result.norms[index]), 5),
+            # Rounded, so the "same vector" rule also catches float noise.
+            "vector_hash": hashlib.sha1(np.round(result.vectors[index], 5).tobytes()).hexdigest()[
+                :16
+            ],
+        }
+
+    def flags(self, result: EmbeddingBatch, index: int) -> list[tuple[str, str]]:
+        return truncation_flags(
+            result.input_tokens[index], self.max_tokens, self.params
+        ) + norm_flags(float(result.norms[index]), self.params)
 
     def batch_metrics(self, result: EmbeddingBatch) -> dict:
         return {
@@ -117,6 +133,7 @@ class TextEmbeddingProcessor:
         ).to(self.device)
         hidden = self.model(**encoded).last_hidden_state.float()
         pooled = self._pool(hidden, encoded["attention_mask"])
+        norms = pooled.norm(dim=1).cpu().numpy()
         if self.params["normalization"] == "l2":
             pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
         # Copied to the host at once: results are exported as they come,
@@ -125,6 +142,7 @@ class TextEmbeddingProcessor:
         memory = self.probe.snapshot()
         return EmbeddingBatch(
             vectors=host,
+            norms=norms,
             input_tokens=input_tokens,
             real_tokens=int(encoded["attention_mask"].sum()),
             padded_tokens=int(encoded["input_ids"].numel()),

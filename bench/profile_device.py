@@ -62,6 +62,7 @@ def main() -> None:
     for i, text in enumerate(texts):
         (corpus / f"doc-{i:05d}.txt").write_text(text, encoding="utf-8")
     campaign, _ = services.campaign_create(
+        checkpoint_after=0,  # measuring speed: no stop for a spot check
         name="profile-bench",
         processor="text-embedding",
         project=services.project_for_user(name="bench"),

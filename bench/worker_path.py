@@ -87,6 +87,7 @@ def main() -> None:
             "token_budget": args.token_budget,
         }
         c, _ = services.campaign_create(
+            checkpoint_after=0,  # measuring speed: no stop for a spot check
             name=name,
             processor="text-embedding",
             project=project,
@@ -166,6 +167,7 @@ def main() -> None:
         try:
             # Let the worker load torch and the model on a one-batch campaign first.
             probe, _ = services.campaign_create(
+                checkpoint_after=0,  # measuring speed: no stop for a spot check
                 name="celery-warm",
                 processor="text-embedding",
                 project=project,

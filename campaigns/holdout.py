@@ -7,6 +7,19 @@ import and every machine; reported at the checkpoint and at the end.
 from __future__ import annotations
 
 import hashlib
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from django.conf import settings
+from django.core.exceptions import ValidationError
+
+from .models import Attempt, Campaign, ParameterVersion, Unit, UnitState
+from .processor_specs import get_spec
+
+_CHUNK = 2000
 
 
 def is_holdout(uid: str, share: float) -> bool:
@@ -14,3 +27,160 @@ def is_holdout(uid: str, share: float) -> bool:
         return False
     bucket = int.from_bytes(hashlib.sha256(uid.encode("utf-8")).digest()[:4], "big")
     return bucket / 2**32 < share
+
+
+def holdout_report(*, campaign: Campaign) -> dict[str, Any]:
+    """What the holdout says about the current parameter version, as plain data.
+
+    Labelled classification: top-1 accuracy and a confusion table. Embeddings:
+    how far the vectors moved since the previous parameter version. Anything
+    else: counts only.
+    """
+    version = campaign.current_version
+    holdout = Unit.objects.filter(campaign=campaign, holdout=True)
+    report: dict[str, Any] = {
+        "share": campaign.holdout_share,
+        "units": holdout.count(),
+        "processed": 0,
+        "version": version.label if version else None,
+        "notes": [],
+    }
+    if version is None:
+        report["notes"].append("no parameter version yet")
+        return report
+    processed = holdout.filter(
+        state__in=(UnitState.SUCCEEDED, UnitState.NEEDS_REVIEW),
+        output_path__startswith=f"{campaign.name}/{version.label}/",
+    )
+    report["processed"] = processed.count()
+    if not report["units"]:
+        report["notes"].append("no unit is held out")
+
+    try:
+        suffix = get_spec(campaign.processor).output_suffix
+    except ValidationError:
+        suffix = ""  # a plugin no longer installed: its outputs cannot be read here
+    if campaign.processor == "image-classification":
+        report.update(_classification(processed, report["notes"]))
+    elif suffix == ".npy":
+        report["stability"] = _stability(campaign, version, report["notes"])
+    else:
+        report["notes"].append(f"{campaign.processor}: the holdout is counted, not scored")
+    return report
+
+
+# --- labelled classification ---------------------------------------------------
+
+
+def _classification(processed, notes: list[str]) -> dict[str, Any]:
+    output_root = Path(settings.OUTPUT_ROOT)
+    confusion: dict[str, Counter] = defaultdict(Counter)
+    labelled = correct = unreadable = 0
+    rows = (
+        processed.exclude(category="")
+        .order_by("pk")
+        .values_list("category", "output_path")
+        .iterator(chunk_size=_CHUNK)
+    )
+    for truth, rel in rows:
+        try:
+            with np.load(output_root / rel, allow_pickle=False) as out:
+                predicted = str(out["top_labels"][0])
+        except (OSError, ValueError, KeyError, IndexError):
+            # Gone or damaged since it was recorded: verify reports it; a guess here would not.
+            unreadable += 1
+            continue
+        labelled += 1
+        correct += predicted == truth
+        confusion[truth][predicted] += 1
+    if not labelled and not unreadable:
+        notes.append(
+            "no processed holdout unit carries a label (a manifest's category column): no accuracy"
+        )
+    if unreadable:
+        notes.append(f"{unreadable} holdout output(s) could not be read; run verify")
+    return {
+        "labelled": labelled,
+        "accuracy": correct / labelled if labelled else None,
+        "confusion": {t: dict(sorted(p.items())) for t, p in sorted(confusion.items())},
+        "unreadable": unreadable,
+    }
+
+
+# --- embedding stability ------------------------------------------------------
+
+
+def _holdout_outputs(campaign: Campaign, version: ParameterVersion) -> Iterator[tuple[str, str]]:
+    """(uid, output path) of each holdout unit's last successful attempt under a version."""
+    rows = (
+        Attempt.objects.filter(
+            unit__campaign=campaign,
+            unit__holdout=True,
+            version=version,
+            outcome=Attempt.Outcome.SUCCEEDED,
+        )
+        .exclude(output_path="")
+        .order_by("unit_id", "finished_at", "pk")
+        .values_list("unit_id", "unit__uid", "output_path")
+        .iterator(chunk_size=_CHUNK)
+    )
+    current: tuple[int, str, str] | None = None
+    for row in rows:
+        if current is not None and row[0] != current[0]:
+            yield current[1], current[2]
+        current = row
+    if current is not None:
+        yield current[1], current[2]
+
+
+def _unit_vector(path: Path) -> np.ndarray | None:
+    try:
+        vector = np.load(path, allow_pickle=False).astype(np.float64).ravel()
+    except (OSError, ValueError):
+        return None
+    norm = np.linalg.norm(vector)
+    # A zero or non-finite vector has no direction to compare.
+    return vector / norm if np.isfinite(norm) and norm > 0 else None
+
+
+def _stability(
+    campaign: Campaign, version: ParameterVersion, notes: list[str]
+) -> dict[str, Any] | None:
+    previous = campaign.versions.filter(number__lt=version.number).order_by("-number").first()
+    if previous is None:
+        notes.append("no earlier parameter version to compare")
+        return None
+    output_root = Path(settings.OUTPUT_ROOT)
+    # Only the holdout's paths are held in memory: about 5% of the campaign.
+    before = dict(_holdout_outputs(campaign, previous))
+    compared = unreadable = 0
+    total = 0.0
+    worst: tuple[float, str] | None = None
+    for uid, rel in _holdout_outputs(campaign, version):
+        if uid not in before:
+            continue
+        a = _unit_vector(output_root / before[uid])
+        b = _unit_vector(output_root / rel)
+        if a is None or b is None or a.shape != b.shape:
+            unreadable += 1
+            continue
+        cosine = float(np.dot(a, b))
+        compared += 1
+        total += cosine
+        if worst is None or cosine < worst[0]:
+            worst = (cosine, uid)
+    if not compared:
+        notes.append(f"no holdout unit succeeded under both {previous.label} and {version.label}")
+    if unreadable:
+        notes.append(
+            f"{unreadable} holdout vector pair(s) missing, unreadable or of different "
+            "dimensions; not compared"
+        )
+    return {
+        "previous_version": previous.label,
+        "compared": compared,
+        "mean_cosine": total / compared if compared else None,
+        "worst_cosine": worst[0] if worst else None,
+        "worst_unit": worst[1] if worst else None,
+        "unreadable": unreadable,
+    }

@@ -39,7 +39,8 @@ def sample_build(
     """
     version = campaign.current_version
     services.measure_costs(campaign=campaign, params=version.params, pending_only=False)
-    units = Unit.objects.filter(campaign=campaign)
+    # The holdout stays out of profiling and tuning: it judges them afterwards.
+    units = Unit.objects.filter(campaign=campaign, holdout=False)
     heaviest = list(
         units.exclude(state=UnitState.FAILED)
         .order_by("-cost", "pk")

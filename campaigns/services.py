@@ -22,6 +22,7 @@ from .models import Batch, Campaign, ErrorClass, ParameterVersion, Project, Unit
 from .paths import resolve_input
 from .processor_specs import get_spec
 from .reconcile import campaign_verify
+from .review import run_allowance
 from .software import software_versions
 
 RUN_BATCH_TASK = "gpuworker.tasks.run_batch"
@@ -70,8 +71,13 @@ def campaign_create(
     manifest: Path | None = None,
     input_root: Path | None = None,
     params: dict[str, Any] | None = None,
+    checkpoint_after: int | None = None,
+    holdout_share: float = 0.05,
 ) -> tuple[Campaign, ImportReport]:
-    """Create a campaign, its first parameter version, and import its units."""
+    """Create a campaign, its first parameter version, and import its units.
+
+    checkpoint_after: units before the checkpoint (None: max(1%, 200); 0: none).
+    """
     if slugify(name) != name:
         raise ValidationError(
             f"campaign name {name!r} must be lowercase letters, digits and dashes "
@@ -83,6 +89,8 @@ def campaign_create(
         raise ValidationError(f"a campaign named {name!r} exists already")
     if (input_folder is None) == (manifest is None):
         raise ValidationError("give either an input folder or a manifest")
+    if not 0 <= holdout_share < 1:
+        raise ValidationError("holdout share is a fraction between 0 and 1 (0.05 = 5%)")
     spec = get_spec(processor)
     spec.clean(params)  # refuse bad parameters before anything is written
     if manifest is not None:
@@ -90,7 +98,12 @@ def campaign_create(
     else:
         root = input_folder.resolve()
     campaign = Campaign.objects.create(
-        project=project, name=name, processor=processor, input_root=str(root)
+        project=project,
+        name=name,
+        processor=processor,
+        input_root=str(root),
+        checkpoint_after=checkpoint_after,
+        holdout_share=holdout_share,
     )
     version_create(campaign=campaign, params=params)
     report = campaign_import(campaign=campaign, manifest=manifest)
@@ -115,15 +128,24 @@ def campaign_run(*, campaign: Campaign) -> int:
     if version is None:
         raise ValidationError(f"campaign {campaign.name} has no parameter version")
     policy = version.params.get("batch_policy", "original")
+    pending_units = Unit.objects.filter(campaign=campaign, state=UnitState.PENDING)
+    if not pending_units.exists():
+        return 0
+    # Before the checkpoint only the first group goes (holdout units first, so
+    # the checkpoint reports on them); a pending or failed checkpoint says why not.
+    allowance = run_allowance(campaign=campaign, version=version)
+    if allowance == 0:
+        return 0
     if policy != "original":
         measure_costs(campaign=campaign, params=version.params)
     created: list[int] = []
     with transaction.atomic():
-        pending = list(
-            Unit.objects.filter(campaign=campaign, state=UnitState.PENDING)
-            .order_by("pk")
-            .values_list("pk", "cost")
-        )
+        if allowance is None:
+            pending = list(pending_units.order_by("pk").values_list("pk", "cost"))
+        else:
+            pending = sorted(
+                pending_units.order_by("-holdout", "pk").values_list("pk", "cost")[:allowance]
+            )
         for ids in plan_batches(pending, version.params):
             batch = Batch.objects.create(
                 campaign=campaign, version=version, size=len(ids), policy=policy

@@ -30,6 +30,7 @@ from campaigns.inputs import InputError, read_bytes
 from campaigns.models import Attempt, Batch, ErrorClass, ReviewItem, Unit, UnitState
 from campaigns.outputs import InvalidOutput, write_atomic
 from campaigns.paths import output_relpath
+from campaigns.review import checkpoint_open_if_due
 
 from .lease import LeaseKeeper, lease_deadline
 from .memory import runtime_facts
@@ -106,6 +107,11 @@ def run_batch(batch_id: int) -> str:
                     outcome.fail(_error_class(exc), batch_error, digest)
         batch_metrics["seconds"] = round(time.perf_counter() - started, 4)
         recorded = _record(batch, token, outcomes, batch_metrics, batch_error)
+    if recorded:
+        try:
+            checkpoint_open_if_due(campaign=batch.campaign, version=batch.version)
+        except Exception:  # the batch is recorded; the next batch or resume tries again
+            log.exception("batch %s: could not open the checkpoint", batch_id)
     return "done" if recorded else "lease lost"
 
 

@@ -153,6 +153,12 @@ PROFILE_DEVICE_RELATIVE_THROUGHPUT = env.float("PROFILE_DEVICE_RELATIVE_THROUGHP
 # Hours of an estimate × this = the rental's working time (corrections, review).
 PROFILE_SAFETY_FACTOR = env.float("PROFILE_SAFETY_FACTOR", default=1.5)
 
+# --- Review and checkpoints -----------------------------------------------------
+# Units in a checkpoint's spot-check sample.
+CHECKPOINT_SAMPLE_SIZE = env.int("CHECKPOINT_SAMPLE_SIZE", default=20)
+# One flag reason on more than this share of the sample fails the checkpoint.
+CHECKPOINT_DEFECT_SHARE = env.float("CHECKPOINT_DEFECT_SHARE", default=0.2)
+
 # --- Ordering portal ----------------------------------------------------------
 FIAT_CURRENCY = env.str("FIAT_CURRENCY", default="EUR")
 # A quote holds its crypto amount this long; unpaid, the order expires.

@@ -17,6 +17,7 @@ from campaigns.inventory import export
 from campaigns.models import Campaign
 from campaigns.processor_specs import all_specs
 from campaigns.reconcile import Verdict, campaign_verify
+from campaigns.review import verification_status
 
 
 def _param(text: str) -> tuple[str, str]:
@@ -48,6 +49,16 @@ class Command(BaseCommand):
             default=[],
             metavar="KEY=VALUE",
             help="processor parameter, repeatable (e.g. batch_size=32)",
+        )
+        create.add_argument(
+            "--checkpoint",
+            type=int,
+            default=None,
+            metavar="N",
+            help="stop for a spot check after N units (default max(1%%, 200); 0: never)",
+        )
+        create.add_argument(
+            "--holdout", type=float, default=0.05, help="share of units held out (0.05)"
         )
 
         run = sub.add_parser("run", help="enqueue the units still to do")
@@ -126,9 +137,13 @@ class Command(BaseCommand):
             raise CommandError(f"no campaign named {name!r} (see: campaign list)")
         return campaign
 
-    def _create(self, *, name, processor, input, manifest, root, project, param, **_):
+    def _create(
+        self, *, name, processor, input, manifest, root, project, param, checkpoint, holdout, **_
+    ):
         params = dict(_param(p) for p in param)
         campaign, report = services.campaign_create(
+            checkpoint_after=checkpoint,
+            holdout_share=holdout,
             name=name,
             processor=processor,
             project=services.project_for_user(name=project),
@@ -147,6 +162,9 @@ class Command(BaseCommand):
     def _run(self, *, name, wait, timeout, **_):
         campaign = self._campaign(name)
         batches = services.campaign_run(campaign=campaign)
+        status = verification_status(campaign=campaign)
+        if status.status == "checkpoint pending":
+            self.stdout.write("stopped at the checkpoint: review the spot-check sample (/review/)")
         self.stdout.write(f"enqueued {batches} batch{'es' if batches != 1 else ''}")
         if wait:
             self._wait(campaign, timeout)

@@ -165,7 +165,9 @@ def run_allowance(*, campaign: Campaign, version: ParameterVersion) -> int | Non
             )
         # Pending: units of the first group may run again (a resume after lost
         # outputs), nothing beyond it until a reviewer passes the spot check.
-    return max(0, size - _processed_by(version).count())
+    # Units put back to pending (a resume, a retry) are not counted: they may run again.
+    done_or_running = _processed_by(version).exclude(state=UnitState.PENDING).count()
+    return max(0, size - done_or_running)
 
 
 def checkpoint_open_if_due(*, campaign: Campaign, version: ParameterVersion) -> Checkpoint | None:

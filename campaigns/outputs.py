@@ -7,6 +7,7 @@ import hashlib
 import io
 import os
 import tempfile
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,12 +61,40 @@ class InvalidOutput(Exception):
     """The file exists but is not a usable result."""
 
 
+# numpy parses .npy headers with ast.literal_eval, and CPython 3.11 before
+# 3.11.9 can fail that with "AST constructor recursion depth mismatch" when
+# threads parse at once (gh-106905): the worker checks outputs in a thread pool.
+_NPY_PARSE = threading.Lock()
+
+
+def load_npy_or_npz(source, **kwargs):
+    """np.load with header parsing serialised across threads (see _NPY_PARSE)."""
+    with _NPY_PARSE:
+        loaded = np.load(source, allow_pickle=False, **kwargs)
+        if isinstance(loaded, np.lib.npyio.NpzFile):
+            # An .npz parses each member's header on access: read them all here.
+            with loaded:
+                return {name: loaded[name] for name in loaded.files}
+        return loaded
+
+
 def validate_embedding_file(path: Path, *, dimension: int, normalized: bool) -> np.ndarray:
     """Load an embedding .npy and check shape, finiteness and (if asked) unit norm."""
     try:
-        vector = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
+        data = path.read_bytes()
+    except OSError as exc:
         raise InvalidOutput(f"not a readable .npy file: {exc}") from exc
+    header = _npy_header(dimension)
+    if data.startswith(header) and len(data) == len(header) + dimension * 4:
+        # The exact header np.save writes: no parsing needed.
+        vector = np.frombuffer(data, dtype="<f4", offset=len(header))
+    else:
+        try:
+            vector = load_npy_or_npz(io.BytesIO(data))
+        except (OSError, ValueError, SyntaxError) as exc:
+            raise InvalidOutput(f"not a readable .npy file: {exc}") from exc
+        if not isinstance(vector, np.ndarray):
+            raise InvalidOutput("an .npz archive, expected one .npy vector")
     if vector.shape != (dimension,):
         raise InvalidOutput(f"shape {vector.shape}, expected ({dimension},)")
     if vector.dtype != np.float32:

@@ -166,8 +166,15 @@ class ThroughputModel:
 
 
 def fit_throughput(steps: list[dict]) -> ThroughputModel:
-    points = [(s["padded"], s["compute_s"]) for s in steps if s.get("fits") is not None]
-    points = [(x, y) for x, y in points if x and y is not None and not math.isnan(y)]
+    measured: dict[int, list[float]] = {}
+    for step in steps:
+        if step.get("oom") or not step.get("padded") or step.get("compute_s") is None:
+            continue
+        if not math.isnan(step["compute_s"]):
+            measured.setdefault(step["padded"], []).append(step["compute_s"])
+    # One point per padded size, its median: a repeated step (the leak check
+    # runs the chosen size four more times) steadies the fit against noise.
+    points = [(x, sorted(ys)[len(ys) // 2]) for x, ys in sorted(measured.items())]
     if not points:
         raise ValueError("no measured step to estimate from")
     n = len(points)

@@ -68,26 +68,30 @@ def review_decide(*, item: ReviewItem, decision: str, user, note: str = "") -> R
 
 
 def _unit_follows(item: ReviewItem, decision: str, note: str) -> None:
+    """The unit's state from all its items of this version, not from the last
+    decision alone: accepting one flag must not undo the rejection of another."""
     unit = Unit.objects.select_for_update().get(pk=item.unit_id)
-    update: dict = {}
-    if decision == Item.REJECTED:
+    siblings = ReviewItem.objects.filter(unit=unit, version_id=item.version_id)
+    states = set(siblings.values_list("state", flat=True))
+    if Item.REJECTED in states:
+        rejected = siblings.filter(state=Item.REJECTED).order_by("-decided_at", "-pk").first()
         update = {
             "state": UnitState.FAILED,
             "error_class": ErrorClass.REJECTED_BY_REVIEW,
-            "error_message": f"rejected in review ({item.reason}): {note}"[:2000],
+            "error_message": f"rejected in review ({rejected.reason}): {rejected.note}"[:2000],
         }
-    elif decision == Item.REQUEUED:
+    elif Item.REQUEUED in states:
         # Pending again: the next run processes it (with a new parameter version,
         # whose outputs go to a new folder).
         update = {"state": UnitState.PENDING, "error_class": "", "error_message": "", "batch": None}
-    elif decision == Item.OPEN:
+    elif siblings.filter(state=Item.OPEN).exclude(source=ReviewItem.Source.SPOT_CHECK).exists():
+        # An open spot check does not hold a unit back: it samples ordinary outputs.
         update = {"state": UnitState.NEEDS_REVIEW, "error_class": "", "error_message": ""}
-    elif decision == Item.ACCEPTED:
-        still_open = ReviewItem.objects.filter(unit=unit, state=Item.OPEN).exclude(pk=item.pk)
-        if unit.output_path and not still_open.exists():
-            update = {"state": UnitState.SUCCEEDED, "error_class": "", "error_message": ""}
-    if update:
-        Unit.objects.filter(pk=unit.pk).update(**update, updated_at=timezone.now())
+    elif unit.output_path:
+        update = {"state": UnitState.SUCCEEDED, "error_class": "", "error_message": ""}
+    else:
+        return
+    Unit.objects.filter(pk=unit.pk).update(**update, updated_at=timezone.now())
 
 
 def review_bulk_accept(*, items: QuerySet, user, note: str = "") -> int:

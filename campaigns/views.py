@@ -23,11 +23,21 @@ from . import (
     profile_charts,
     profiling,
     reconcile,
+    review,
     selectors,
     services,
 )
 from .forms import CampaignSetupForm, ParametersForm
-from .models import Campaign, ErrorClass, Estimate, Profile, Project, Unit, UnitState
+from .models import (
+    Campaign,
+    ErrorClass,
+    Estimate,
+    Profile,
+    Project,
+    ReviewItem,
+    Unit,
+    UnitState,
+)
 from .tables import UnitTable
 
 UNITS_PER_PAGE = 50
@@ -46,7 +56,10 @@ def campaign_list(request: HttpRequest) -> HttpResponse:
     campaigns = list(selectors.campaigns_for_user(request.user))
     counts = selectors.counts_by_campaign(campaign_ids=[c.pk for c in campaigns])
     rows = [(c, counts[c.pk]) for c in campaigns]
-    return render(request, "campaigns/campaign_list.html", {"rows": rows})
+    verification = review.verification_by_campaign(campaign_ids=[c.pk for c in campaigns])
+    return render(
+        request, "campaigns/campaign_list.html", {"rows": rows, "verification": verification}
+    )
 
 
 @login_required
@@ -87,6 +100,10 @@ def campaign_detail(request: HttpRequest, name: str) -> HttpResponse:
             "memory_warning": batch_stats.memory_creep(chart),
             "export_files": list(inventory.FILES),
             "latest_profile": profiling.latest_profile(campaign=campaign),
+            "verification": review.verification_status(campaign=campaign),
+            "open_review_items": ReviewItem.objects.filter(
+                campaign=campaign, state=ReviewItem.State.OPEN
+            ).count(),
         }
     )
     return render(request, "campaigns/campaign_detail.html", context)

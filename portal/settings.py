@@ -57,7 +57,22 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
     # Turns a rate-limited request into RATELIMIT_VIEW's readable 429.
     "django_ratelimit.middleware.RatelimitMiddleware",
+    # A database outage answers a readable 503, not a traceback.
+    "portal.health.DatabaseUnavailableMiddleware",
 ]
+
+if not DEBUG:
+    # Production: cookies over HTTPS only, HSTS, no sniffing, behind a proxy
+    # that terminates TLS and sets X-Forwarded-Proto (docs/deployment.md).
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=True)
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31536000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=True)
+    SECURE_CONTENT_TYPE_NOSNIFF = True
+    SECURE_REFERRER_POLICY = "same-origin"
+    X_FRAME_OPTIONS = "DENY"
 
 ROOT_URLCONF = "portal.urls"
 

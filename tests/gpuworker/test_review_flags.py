@@ -217,3 +217,23 @@ def test_a_passed_checkpoint_lets_the_campaign_finish(
     assert counts.pending == 0 and counts.active == 0
     status = review.verification_status(campaign=campaign)
     assert (status.status, status.by) == ("passed", "owner")
+
+
+def test_accepting_one_flag_does_not_undo_the_rejection_of_another(
+    make_campaign, output_root, run_here, owner
+):
+    from campaigns.review import review_decide, unit_flag
+
+    campaign = make_campaign(flag_truncated_share=0.5)
+    run_here(campaign)
+    truncated = ReviewItem.objects.get(campaign=campaign, reason="truncated")
+    manual = unit_flag(unit=truncated.unit, user=owner, note="reads oddly")
+    review_decide(item=truncated, decision="rejected", user=owner, note="too long to embed")
+    review_decide(item=manual, decision="accepted", user=owner)
+    unit = Unit.objects.get(pk=truncated.unit_id)
+    assert (unit.state, unit.error_class) == ("failed", "rejected_by_review")
+    # and a later decision on the rejected item itself does undo it
+    review_decide(item=truncated, decision="accepted", user=owner)
+    unit.refresh_from_db()
+    assert unit.state == "succeeded"
+    assert truncated.decisions.count() == 2

@@ -1,0 +1,51 @@
+// Keyboard shortcuts of the review queue (the page lists them: press ?).
+// Each key clicks the element marked data-shortcut="<key>", so a key does
+// exactly what its button or link does, htmx included.
+(function () {
+  "use strict";
+
+  function typing(element) {
+    if (!element) return false;
+    return element.isContentEditable || /^(INPUT|TEXTAREA|SELECT)$/.test(element.tagName);
+  }
+
+  function pressed(key) {
+    return document.querySelector('#review-item [data-shortcut="' + key + '"]');
+  }
+
+  document.addEventListener("keydown", function (event) {
+    if (event.ctrlKey || event.metaKey || event.altKey || event.isComposing) return;
+    if (typing(event.target)) {
+      // Enter is left to the browser: it submits the field's form (in the
+      // reason field, with the form's first button, Reject).
+      if (event.key === "Escape") event.target.blur();
+      return;
+    }
+    var help = document.getElementById("review-help");
+    if (event.key === "?") {
+      if (help) help.open = !help.open;
+      event.preventDefault();
+      return;
+    }
+    if (event.key === "Escape") {
+      if (help) help.open = false;
+      return;
+    }
+    if (event.key === "r") {
+      var reason = document.querySelector('#review-item input[name="note"]');
+      if (reason) {
+        // Without preventDefault the "r" would be typed into the field.
+        event.preventDefault();
+        reason.focus();
+        reason.select();
+      }
+      return;
+    }
+    if (event.key.length !== 1 || "jkaqu".indexOf(event.key) === -1) return;
+    var target = pressed(event.key);
+    if (target) {
+      event.preventDefault();
+      target.click();
+    }
+  });
+})();

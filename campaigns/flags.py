@@ -19,6 +19,7 @@ class FlagReason(models.TextChoices):
     TRUNCATED = "truncated", "input truncated beyond the allowed share"
     CLOSE_CATEGORIES = "close_categories", "close to several categories"
     LOW_CONFIDENCE = "low_confidence", "low top-1 confidence"
+    CATEGORY_DRIFT = "category_drift", "category share drifts from the checkpoint sample"
     TINY_INPUT = "tiny_input", "tiny input image"
     EXTREME_ASPECT = "extreme_aspect", "extreme aspect ratio"
     MANUAL = "manual", "flagged by hand"
@@ -57,7 +58,35 @@ CLASSIFICATION_FLAGS = {
     "flag_min_confidence": ParamSpec(
         0.5, type=float, minimum=0, maximum=1, help="flag when the top-1 probability is below this"
     ),
+    "flag_max_drift": ParamSpec(
+        0.5,
+        type=float,
+        minimum=0,
+        maximum=1,
+        help="after a passed checkpoint, flag a batch's units of a category whose share "
+        "exceeds the spot-check sample's by more than this (1: never)",
+    ),
 }
+
+DRIFT_MIN_BATCH = 10  # fewer units say nothing about a distribution
+
+
+def drifting_categories(
+    batch_categories: list[str], reference: list[str], threshold: float
+) -> dict[str, tuple[float, float]]:
+    """Categories over-represented in a batch against the reference sample:
+    {category: (share in batch, share in reference)}."""
+    if threshold >= 1 or len(batch_categories) < DRIFT_MIN_BATCH or not reference:
+        return {}
+    drifting = {}
+    for category in set(batch_categories):
+        share = batch_categories.count(category) / len(batch_categories)
+        expected = reference.count(category) / len(reference)
+        if share - expected > threshold:
+            drifting[category] = (share, expected)
+    return drifting
+
+
 IMAGE_INPUT_FLAGS = {
     "flag_min_side": ParamSpec(
         16, type=int, minimum=0, help="flag inputs whose shorter side has fewer pixels (0: never)"

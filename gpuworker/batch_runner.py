@@ -25,9 +25,17 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from campaigns.flags import FlagReason
+from campaigns.flags import DRIFT_MIN_BATCH, FlagReason, drifting_categories
 from campaigns.inputs import InputError, read_bytes
-from campaigns.models import Attempt, Batch, ErrorClass, ReviewItem, Unit, UnitState
+from campaigns.models import (
+    Attempt,
+    Batch,
+    Checkpoint,
+    ErrorClass,
+    ReviewItem,
+    Unit,
+    UnitState,
+)
 from campaigns.outputs import InvalidOutput, write_atomic
 from campaigns.paths import output_relpath
 from campaigns.review import checkpoint_open_if_due
@@ -152,6 +160,7 @@ def _process(batch: Batch, processor, outcomes: list[Outcome]) -> dict:
             data = processor.serialize(processor.output(result, index))
             jobs.append((outcome, data))
     _flag_duplicates(batch, [o for o, _ in jobs])
+    _flag_drift(batch, [o for o, _ in jobs])
     # Writes and checks in threads: each waits on its own fsync.
     list(_io_pool().map(lambda job: _write_and_check(processor, *job), jobs))
     metrics = merge_batch_metrics([processor.batch_metrics(result) for _, result in parts])
@@ -276,6 +285,39 @@ def _flag_duplicates(batch: Batch, outcomes: list[Outcome]) -> None:
                 o.flags.append(
                     (FlagReason.DUPLICATE_VECTOR, f"same vector as {', '.join(sorted(twins)[:3])}")
                 )
+
+
+def _flag_drift(batch: Batch, outcomes: list[Outcome]) -> None:
+    """After a passed checkpoint, a batch whose categories drift from the
+    spot-check sample's goes to review (classification: metrics["category"])."""
+    categories = [o.metrics.get("category") for o in outcomes if o.metrics.get("category")]
+    threshold = float(batch.version.params.get("flag_max_drift", 1))
+    if len(categories) < DRIFT_MIN_BATCH or threshold >= 1:
+        return
+    checkpoint = Checkpoint.objects.filter(
+        campaign_id=batch.campaign_id, version=batch.version, state=Checkpoint.State.PASSED
+    ).first()
+    if checkpoint is None:
+        return
+    reference = [
+        c
+        for c in Attempt.objects.filter(
+            unit_id__in=checkpoint.sample, version=batch.version, outcome="succeeded"
+        ).values_list("metrics__category", flat=True)
+        if c
+    ]
+    drifting = drifting_categories(categories, reference, threshold)
+    for o in outcomes:
+        category = o.metrics.get("category")
+        if category in drifting:
+            share, expected = drifting[category]
+            o.flags.append(
+                (
+                    FlagReason.CATEGORY_DRIFT,
+                    f"{category} is {share:.0%} of this batch, {expected:.0%} of the "
+                    "checkpoint sample",
+                )
+            )
 
 
 def _adopt(processor, outcome: Outcome) -> bool:

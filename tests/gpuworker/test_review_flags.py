@@ -237,3 +237,47 @@ def test_accepting_one_flag_does_not_undo_the_rejection_of_another(
     unit.refresh_from_db()
     assert unit.state == "succeeded"
     assert truncated.decisions.count() == 2
+
+
+def test_after_the_checkpoint_a_batch_drifting_to_one_category_is_flagged(
+    project, tmp_path, calibrated_model, output_root, run_here, owner
+):
+    rng = random.Random(3)
+    root = tmp_path / "drift"
+    (root / "a-mixed").mkdir(parents=True)
+    (root / "b-squares").mkdir()
+    for i in range(9):
+        kind = CLASSES[i % 3]
+        shape_image(kind, rng).save(root / "a-mixed" / f"{i:02d}-{kind}.png")
+    for i in range(12):
+        shape_image("square", rng).save(root / "b-squares" / f"{i:02d}.png")
+    model, labels = calibrated_model
+    campaign, _ = services.campaign_create(
+        name="drift",
+        processor="image-classification",
+        project=project,
+        input_folder=root,
+        params={
+            "model": str(model),
+            "labels": str(labels),
+            "resize": SIZE,
+            "crop": SIZE,
+            "mean": "0.5,0.5,0.5",
+            "std": "0.5,0.5,0.5",
+            "batch_size": 12,
+        },
+        checkpoint_after=9,
+        holdout_share=0,
+    )
+    run_here(campaign)  # the mixed first group, then the checkpoint
+    checkpoint = Checkpoint.objects.get(campaign=campaign)
+    assert not ReviewItem.objects.filter(campaign=campaign, reason="category_drift").exists()
+    review.checkpoint_decide(checkpoint=checkpoint, passed=True, user=owner)
+
+    run_here(campaign)  # twelve squares in one batch
+
+    drifted = ReviewItem.objects.filter(campaign=campaign, reason="category_drift")
+    assert set(drifted.values_list("unit__uid", flat=True)) == {
+        f"b-squares/{i:02d}.png" for i in range(12)
+    }
+    assert "square is 100% of this batch, 33% of the checkpoint sample" in drifted.first().detail

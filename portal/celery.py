@@ -3,7 +3,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from celery import Celery
+from celery import Celery, signals
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
@@ -14,3 +14,19 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 for folder in (app.conf.broker_transport_options or {}).values():
     if isinstance(folder, str) and folder.startswith("/"):
         Path(folder).mkdir(parents=True, exist_ok=True)
+
+
+@signals.celeryd_init.connect
+def _refuse_a_broker_that_cannot_hold_a_batch(**kwargs) -> None:
+    """A worker does not start against a broker that would drop or redeliver a
+    running batch (system checks portal.E002 / portal.E003)."""
+    import django
+    from django.core.checks import run_checks
+
+    django.setup()
+    errors = [e for e in run_checks(tags=["broker"]) if e.is_serious()]
+    if errors:
+        # SystemExit: Celery logs and ignores an ordinary exception from a signal.
+        raise SystemExit(
+            "refusing to start: " + "; ".join(f"{e.id}: {e.msg} {e.hint}" for e in errors)
+        )

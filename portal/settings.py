@@ -243,6 +243,9 @@ if CELERY_BROKER_URL.startswith("redis"):
     # outlast the longest batch or a healthy batch would run twice.
     CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": BATCH_TIME_LIMIT * 2}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# What the RabbitMQ server's consumer_timeout is set to (its default: 30 min);
+# check portal.E003 refuses a batch time limit it cannot hold.
+RABBITMQ_CONSUMER_TIMEOUT_MS = env.int("RABBITMQ_CONSUMER_TIMEOUT_MS", default=1_800_000)
 
 LOGGING = {
     "version": 1,

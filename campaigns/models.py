@@ -92,6 +92,7 @@ class ErrorClass(models.TextChoices):
     PROCESSING_ERROR = "processing_error"
     OUT_OF_MEMORY = "out_of_memory"
     OUTPUT_INVALID = "output_invalid"
+    OUTPUT_WRITE_ERROR = "output_write_error"
     TIMEOUT = "timeout"
     REJECTED_BY_REVIEW = "rejected_by_review"
 

@@ -271,6 +271,11 @@ def campaign_resume(*, campaign: Campaign, retry_failed: bool = False):
     batches_requeue_expired(campaign=campaign)
     report = campaign_verify(campaign=campaign)
     retried = _reset_failed(campaign) if retry_failed else 0
+    # An output that could not be written (disk full) says nothing about the
+    # input: like a missing output, it is done again.
+    retried += Unit.objects.filter(
+        campaign=campaign, state=UnitState.FAILED, error_class=ErrorClass.OUTPUT_WRITE_ERROR
+    ).update(state=UnitState.PENDING, error_class="", error_message="")
     resent = list(
         Batch.objects.filter(campaign=campaign, state=Batch.State.QUEUED).values_list(
             "pk", flat=True

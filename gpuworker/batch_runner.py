@@ -189,7 +189,9 @@ def _write_and_check(processor, outcome: Outcome, data: bytes) -> None:
         outcome.fail(ErrorClass.OUTPUT_INVALID, f"output failed its check: {exc}")
         return
     except OSError as exc:
-        outcome.fail(ErrorClass.PROCESSING_ERROR, f"cannot write output: {exc}")
+        # Disk full, permissions, a storage outage: write_atomic left no partial
+        # file, and resume puts the unit back once the storage is fixed.
+        outcome.fail(ErrorClass.OUTPUT_WRITE_ERROR, f"cannot write output: {exc}")
         return
     outcome.succeed(outcome.target, written.size, written.sha256)
 

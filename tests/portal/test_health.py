@@ -17,14 +17,12 @@ def test_health_says_ok_when_database_and_broker_answer(client, db):
     assert response.json() == {"database": "ok", "broker": "ok", "ok": True}
 
 
-def test_health_is_503_and_names_the_broker_when_it_is_down(client, db):
-    # Nothing listens on port 1: a real failed connection, not a mock.
-    previous = celery_app.conf.broker_url
-    celery_app.conf.broker_url = "redis://127.0.0.1:1/0"
-    try:
-        response = client.get("/health/")
-    finally:
-        celery_app.conf.broker_url = previous
+def test_health_is_503_and_names_the_broker_when_it_is_down(client, db, monkeypatch):
+    # Nothing listens on port 1: a real failed connection, not a mock. Celery
+    # reads CELERY_BROKER_URL from the environment before its own settings.
+    monkeypatch.setenv("CELERY_BROKER_URL", "redis://127.0.0.1:1/0")
+    assert celery_app.conf.broker_write_url == "redis://127.0.0.1:1/0"
+    response = client.get("/health/")
     assert response.status_code == 503
     body = response.json()
     assert body["database"] == "ok" and body["broker"] != "ok" and body["ok"] is False

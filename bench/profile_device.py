@@ -2,6 +2,7 @@
 
     python bench/profile_device.py --limit 3000               # CUDA: budget = device memory
     python bench/profile_device.py --limit 300 --budget-mb 3000 --max-batch 64   # CPU
+    python bench/profile_device.py --limit 600 --max-batch 64 --run   # + estimate vs a real run
 
 Prints each step (phase, batch size, items/s, peak allocated and reserved),
 the chosen batch size with its margin, the leak check and the estimate, as
@@ -33,6 +34,12 @@ def main() -> None:
     parser.add_argument("--margin", type=float, default=0.2)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--run",
+        action="store_true",
+        help="then run the whole corpus at the chosen size in this process and "
+        "compare its wall time with the estimate",
+    )
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-profile-"))
@@ -94,9 +101,38 @@ def main() -> None:
         print(json.dumps(report["estimate"], indent=1, default=str))
     if report["error"]:
         print("error:", report["error"])
+    if args.run and report["estimate"]:
+        print(compare_with_a_run(campaign, profile))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "profile_device.json").write_text(json.dumps(report, indent=1, default=str))
+
+
+def compare_with_a_run(campaign, profile) -> str:
+    """Run every unit at the chosen size, as a worker would, and time it."""
+    import time
+    from unittest import mock
+
+    from campaigns import services
+    from campaigns.models import Batch
+    from gpuworker.batch_runner import run_batch
+
+    services.version_create(
+        campaign=campaign,
+        params={**campaign.current_version.params, "batch_size": profile.chosen_batch_size},
+    )
+    started = time.perf_counter()
+    with mock.patch.object(services.celery_app, "send_task"):
+        services.campaign_run(campaign=campaign)
+    queued = Batch.objects.filter(campaign=campaign, state=Batch.State.QUEUED).order_by("pk")
+    for pk in queued.values_list("pk", flat=True):
+        run_batch(pk)
+    real = time.perf_counter() - started
+    estimated = profile.estimate.hours_measured_device * 3600
+    return (
+        f"estimate vs a real run at batch {profile.chosen_batch_size}: "
+        f"estimated {estimated:.1f} s, real {real:.1f} s (estimate/real {estimated / real:.2f})"
+    )
 
 
 if __name__ == "__main__":

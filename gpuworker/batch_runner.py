@@ -39,6 +39,7 @@ from campaigns.models import (
 from campaigns.outputs import InvalidOutput, write_atomic
 from campaigns.paths import output_relpath
 from campaigns.review import checkpoint_open_if_due
+from portal.log_context import bound
 
 from .lease import LeaseKeeper, lease_deadline
 from .memory import runtime_facts
@@ -84,6 +85,13 @@ def run_batch(batch_id: int) -> str:
     batch = Batch.objects.select_related("campaign", "version").filter(pk=batch_id).first()
     if batch is None:
         return "gone"
+    # Every line logged while this batch runs names it and its campaign.
+    with bound(campaign=batch.campaign_id, batch=batch_id):
+        return _run_claimed(batch)
+
+
+def _run_claimed(batch: Batch) -> str:
+    batch_id = batch.pk
     # Claim by update: a second delivery of the same message finds nothing to do.
     token = uuid.uuid4().hex
     claimed = Batch.objects.filter(pk=batch_id, state=Batch.State.QUEUED).update(
@@ -463,4 +471,15 @@ def _record(batch: Batch, token: str, outcomes: list[Outcome], metrics: dict, er
         batch.save(
             update_fields=["finished_at", "metrics", "error", "lease_expires_at", *_COLUMNS_SAVED]
         )
+    for o in outcomes:
+        if o.error_class:
+            log.info("unit failed: %s", o.error_class, extra={"unit": o.unit.pk})
+    log.info(
+        "batch %s recorded: %d succeeded, %d failed, %d to review, %.2f s",
+        batch.pk,
+        sum(1 for o in outcomes if not o.error_class),
+        sum(1 for o in outcomes if o.error_class),
+        len(flagged),
+        metrics.get("seconds", 0.0),
+    )
     return True

@@ -111,6 +111,7 @@ def order_create(
             f"for {order.fiat_total} {order.fiat_currency}",
         )
         transaction.on_commit(lambda: emails.send_order_email(order_id=order.pk, kind="created"))
+    log.info("order quoted", extra={"order": order.reference})
     return order
 
 
@@ -165,6 +166,8 @@ def _transition(
             order=locked, from_status=previous, to_status=to, actor=actor, note=note
         )
         transaction.on_commit(lambda: emails.send_order_email(order_id=locked.pk, kind=to))
+    # The reference only: the customer's name and address stay out of the logs.
+    log.info("order %s → %s", previous, to, extra={"order": order.reference})
     order.refresh_from_db()
     return order
 

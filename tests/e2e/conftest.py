@@ -32,9 +32,21 @@ def browser():
 
 
 @pytest.fixture
-def page(browser):
+def csp_violations():
+    """What Chromium refused under the Content Security Policy, as console lines."""
+    return []
+
+
+@pytest.fixture
+def page(browser, csp_violations):
     context = browser.new_context()
     page = context.new_page()
     page.set_default_timeout(15_000)
+    page.on(
+        "console",
+        lambda msg: "Content Security Policy" in msg.text and csp_violations.append(msg.text),
+    )
     yield page
     context.close()
+    # Every browser test also proves its pages work under the policy.
+    assert not csp_violations, csp_violations

@@ -55,7 +55,9 @@ class DatabaseUnavailableMiddleware:
     def process_exception(self, request, exception):
         if not isinstance(exception, DatabaseError) or _database_ok()[0]:
             return None  # a bug in a query, not an outage: the usual 500
-        log.warning("database unavailable while serving %s", request.path)
+        # The view's name, not the path: a tracking link's path is its secret.
+        view = request.resolver_match.view_name if request.resolver_match else "?"
+        log.warning("database unavailable while serving %s", view)
         connection.close_if_unusable_or_obsolete()
         response = render(request, "503.html", status=503)
         response["Retry-After"] = "30"

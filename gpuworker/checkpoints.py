@@ -1,0 +1,153 @@
+"""Training checkpoints on disk: written whole or not at all, and checked before use.
+
+A checkpoint is a folder `step-00000040/` under the campaign's checkpoint root:
+the weights as safetensors (a Hugging Face model folder for an encoder, one
+`model.safetensors` state dict for a classifier), the optimizer's state, and
+`checkpoint.json` — the linkage (base model and its weights checksum, parameter
+version, data manifest checksum, step, metrics) plus the sha256 of every file.
+It is built in `step-00000040.partial/` and renamed into place after every file
+and the folder are synced, so a killed worker leaves a `.partial` folder that
+nothing ever loads, never a checkpoint with half its weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+SIDECAR = "checkpoint.json"
+PARTIAL = ".partial"
+_NAME = re.compile(r"^step-(\d{8})$")
+
+
+class CheckpointError(Exception):
+    """A checkpoint that must not be loaded, and why."""
+
+
+def folder_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def weights_checksum(folder: Path) -> str:
+    """One sha256 over the folder's safetensors files (a model's identity)."""
+    digest = hashlib.sha256()
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{folder}: no .safetensors weights")
+    for path in files:
+        digest.update(path.name.encode())
+        digest.update(sha256_file(path).encode())
+    return digest.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write(root: Path, step: int, save: Callable[[Path], None], linkage: dict) -> Path:
+    """Build the checkpoint of `step` with `save(folder)`, then put it in place."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / folder_name(step)
+    partial = root / (final.name + PARTIAL)
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+    save(partial)
+    files = {p.name: sha256_file(p) for p in sorted(partial.iterdir()) if p.is_file()}
+    sidecar = {**linkage, "step": step, "weights_sha256": weights_checksum(partial)}
+    sidecar["files"] = files
+    (partial / SIDECAR).write_text(json.dumps(sidecar, indent=1, sort_keys=True))
+    for path in partial.iterdir():
+        _fsync(path)
+    _fsync(partial)
+    if final.exists():  # the same step again (a resumed run redoing it): replace
+        shutil.rmtree(final)
+    os.rename(partial, final)
+    _fsync(root)
+    return final
+
+
+def read_sidecar(folder: Path) -> dict:
+    try:
+        return json.loads((folder / SIDECAR).read_text())
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{folder.name}: no {SIDECAR} (an unfinished checkpoint)") from exc
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{folder.name}: {SIDECAR} unreadable: {exc}") from exc
+
+
+def problems(folder: Path) -> list[str]:
+    """Why this checkpoint must not be loaded; empty when every file is as written."""
+    if folder.name.endswith(PARTIAL):
+        return [f"{folder.name}: a partial checkpoint (the writer stopped before the end)"]
+    try:
+        sidecar = read_sidecar(folder)
+    except CheckpointError as exc:
+        return [str(exc)]
+    found = []
+    for name, expected in sorted(sidecar.get("files", {}).items()):
+        path = folder / name
+        if not path.is_file():
+            found.append(f"{folder.name}/{name}: missing")
+        elif sha256_file(path) != expected:
+            found.append(f"{folder.name}/{name}: sha256 differs from the one recorded")
+    if not sidecar.get("files"):
+        found.append(f"{folder.name}: {SIDECAR} lists no files")
+    return found
+
+
+def verified(folder: Path) -> dict:
+    """The sidecar of a checkpoint that is whole; CheckpointError otherwise."""
+    found = problems(folder)
+    if found:
+        raise CheckpointError("; ".join(found))
+    return read_sidecar(folder)
+
+
+def listing(root: Path) -> list[Path]:
+    """Complete-looking checkpoint folders by step (partial ones excluded)."""
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _NAME.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def latest_whole(root: Path) -> tuple[Path, dict] | None:
+    """The last checkpoint that verifies; a damaged later one is skipped, not loaded."""
+    for folder in reversed(listing(root)):
+        try:
+            return folder, verified(folder)
+        except CheckpointError:
+            continue
+    return None
+
+
+def prune(root: Path, *, keep_last: int, keep: set[int]) -> list[int]:
+    """Delete checkpoints outside the policy (the last N, and the steps in `keep`)."""
+    folders = listing(root)
+    last = {int(_NAME.match(p.name).group(1)) for p in folders[-keep_last:]} if keep_last else set()
+    removed = []
+    for folder in folders:
+        step = int(_NAME.match(folder.name).group(1))
+        if step not in last and step not in keep:
+            shutil.rmtree(folder)
+            removed.append(step)
+    for partial in root.glob(f"*{PARTIAL}"):
+        shutil.rmtree(partial, ignore_errors=True)
+    return removed

@@ -27,14 +27,14 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench.django_env import setup  # noqa: E402
+
 DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus_stdlib_docstrings_5000.jsonl.gz"
 MiB = 1024 * 1024
 
@@ -50,25 +50,10 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
-    os.environ.update(
-        {
-            "VAR_DIR": str(work / "var"),
-            "OUTPUT_ROOT": str(work / "outputs"),
-            "DJANGO_SETTINGS_MODULE": "portal.settings",
-            "HF_HUB_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-        }
-    )
-    os.environ.pop("DATABASE_URL", None)
-    os.environ.pop("CELERY_BROKER_URL", None)
-    import django
-
-    django.setup()
+    work = setup("gpu-check-")
     import numpy as np
     import torch
     from django.conf import settings
-    from django.core.management import call_command
 
     from campaigns import batch_stats, selectors, services
     from campaigns.models import Batch, Unit
@@ -83,7 +68,6 @@ def main() -> None:
             sys.exit("gpu_check needs a CUDA device (--rehearse runs its code paths on the CPU)")
         cuda = _CpuStandIn()
         dtypes = ("float32",)
-    call_command("migrate", verbosity=0)
     from unittest import mock
 
     mock.patch.object(services.celery_app, "send_task").start()  # batches run here

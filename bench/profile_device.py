@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench.django_env import setup  # noqa: E402
+
 DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus_stdlib_docstrings_5000.jsonl.gz"
 
 
@@ -42,26 +42,10 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    work = Path(tempfile.mkdtemp(prefix="bench-profile-"))
-    os.environ.update(
-        {
-            "VAR_DIR": str(work / "var"),
-            "OUTPUT_ROOT": str(work / "outputs"),
-            "DJANGO_SETTINGS_MODULE": "portal.settings",
-            "HF_HUB_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-        }
-    )
-    os.environ.pop("DATABASE_URL", None)
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
+    work = setup("bench-profile-")
     from campaigns import profiling, services
     from gpuworker.profiler import profile_run
 
-    call_command("migrate", verbosity=0)
     corpus = work / "corpus"
     corpus.mkdir()
     with gzip.open(args.corpus, "rt", encoding="utf-8") as fh:

@@ -82,8 +82,9 @@ class MemoryChart:
     def points(self, name: str) -> str:
         values = self.series[name]
         step = self.width / max(1, len(values) - 1)
+        top = self.top  # once, not per point: it scans every series
         return " ".join(
-            f"{i * step:.1f},{self.height - self.height * v / self.top:.1f}"
+            f"{i * step:.1f},{self.height - self.height * v / top:.1f}"
             for i, v in enumerate(values)
         )
 

@@ -280,6 +280,11 @@ IMAGE_CLASSIFICATION = ProcessorSpec(
             "or (logits, features)",
         ),
         "labels": ParamSpec("", required=True, help="a text file, one category per line"),
+        "weights": ParamSpec(
+            "",
+            help="optional: a checkpoint folder of an image-adaptation campaign whose "
+            "weights replace the model file's (checked against its checksums first)",
+        ),
         "resize": ParamSpec(
             256, type=int, minimum=8, maximum=4096, help="shorter side is resized to this"
         ),

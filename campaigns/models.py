@@ -157,6 +157,13 @@ class Batch(models.Model):
             ),
             # resume: queued batches of a campaign, to send their task again.
             models.Index(fields=["campaign", "state"], name="batch_campaign_state"),
+            # The campaign page's memory chart: the last 200 finished batches,
+            # an index read instead of sorting every batch of the campaign.
+            models.Index(
+                fields=["campaign", "finished_at"],
+                name="batch_done_finished",
+                condition=Q(state="done"),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -164,7 +171,11 @@ class Batch(models.Model):
 
 
 class Unit(models.Model):
-    campaign = models.ForeignKey(Campaign, on_delete=models.CASCADE, related_name="units")
+    # No index of its own: every index below (and the unique id) starts with
+    # the campaign, and a tenth index cost every imported row its entry.
+    campaign = models.ForeignKey(
+        Campaign, on_delete=models.CASCADE, related_name="units", db_index=False
+    )
     # Stable id: the manifest's id, or the normalised relative path of the input.
     uid = models.CharField(max_length=1000)
     source_path = models.CharField(max_length=2000)
@@ -193,19 +204,58 @@ class Unit(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["campaign", "uid"], name="unit_uid_unique"),
         ]
+        # The unit table pages by keyset (pk > last shown) within each filter,
+        # so every filter has an index ending in id: a page is an index range
+        # read of 51 entries, never an OFFSET or a sort of the campaign.
+        # The id prefix search has a PostgreSQL-only index (migration 0009).
         indexes = [
-            # Dashboard counts (GROUP BY state) and "pending units of a campaign" for run.
-            models.Index(fields=["campaign", "state"], name="unit_campaign_state"),
-            # The failures list: failed units of a campaign by error class.
+            # The unit table, unfiltered: a campaign's units in import order.
+            models.Index(fields=["campaign", "id"], name="unit_campaign_id"),
+            # "pending units of a campaign" for run, and the table filtered by state.
+            models.Index(fields=["campaign", "state", "id"], name="unit_campaign_state_id"),
+            # The failures list and the table filtered by error class.
             models.Index(
-                fields=["campaign", "error_class"],
-                name="unit_campaign_error",
+                fields=["campaign", "error_class", "id"],
+                name="unit_campaign_error_id",
                 condition=Q(state="failed"),
             ),
+            # The table filtered by category.
+            models.Index(fields=["campaign", "category", "id"], name="unit_campaign_category_id"),
         ]
 
     def __str__(self) -> str:
         return self.uid
+
+
+class UnitCount(models.Model):
+    """How many units of a campaign are in a state (and error class): what pages show.
+
+    Written only by database triggers on campaigns_unit (migration 0009), in the
+    transaction that changes the units, so every path (bulk update, raw SQL,
+    COPY then INSERT ... SELECT) keeps it right. On PostgreSQL the rows are
+    deltas appended per statement, several per key; readers SUM them and
+    campaigns_unitcount_compact() folds them. On SQLite one row per key.
+    """
+
+    # No database foreign key and DO_NOTHING: Django deletes a campaign's units
+    # first, whose trigger appends deltas, then the campaign, whose trigger
+    # deletes these rows. A cascade from Django would run before the units went.
+    campaign = models.ForeignKey(
+        Campaign,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        related_name="+",
+    )
+    state = models.CharField(max_length=20)
+    error_class = models.CharField(max_length=30, blank=True)
+    n = models.BigIntegerField()
+
+    class Meta:
+        indexes = [
+            # Reads (SUM per campaign), compaction and SQLite's trigger upsert.
+            models.Index(fields=["campaign", "state", "error_class"], name="unitcount_key"),
+        ]
 
 
 class Attempt(models.Model):
@@ -403,3 +453,7 @@ class ReviewDecision(models.Model):
 
     class Meta:
         ordering = ["created_at", "pk"]
+
+
+# Adaptation campaigns' trainings and checkpoints (their own module).
+from .training_models import ModelCheckpoint, Training  # noqa: E402, F401

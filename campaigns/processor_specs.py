@@ -58,6 +58,9 @@ class ProcessorSpec:
     check_input: Callable[[bytes, dict], object] | None = None
     # When the output format is a parameter: params -> suffix (".png").
     suffix_for: Callable[[dict], str] | None = None
+    # An adaptation processor: a run is one training that writes checkpoints,
+    # not batches of outputs (campaigns/adaptation.py).
+    training: bool = False
 
     def suffix(self, params: dict) -> str:
         return self.suffix_for(params) if self.suffix_for else self.output_suffix
@@ -111,9 +114,10 @@ def _load_plugins() -> dict[str, ProcessorSpec]:
 
 @functools.cache
 def _registry() -> dict[str, ProcessorSpec]:
+    from .adaptation_specs import ADAPTATION
     from .builtin_processors import BUILTIN
 
-    registry = {spec.name: spec for spec in BUILTIN}
+    registry = {spec.name: spec for spec in (*BUILTIN, *ADAPTATION)}
     for name, spec in _load_plugins().items():
         if not isinstance(spec, ProcessorSpec):
             raise TypeError(f"processor {name!r} is not a ProcessorSpec")

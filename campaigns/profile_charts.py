@@ -16,7 +16,7 @@ from django.template.defaultfilters import filesizeformat
 
 from .models import Profile
 
-PHASES = ("count", "heaviest")
+PHASES = ("count", "heaviest", "train")
 WIDTH, HEIGHT = 600, 240
 # Room for the axis labels around the plot area.
 LEFT, RIGHT, TOP, BOTTOM = 72, 16, 12, 32
@@ -67,6 +67,8 @@ class StepChart:
     rules: list[Rule] = field(default_factory=list)
     x_ticks: list[Tick] = field(default_factory=list)
     y_ticks: list[Tick] = field(default_factory=list)
+    x_label: str = "batch size on a log scale"
+    failed_label: str = "out of memory or over the limit"
     width: int = WIDTH
     height: int = HEIGHT
     left: int = LEFT

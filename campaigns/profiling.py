@@ -261,7 +261,6 @@ def recommend(*, projections: list[dict], tier_gb: int) -> tuple[dict | None, li
 @transaction.atomic
 def estimate_build(*, profile: Profile) -> Estimate:
     """The whole corpus from the profile's steps, on its own cost distribution."""
-    from portal.models import GpuModel
 
     campaign = profile.campaign
     spec = get_spec(campaign.processor)
@@ -280,7 +279,22 @@ def estimate_build(*, profile: Profile) -> Estimate:
     per_item_naive = sum(s["compute_s"] for s in measured) / max(
         1, sum(s["batch_size"] for s in measured)
     )
-    hours = seconds / 3600
+    return estimate_from_hours(
+        profile=profile,
+        units=len(pairs),
+        hours=seconds / 3600,
+        hours_naive=per_item_naive * len(pairs) / 3600 + model.per_item * len(pairs) / 3600,
+        reason=f"{len(batches)} batches, policy {params.get('batch_policy', 'original')}",
+    )
+
+
+def estimate_from_hours(
+    *, profile: Profile, units: int, hours: float, hours_naive: float, reason: str
+) -> Estimate:
+    """Hours on the measured device → projections on every card, memory tier, rental plan."""
+    from portal.models import GpuModel
+
+    size = profile.chosen_batch_size
     relative, source, matched = _measured_relative(profile.device)
     projections = []
     for gpu in GpuModel.objects.filter(active=True):
@@ -297,23 +311,23 @@ def estimate_build(*, profile: Profile) -> Estimate:
     plan, reasons = recommend(projections=projections, tier_gb=tier)
     reasons.insert(
         0,
-        f"measured on {profile.device}: {hours:.2f} h for {len(pairs)} units at batch {size} "
-        f"({len(batches)} batches, policy {params.get('batch_policy', 'original')}); "
-        f"other cards are projections from relative throughput ({source})",
+        f"measured on {profile.device}: {hours:.2f} h for {units} units at batch {size} "
+        f"({reason}); other cards are projections from relative throughput ({source})",
     )
+    measured = [s for s in profile.steps if s.get("fits")]
     output_each = [s["output_bytes_per_item"] for s in measured if s.get("output_bytes_per_item")]
     Estimate.objects.filter(profile=profile).delete()
     return Estimate.objects.create(
         profile=profile,
         version=profile.version,
         device=profile.device,
-        units=len(pairs),
+        units=units,
         batch_size=size,
         hours_measured_device=hours,
-        hours_naive=per_item_naive * len(pairs) / 3600 + model.per_item * len(pairs) / 3600,
+        hours_naive=hours_naive,
         peak_memory=profile.chosen_peak_reserved or 0,
         memory_tier_gb=tier,
-        output_bytes=int(sum(output_each) / len(output_each) * len(pairs)) if output_each else 0,
+        output_bytes=int(sum(output_each) / len(output_each) * units) if output_each else 0,
         projections=projections,
         gpu_name=plan["gpu"] if plan else "",
         quantity=plan["quantity"] if plan else None,

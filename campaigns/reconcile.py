@@ -59,6 +59,8 @@ class Verdict:
 
 
 SAMPLES_PER_VERDICT = 20
+# Under a campaign's output folder: where an adaptation campaign's checkpoints go.
+CHECKPOINTS_FOLDER = "checkpoints"
 _CHUNK = 2000
 
 
@@ -73,6 +75,8 @@ class VerifyReport:
     stale_temp_removed: int = 0
     corrected: int = 0
     seconds: float = 0.0
+    checkpoints: int = 0
+    damaged_checkpoints: list[dict] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -95,6 +99,8 @@ class VerifyReport:
             "seconds": round(self.seconds, 3),
             "samples": {k: v for k, v in self.samples.items() if v},
             "orphan_samples": self.orphan_samples,
+            "checkpoints": self.checkpoints,
+            "damaged_checkpoints": self.damaged_checkpoints,
         }
 
 
@@ -150,6 +156,8 @@ def campaign_verify(*, campaign: Campaign, deep: bool = False) -> VerifyReport:
     report.orphans, report.orphan_samples, report.stale_temp_removed = _scan_output_folder(
         campaign, Path(output_root), claimed
     )
+    if spec.training:
+        report.checkpoints, report.damaged_checkpoints = verify_checkpoints(campaign)
     report.seconds = time.perf_counter() - started
     Reconciliation.objects.create(
         campaign=campaign,
@@ -159,6 +167,27 @@ def campaign_verify(*, campaign: Campaign, deep: bool = False) -> VerifyReport:
         samples=report.as_dict()["samples"],
     )
     return report
+
+
+def verify_checkpoints(campaign: Campaign) -> tuple[int, list[dict]]:
+    """Every kept checkpoint against its sidecar's checksums; a damaged one is marked
+    and never loaded again (a version using it fails its batches, saying why)."""
+    from .checkpoint_files import problems
+    from .models import ModelCheckpoint
+
+    checked, damaged = 0, []
+    for checkpoint in ModelCheckpoint.objects.filter(
+        training__campaign=campaign, state=ModelCheckpoint.State.KEPT
+    ):
+        checked += 1
+        found = problems(Path(settings.OUTPUT_ROOT) / checkpoint.path)
+        if found:
+            message = "; ".join(found)
+            ModelCheckpoint.objects.filter(pk=checkpoint.pk).update(
+                state=ModelCheckpoint.State.DAMAGED, problem=message[:2000]
+            )
+            damaged.append({"step": checkpoint.step, "problem": message})
+    return checked, damaged
 
 
 def _judge(unit, spec, versions, locate, output_root: str, deep) -> tuple[str, str]:
@@ -183,6 +212,8 @@ def _judge(unit, spec, versions, locate, output_root: str, deep) -> tuple[str, s
     if state == UnitState.FAILED:
         return Verdict.FAILED, unit["error_message"]
 
+    if spec.training:
+        return Verdict.VALID, ""  # an example, not an output: its input is what counts
     # Succeeded: the output must be there and whole.
     rel = unit["output_path"]
     if not rel:
@@ -280,7 +311,10 @@ def _scan_output_folder(
     orphans, samples, removed = 0, [], 0
     now = time.time()
     cut = len(str(output_root)) + 1
-    for dirpath, _dirs, files in os.walk(folder):
+    for dirpath, dirs, files in os.walk(folder):
+        if dirpath == str(folder):
+            # An adaptation campaign's checkpoints: checked by checksum below, not units' outputs.
+            dirs[:] = [d for d in dirs if d != CHECKPOINTS_FOLDER]
         for name in files:
             path = os.path.join(dirpath, name)
             if is_temp_file(name):

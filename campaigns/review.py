@@ -25,6 +25,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, QuerySet
 from django.utils import timezone
 
+from . import selectors
 from .flags import FlagReason
 from .models import (
     Campaign,
@@ -140,7 +141,8 @@ def checkpoint_size(campaign: Campaign) -> int:
     """Units of the first group: the campaign's setting, else max(1% of units, 200)."""
     if campaign.checkpoint_after is not None:
         return campaign.checkpoint_after
-    total = Unit.objects.filter(campaign=campaign).count()
+    # From the counters: run and every finished batch ask, a COUNT would scan the campaign.
+    total = selectors.campaign_counts(campaign=campaign).total
     return min(total, max(math.ceil(total * 0.01), 200))
 
 

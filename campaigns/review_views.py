@@ -98,9 +98,18 @@ def _visible_items(request: HttpRequest) -> QuerySet[ReviewItem]:
 
 
 def _filtered(request: HttpRequest, filters: Filters, *, state: bool = True) -> QuerySet:
-    items = _visible_items(request)
     if filters.campaign:
-        items = items.filter(campaign__name=filters.campaign)
+        # The campaign's id first: filtering by name joined every open item to
+        # its campaign (0.3-0.7 s with 30k open items, bench/RESULTS.md).
+        campaign_id = (
+            selectors.campaigns_for_user(request.user)
+            .filter(name=filters.campaign)
+            .values_list("pk", flat=True)
+            .first()
+        )
+        items = ReviewItem.objects.filter(campaign_id=campaign_id)
+    else:
+        items = _visible_items(request)
     if filters.category:
         items = items.filter(unit__category=filters.category)
     if filters.checkpoint:

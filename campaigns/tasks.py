@@ -20,6 +20,13 @@ def requeue_expired_batches() -> list[int]:
     return requeued
 
 
+@shared_task(name="campaigns.tasks.requeue_stale_trainings")
+def requeue_stale_trainings() -> list[int]:
+    from .adaptation import trainings_requeue_stale
+
+    return trainings_requeue_stale()
+
+
 @worker_ready.connect
 def _requeue_on_start(**kwargs) -> None:
     # A worker that starts after a crash picks up what the dead one held.

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views
+from . import training_views, views
 
 urlpatterns = [
     path("", views.campaign_list, name="campaign_list"),
@@ -15,4 +15,12 @@ urlpatterns = [
     path("<slug:name>/units/<int:pk>/", views.unit_detail, name="unit_detail"),
     path("<slug:name>/profile/", views.campaign_profile, name="campaign_profile"),
     path("<slug:name>/profile/start/", views.campaign_profile_start, name="campaign_profile_start"),
+    path("<slug:name>/training/", training_views.training_page, name="training_page"),
+    path("<slug:name>/training/start/", training_views.training_start, name="training_start"),
+    path("<slug:name>/training/stop/", training_views.training_stop, name="training_stop"),
+    path(
+        "<slug:name>/training/checkpoints/<int:pk>/use/",
+        training_views.checkpoint_use,
+        name="checkpoint_use",
+    ),
 ]

@@ -4,6 +4,7 @@ import math
 import re
 import uuid
 from pathlib import Path
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import messages
@@ -12,11 +13,13 @@ from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_POST
+from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import HttpResponseStopPolling
-from django_tables2 import RequestConfig
 
 from . import (
+    adaptation,
     batch_stats,
     importing,
     inventory,
@@ -26,6 +29,7 @@ from . import (
     review,
     selectors,
     services,
+    training_views,
 )
 from .forms import CampaignSetupForm, ParametersForm
 from .models import (
@@ -35,12 +39,12 @@ from .models import (
     Profile,
     Project,
     ReviewItem,
-    Unit,
     UnitState,
 )
-from .tables import UnitTable
 
-UNITS_PER_PAGE = 50
+# The unit table's partial, and its htmx target id.
+UNIT_TABLE = "unit-table"
+TIME = "%Y-%m-%d %H:%M"
 
 
 def _get_campaign_for_user(request: HttpRequest, name: str) -> Campaign:
@@ -63,8 +67,14 @@ def campaign_list(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
+@vary_on_headers("HX-Request")
 def campaign_detail(request: HttpRequest, name: str) -> HttpResponse:
     campaign = _get_campaign_for_user(request, name)
+    if request.htmx and request.htmx.target == UNIT_TABLE:
+        # Filtering and paging swap the table only: no counts, no charts.
+        context = {"campaign": campaign, **_unit_table(request, campaign)}
+        return render(request, f"campaigns/campaign_detail.html#{UNIT_TABLE}", context)
+
     counts = selectors.campaign_counts(campaign=campaign)
     context = {"campaign": campaign, "counts": counts}
     if request.htmx and request.htmx.target == "counts":
@@ -74,25 +84,10 @@ def campaign_detail(request: HttpRequest, name: str) -> HttpResponse:
             response.status_code = HttpResponseStopPolling.status_code
         return response
 
-    # Unknown filter values show everything rather than failing.
-    state = request.GET.get("state", "")
-    state = state if state in UnitState.values else ""
-    error = request.GET.get("error", "")
-    error = error if error in ErrorClass.values else ""
-    units = Unit.objects.filter(campaign=campaign).order_by("pk")
-    if state:
-        units = units.filter(state=state)
-    if error:
-        units = units.filter(state=UnitState.FAILED, error_class=error)
-    table = UnitTable(units, campaign_name=campaign.name)
     chart = batch_stats.memory_chart(campaign=campaign)
-    RequestConfig(request, paginate={"per_page": UNITS_PER_PAGE}).configure(table)
     context.update(
         {
-            "table": table,
-            "state": state,
-            "error": error,
-            "states": UnitState.choices,
+            **_unit_table(request, campaign),
             "failures": selectors.failure_reasons(campaign=campaign),
             "reconciliation": selectors.last_reconciliation(campaign=campaign),
             "policies": batch_stats.policy_comparison(campaign=campaign),
@@ -104,9 +99,55 @@ def campaign_detail(request: HttpRequest, name: str) -> HttpResponse:
             "open_review_items": ReviewItem.objects.filter(
                 campaign=campaign, state=ReviewItem.State.OPEN
             ).count(),
+            "is_adaptation": adaptation.is_adaptation(campaign),
+            "lineage": adaptation.lineage(campaign.current_version)
+            if campaign.current_version
+            else None,
         }
     )
     return render(request, "campaigns/campaign_detail.html", context)
+
+
+def _cursor(raw: str) -> int | None:
+    return int(raw) if raw.isdigit() and len(raw) < 19 else None
+
+
+def _unit_table(request: HttpRequest, campaign: Campaign) -> dict:
+    """The unit table's context: one keyset page and the links around it."""
+    unit_filter = selectors.UnitFilter.parse(request.GET)
+    page = selectors.unit_page(
+        campaign=campaign,
+        unit_filter=unit_filter,
+        after=_cursor(request.GET.get("after", "")),
+        before=_cursor(request.GET.get("before", "")),
+    )
+    base = reverse("campaign_detail", args=[campaign.name])
+
+    def url(**params) -> str:
+        query = urlencode({k: v for k, v in params.items() if v not in ("", None)})
+        return f"{base}?{query}" if query else base
+
+    # <campaign>/units/<pk>/: one reverse() for the page rather than one a row.
+    unit_url = reverse("unit_detail", args=[campaign.name, 0]).removesuffix("0/")
+    kept = unit_filter.params()
+    others = {k: v for k, v in kept.items() if k not in ("state", "error")}
+    return {
+        # The time preformatted: the date filter costs ~0.1 ms a cell, 5 ms a page.
+        "unit_rows": [
+            (f"{unit_url}{row.pk}/", row, timezone.localtime(row.updated_at).strftime(TIME))
+            for row in page.rows
+        ],
+        "unit_filter": unit_filter,
+        "states": UnitState.choices,
+        "error_classes": ErrorClass.choices,
+        "state_links": [
+            (value, label, url(**others, state=value)) for value, label in UnitState.choices
+        ],
+        "all_states_url": url(**others),
+        "next_url": url(**kept, after=page.next_after) if page.next_after else "",
+        "previous_url": url(**kept, before=page.previous_before) if page.previous_before else "",
+        "first_url": url(**kept) if "after" in request.GET or "before" in request.GET else "",
+    }
 
 
 @login_required
@@ -152,6 +193,9 @@ def unit_detail(request: HttpRequest, name: str, pk: int) -> HttpResponse:
 @require_POST
 def campaign_run(request: HttpRequest, name: str) -> HttpResponse:
     campaign = _get_campaign_for_user(request, name)
+    if adaptation.is_adaptation(campaign):
+        # Its run is a training, with its own page.
+        return training_views.training_start(request, name)
     try:
         batches = services.campaign_run(campaign=campaign)
     except ValidationError as exc:

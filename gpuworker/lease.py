@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import logging
 import threading
 
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from campaigns.models import Batch
+
+log = logging.getLogger(__name__)
 
 
 def lease_deadline() -> dt.datetime:
@@ -20,7 +24,8 @@ class LeaseKeeper:
     """Renews the lease every quarter lease from a thread, until the batch is recorded.
 
     If this process is killed, the renewals stop with it, the lease runs
-    out, and the sweeper requeues the batch.
+    out, and the sweeper requeues the batch. A database that does not answer
+    (a restart) does not stop them: the next renewal tries again.
     """
 
     def __init__(self, batch_id: int, token: str):
@@ -40,9 +45,17 @@ class LeaseKeeper:
         interval = max(0.2, settings.BATCH_LEASE_SECONDS / 4)
         try:
             while not self._stop.wait(interval):
-                renewed = Batch.objects.filter(
-                    pk=self.batch_id, state=Batch.State.RUNNING, lease_token=self.token
-                ).update(lease_expires_at=lease_deadline())
+                try:
+                    renewed = Batch.objects.filter(
+                        pk=self.batch_id, state=Batch.State.RUNNING, lease_token=self.token
+                    ).update(lease_expires_at=lease_deadline())
+                except DatabaseError as exc:
+                    # Three quarters of the lease are left: if the database is
+                    # back before they run out, the batch keeps its worker.
+                    log.warning("batch %s: cannot renew the lease: %s", self.batch_id, exc)
+                    with contextlib.suppress(DatabaseError):
+                        connection.close()  # the next try connects anew
+                    continue
                 if not renewed:
                     return  # swept after a stall: the result is dropped at recording
 

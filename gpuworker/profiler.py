@@ -33,6 +33,7 @@ from campaigns.models import Profile, Unit
 from campaigns.outputs import write_atomic
 from campaigns.processor_specs import get_spec
 
+from . import training_profile
 from .memory import StepMemory, allocated_now, device_memory, release_cached, runtime_facts
 from .processors import get_processor
 
@@ -216,10 +217,16 @@ def profile_run(profile_id: int) -> str:
     try:
         if not profile.sample:
             profile.sample, profile.heavy = profiling.sample_build(campaign=profile.campaign)
-        _measure(profile, workdir)
+        training = get_spec(profile.campaign.processor).training
+        if training:
+            training_profile.measure(profile)  # a training step, not an inference batch
+        else:
+            _measure(profile, workdir)
         profile.finished_at = timezone.now()
         profile.save()  # still running: the estimate reads what was measured
-        if profile.chosen_batch_size:
+        if profile.chosen_batch_size and training:
+            training_profile.estimate_build(profile)
+        elif profile.chosen_batch_size:
             profiling.estimate_build(profile=profile)
         # Done only once the estimate exists, so a page (or a test) that sees
         # "done" finds it; no batch fitting even one heaviest input is a failure.
@@ -237,9 +244,8 @@ def profile_run(profile_id: int) -> str:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _measure(profile: Profile, workdir: Path) -> None:
-    processor = get_processor(profile.campaign.processor, profile.version.params)
-    device = getattr(processor, "device", torch.device("cpu"))
+def record_device(profile: Profile, device: torch.device) -> int:
+    """The device, its runtime facts and the memory budget on the profile; the budget."""
     budget = (
         profile.memory_budget
         or device_memory(device)
@@ -249,8 +255,14 @@ def _measure(profile: Profile, workdir: Path) -> None:
     profile.memory_budget = budget
     profile.runtime = facts
     profile.device = (
-        facts.get("device") if device.type == "cuda" else (f"CPU ({facts.get('threads')} threads)")
+        facts.get("device") if device.type == "cuda" else f"CPU ({facts.get('threads')} threads)"
     )
+    return budget
+
+
+def _measure(profile: Profile, workdir: Path) -> None:
+    processor = get_processor(profile.campaign.processor, profile.version.params)
+    budget = record_device(profile, getattr(processor, "device", torch.device("cpu")))
     sample = _Sample(profile, processor)
     if not sample.items:
         raise ValueError("no input of the sample could be read: nothing to measure")

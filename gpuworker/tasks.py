@@ -2,10 +2,50 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
 from celery import shared_task
+from celery.exceptions import Reject
 from django.conf import settings
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
 from .batch_runner import run_batch as _run_batch
+
+log = logging.getLogger(__name__)
+
+# How long a worker waits, once the database stopped answering, before it
+# hands the message back and takes the next one.
+DATABASE_RETRY_SECONDS = 5
+
+
+def _put_back_while_database_down(what: str, run: Callable[[], str]) -> str:
+    """Run `run`; if the database does not answer, give the message back to the broker.
+
+    A task that raises is acknowledged and its message is gone: during a
+    database restart a worker would take every queued message in turn, fail
+    each in a millisecond, and leave the batches queued with nothing to start
+    them. Rejected with requeue, the message stays in the broker, and the
+    pause keeps the worker from spinning through the queue. A batch that was
+    already claimed when the database went is not lost either: its lease runs
+    out and the sweeper requeues it.
+    """
+    try:
+        return run()
+    except (OperationalError, InterfaceError) as exc:
+        log.warning(
+            "%s: database unavailable (%s); message back to the queue in %s s",
+            what,
+            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+            DATABASE_RETRY_SECONDS,
+        )
+        for conn in connections.all(initialized_only=True):
+            with contextlib.suppress(DatabaseError):
+                conn.close()
+        time.sleep(DATABASE_RETRY_SECONDS)
+        raise Reject(exc, requeue=True) from exc
 
 
 @shared_task(
@@ -17,7 +57,7 @@ from .batch_runner import run_batch as _run_batch
 def run_batch(batch_id: int) -> str:
     # Idempotent: the runner claims the batch by update, so a redelivery
     # of this message finds it no longer queued and returns quietly.
-    return _run_batch(batch_id)
+    return _put_back_while_database_down(f"batch {batch_id}", lambda: _run_batch(batch_id))
 
 
 @shared_task(name="gpuworker.tasks.run_profile", acks_late=True)
@@ -25,4 +65,4 @@ def run_profile(profile_id: int) -> str:
     # Claimed by update like a batch: a redelivered message finds it running.
     from .profiler import profile_run
 
-    return profile_run(profile_id)
+    return _put_back_while_database_down(f"profile {profile_id}", lambda: profile_run(profile_id))

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import checkpoints
+from campaigns import checkpoint_files as checkpoints
 
 OPTIMIZER_FILE = "optimizer.pt"
 
@@ -218,7 +218,9 @@ class Trainer:
             outcome.losses.append(loss)
             outcome.steps = step + 1
             done = step + 1
-            if done % self.params.checkpoint_every == 0 or done == n_total:
+            # A stop keeps the step it ends on: resume starts right after it.
+            stopping = stop is not None and stop(done)
+            if stopping or done % self.params.checkpoint_every == 0 or done == n_total:
                 heldout_metrics = self.evaluate(heldout) if heldout else {}
                 train_loss = sum(running) / len(running)
                 running = []
@@ -248,7 +250,7 @@ class Trainer:
                 outcome.checkpoints.append(progress)
                 if on_checkpoint is not None:
                     on_checkpoint(progress)
-            if stop is not None and stop(done):
+            if stopping:
                 outcome.stopped = done < n_total
                 break
         return outcome
@@ -292,15 +294,28 @@ class ContrastiveTrainer(Trainer):
         return F.cross_entropy(scores, torch.arange(len(pairs), device=self.device))
 
     @torch.no_grad()
+    def remember_base(self, pairs: Sequence[Pair]) -> None:
+        """The base model's vectors of the held-out anchors, to measure drift against."""
+        self.model.eval()
+        self._base_vectors = self.embed([p.anchor for p in pairs]) if pairs else None
+
+    @torch.no_grad()
     def evaluate(self, pairs: Sequence[Pair]) -> dict:
-        """Loss and top-1 retrieval accuracy of anchors among the held-out positives."""
+        """Loss and top-1 retrieval accuracy of anchors among the held-out positives, and
+        cosine stability: mean cosine between the base model's vector of each held-out
+        anchor and this model's (1.0: the space did not move)."""
         self.model.eval()
         scores = self._scores(pairs)
         target = torch.arange(len(pairs), device=self.device)
-        return {
+        metrics = {
             "heldout_loss": float(F.cross_entropy(scores, target)),
             "heldout_accuracy": float((scores.argmax(dim=1) == target).float().mean()),
         }
+        base = getattr(self, "_base_vectors", None)
+        if base is not None and len(base) == len(pairs):
+            now = self.embed([p.anchor for p in pairs])
+            metrics["cosine_stability"] = float((now * base).sum(dim=1).mean())
+        return metrics
 
     def save(self, folder: Path) -> None:
         # A standard model folder: the text-embedding processor loads it as is.

@@ -43,7 +43,6 @@ INSTALLED_APPS = [
     "django.contrib.humanize",
     "django_htmx",
     "template_partials",
-    "django_tables2",
     "django_ratelimit",
     "portal",
     "campaigns",
@@ -178,6 +177,9 @@ BATCH_LEASE_SECONDS = env.int("BATCH_LEASE_SECONDS", default=60)
 # A batch whose worker died this many times fails its units instead of
 # being requeued again (a poison input that kills the process, say).
 BATCH_MAX_DELIVERIES = env.int("BATCH_MAX_DELIVERIES", default=5)
+# A running training renews its heartbeat this often; silent for three times
+# this, it is sent again and resumes from its last checkpoint.
+TRAINING_HEARTBEAT_SECONDS = env.float("TRAINING_HEARTBEAT_SECONDS", default=30.0)
 # A batch still running after this many seconds fails its units as `timeout`.
 BATCH_TIME_LIMIT = env.int("BATCH_TIME_LIMIT", default=3600)
 
@@ -250,12 +252,18 @@ CELERY_TASK_ROUTES = {"gpuworker.tasks.*": {"queue": "gpu"}}
 CELERY_IMPORTS = ["gpuworker.tasks", "campaigns.tasks"]
 CELERY_TASK_ROUTES["campaigns.tasks.*"] = {"queue": "gpu"}
 CELERY_IMPORTS.append("portal.tasks")
+CELERY_IMPORTS.append("gpuworker.training_tasks")
+CELERY_TASK_ROUTES["gpuworker.training_tasks.*"] = {"queue": "gpu"}
 CELERY_TASK_ROUTES["portal.tasks.*"] = {"queue": "gpu"}
 # Run with `celery worker -B` (embedded default) or a separate `celery beat`.
 CELERY_BEAT_SCHEDULE = {
     "requeue-expired-leases": {
         "task": "campaigns.tasks.requeue_expired_batches",
         "schedule": max(1.0, BATCH_LEASE_SECONDS / 2),
+    },
+    "requeue-stale-trainings": {
+        "task": "campaigns.tasks.requeue_stale_trainings",
+        "schedule": max(1.0, TRAINING_HEARTBEAT_SECONDS),
     },
     "expire-unpaid-quotes": {"task": "portal.tasks.expire_unpaid_quotes", "schedule": 60.0},
     "rental-end-sweep": {"task": "portal.tasks.rental_end_sweep", "schedule": 300.0},

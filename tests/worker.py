@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from django.conf import settings
@@ -29,22 +31,80 @@ def database_url() -> str:
     return f"postgres://{auth}{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
 
 
-def purge_queue() -> None:
-    """Forget messages left by an earlier run, so they cannot race this one."""
-    with celery_app.connection_for_write() as conn:
+def purge_queue(broker_url: str | None = None) -> None:
+    """Forget messages left by an earlier run, so they cannot race this one.
+
+    broker_url: another broker than the one this process sends to.
+    """
+    with celery_app.connection_for_write(broker_url) as conn:
         conn.ensure_connection(max_retries=3)
         # On RabbitMQ purging a queue that was never declared is a channel error.
         with contextlib.suppress(*conn.channel_errors):
             conn.default_channel.queue_purge("gpu")
 
 
+def broker_transport_options(url: str) -> dict:
+    """What portal/settings.py gives a worker on this broker, for this process."""
+    if url.startswith("redis"):
+        return {"visibility_timeout": settings.BATCH_TIME_LIMIT * 2}
+    if url.startswith("filesystem"):
+        return dict(settings.CELERY_BROKER_TRANSPORT_OPTIONS)
+    return {}
+
+
+@contextlib.contextmanager
+def use_broker(url: str) -> Iterator[str]:
+    """This process sends (campaign_run, the sweeper) to `url`, and Worker()
+    starts workers on it, until the block ends.
+
+    Celery reads CELERY_BROKER_URL from the environment before its own
+    settings, so the write and read URLs are what is set here: they come first.
+    """
+    conf = celery_app.conf
+    saved = (conf.get("broker_write_url"), conf.get("broker_read_url"))
+    saved_options = conf.broker_transport_options
+
+    def reset_pools() -> None:
+        # Connections and producers are pooled per URL: forget the old ones.
+        celery_app._pool = None
+        celery_app.amqp._producer_pool = None
+
+    reset_pools()
+    conf.broker_write_url = conf.broker_read_url = url
+    conf.broker_transport_options = broker_transport_options(url)
+    try:
+        yield url
+    finally:
+        reset_pools()
+        conf.broker_write_url, conf.broker_read_url = saved
+        conf.broker_transport_options = saved_options
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 class Worker:
-    def __init__(self, log_path: Path, *, beat: bool = False, env_extra: dict | None = None):
+    def __init__(
+        self,
+        log_path: Path,
+        *,
+        beat: bool = False,
+        env_extra: dict | None = None,
+        name: str | None = None,
+    ):
+        """A `celery worker -Q gpu -c 1` on this test's database and on the broker
+        this process sends to (use_broker changes it); env_extra wins over both.
+
+        name: the Celery node name (`-n NAME@%h`), when several run at once.
+        """
         env = dict(os.environ)
         env.update(
             {
                 "DATABASE_URL": database_url(),
-                "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+                "CELERY_BROKER_URL": celery_app.conf.broker_write_url,
                 "OUTPUT_ROOT": str(settings.OUTPUT_ROOT),
                 "VAR_DIR": str(settings.VAR_DIR),
                 "HF_HUB_OFFLINE": "1",
@@ -72,6 +132,7 @@ class Worker:
                 "-l",
                 "INFO",
                 *(["-B", "-s", str(log_path.with_suffix(".beat"))] if beat else []),
+                *(["-n", f"{name}@%h"] if name else []),
             ],
             cwd=REPO,
             env=env,
@@ -82,6 +143,10 @@ class Worker:
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        """Until the worker consumes (torch imported, connected to the broker)."""
+        wait_until(lambda: " ready." in self.output(), timeout=timeout, worker=self)
 
     def kill(self) -> None:
         """SIGKILL to the main process and its pool child: what a lost machine looks like."""
@@ -100,13 +165,23 @@ class Worker:
         self.log.close()
 
 
-def wait_until(predicate, *, timeout: float, interval: float = 0.25, worker: Worker | None = None):
+def wait_until(
+    predicate,
+    *,
+    timeout: float,
+    interval: float = 0.25,
+    worker: Worker | None = None,
+    workers: Sequence[Worker] = (),
+):
+    """Poll `predicate` until true; fail after `timeout` s or as soon as a worker exits."""
+    watched = [*([worker] if worker is not None else []), *workers]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
-        if worker is not None and worker.proc.poll() is not None:
-            raise AssertionError(f"worker exited early:\n{worker.output()[-3000:]}")
+        for w in watched:
+            if w.proc.poll() is not None:
+                raise AssertionError(f"worker exited early:\n{w.output()[-3000:]}")
         time.sleep(interval)
-    detail = f"\nworker log:\n{worker.output()[-3000:]}" if worker else ""
+    detail = "".join(f"\nworker log {w.log_path.name}:\n{w.output()[-3000:]}" for w in watched)
     raise AssertionError(f"condition not met within {timeout}s{detail}")

@@ -16,7 +16,8 @@ rm -rf .gpu && mkdir -p .gpu/whl .gpu/pkg
 # (pytest-env is left out: run.sh sets its variables itself.)
 names="Django asgiref sqlparse celery kombu billiard vine amqp click-didyoumean
   click-plugins click-repl prompt_toolkit wcwidth tzdata tzlocal django-environ
-  django-htmx django-tables2 django-template-partials factory_boy Faker pytest-django"
+  django-htmx django-template-partials factory_boy Faker pytest-django
+  django-csp django-ratelimit segno python-json-logger"
 pins=$($PY - $names <<'PY'
 import sys
 from importlib.metadata import PackageNotFoundError, version

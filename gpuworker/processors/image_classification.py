@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from campaigns import checkpoint_files as checkpoints
 from campaigns.builtin_processors import check_classification_output
 from campaigns.flags import classification_flags, image_input_flags
 from campaigns.images import decode_image
@@ -31,6 +32,14 @@ def load_model_file(path: Path, device: torch.device):
         program = torch.export.load(str(path))
         return program.module().to(device)
     return torch.jit.load(str(path), map_location=device).eval()
+
+
+def load_checkpoint_weights(folder: Path) -> dict:
+    """A fine-tuned state dict, only from a checkpoint whose files match their checksums."""
+    from safetensors.torch import load_file
+
+    checkpoints.verified(folder)  # CheckpointError: damaged or partial, never loaded
+    return load_file(str(folder / "model.safetensors"))
 
 
 @dataclass
@@ -50,6 +59,8 @@ class ImageClassificationProcessor:
         self.params = params
         self.device, self.dtype = device_and_dtype(params["dtype"])
         self.model = load_model_file(Path(params["model"]), self.device)
+        if params.get("weights"):
+            self.model.load_state_dict(load_checkpoint_weights(Path(params["weights"])))
         if self.dtype != torch.float32:
             self.model = self.model.to(self.dtype)
         self.labels = [

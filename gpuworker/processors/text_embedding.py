@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from transformers import AutoModel, AutoTokenizer
 
+from campaigns import checkpoint_files as checkpoints
 from campaigns.builtin_processors import resolve_model_path
 from campaigns.flags import norm_flags, truncation_flags
 from campaigns.inputs import InputError, decode_text
@@ -47,6 +48,9 @@ class TextEmbeddingProcessor:
         self.max_tokens = int(params["max_tokens"])
         self.device, dtype = device_and_dtype(params["dtype"])
         path = resolve_model_path(params["model"])
+        if (path / checkpoints.SIDECAR).exists():
+            # A fine-tuned checkpoint: loaded only if every file is as written.
+            checkpoints.verified(path)
         # local_files_only: weights come from this folder, never from a hub.
         self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         self.model = AutoModel.from_pretrained(path, local_files_only=True, dtype=dtype)

@@ -48,5 +48,7 @@ def page(browser, csp_violations):
     )
     yield page
     context.close()
-    # Every browser test also proves its pages work under the policy.
+    # Every browser test also proves its pages work under the policy. (A
+    # wait_for_function predicate is written as a function, "() => …": an
+    # expression string is eval'd in the page, and the policy forbids eval.)
     assert not csp_violations, csp_violations

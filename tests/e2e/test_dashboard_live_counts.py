@@ -63,7 +63,7 @@ def test_counts_and_progress_move_live_while_the_worker_embeds(
             seen.append(value)
         return value >= target
 
-    page.wait_for_function("1", timeout=1000)
+    page.wait_for_function("() => 1", timeout=1000)
     deadline_checks = 0
     while not progressed(DEMO_GOOD):
         page.wait_for_timeout(300)

@@ -26,7 +26,7 @@ def test_order_pay_notify_confirm_and_follow(
     page.fill("input[name=quantity]", "2")
     page.locator("label.duration", has_text="30 days").click()
     page.wait_for_function(
-        "(document.querySelector('#total')?.innerText || '').startsWith('1440.00')"
+        "() => (document.querySelector('#total')?.innerText || '').startsWith('1440.00')"
     )  # 24.00 × 2 × 30
     assert total.inner_text() != first_total
     assert "several waves" in page.locator("#purpose").inner_text()

@@ -130,6 +130,6 @@ def test_reject_with_a_reason_and_requeue_using_only_the_keyboard(
     assert Unit.objects.get(pk=second.pk).state == UnitState.NEEDS_REVIEW
     page.keyboard.press("j")
     page.wait_for_function(
-        f"document.querySelector('#review-item').dataset.item != '{second_item}'"
+        f"() => document.querySelector('#review-item').dataset.item != '{second_item}'"
     )
     assert int(pane.get_attribute("data-item")) > second_item

@@ -1,20 +1,21 @@
-"""`python manage.py campaign create|run|list|status` (documented in README.md)."""
+"""`python manage.py campaign create|import|run|list|status` (documented in README.md)."""
 
 from __future__ import annotations
 
 import json
 import json as _json
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
-from campaigns import selectors, services
+from campaigns import adaptation, importing, selectors, services
 from campaigns.importing import ManifestError
 from campaigns.inventory import export
-from campaigns.models import Campaign
+from campaigns.models import Campaign, Training
 from campaigns.processor_specs import all_specs
 from campaigns.reconcile import Verdict, campaign_verify
 from campaigns.review import verification_status
@@ -60,6 +61,18 @@ class Command(BaseCommand):
         create.add_argument(
             "--holdout", type=float, default=0.05, help="share of units held out (0.05)"
         )
+        create.add_argument("--json", action="store_true", help="the import report as JSON")
+
+        more = sub.add_parser(
+            "import",
+            help="import into an existing campaign: a manifest, or its folder again "
+            "(ids it has are counted, not duplicated; docs/importing.md)",
+        )
+        more.add_argument("name")
+        more.add_argument(
+            "--manifest", type=Path, help="CSV or JSONL, paths relative to the campaign's root"
+        )
+        more.add_argument("--json", action="store_true", help="the import report as JSON")
 
         run = sub.add_parser("run", help="enqueue the units still to do")
         run.add_argument("name")
@@ -124,6 +137,26 @@ class Command(BaseCommand):
         status.add_argument("name")
         status.add_argument("--json", action="store_true")
 
+        # Adaptation campaigns (docs/adaptation.md).
+        train = sub.add_parser(
+            "train", help="train an adaptation campaign's current version (resumes a stopped one)"
+        )
+        train.add_argument("name")
+        train.add_argument("--wait", action="store_true", help="follow it to the end")
+        train.add_argument("--timeout", type=float, default=None)
+        stop = sub.add_parser("stop", help="stop a training after its current step")
+        stop.add_argument("name")
+        listing_ckpt = sub.add_parser("checkpoints", help="an adaptation campaign's checkpoints")
+        listing_ckpt.add_argument("name")
+        listing_ckpt.add_argument("--json", action="store_true")
+        use = sub.add_parser(
+            "use-checkpoint",
+            help="make a checkpoint the model of a new version of an inference campaign",
+        )
+        use.add_argument("name", help="the adaptation campaign")
+        use.add_argument("step", type=int)
+        use.add_argument("--into", required=True, help="the embedding or classification campaign")
+
     def handle(self, *args, action: str, **options):
         try:
             return getattr(self, f"_{action}")(**options)
@@ -138,29 +171,82 @@ class Command(BaseCommand):
         return campaign
 
     def _create(
-        self, *, name, processor, input, manifest, root, project, param, checkpoint, holdout, **_
+        self,
+        *,
+        name,
+        processor,
+        input,
+        manifest,
+        root,
+        project,
+        param,
+        checkpoint,
+        holdout,
+        json: bool,
+        **_,
     ):
         params = dict(_param(p) for p in param)
-        campaign, report = services.campaign_create(
-            checkpoint_after=checkpoint,
-            holdout_share=holdout,
-            name=name,
-            processor=processor,
-            project=services.project_for_user(name=project),
-            input_folder=input,
-            manifest=manifest,
-            input_root=root,
-            params=params,
-        )
+        with self._import_progress(quiet=json):
+            campaign, report = services.campaign_create(
+                checkpoint_after=checkpoint,
+                holdout_share=holdout,
+                name=name,
+                processor=processor,
+                project=services.project_for_user(name=project),
+                input_folder=input,
+                manifest=manifest,
+                input_root=root,
+                params=params,
+            )
+        if json:
+            self.stdout.write(_dumps({"campaign": campaign.name, **report.as_dict()}))
+            return
         self.stdout.write(
             f"created campaign {campaign.name} ({campaign.current_version.label}): "
             f"{report.created} units, {report.failed} failed at import"
         )
-        for problem in report.problems[:20]:
+        self._print_problems(report)
+
+    def _import(self, *, name, manifest, json: bool, **_):
+        campaign = self._campaign(name)
+        with self._import_progress(quiet=json):
+            report = services.campaign_import(campaign=campaign, manifest=manifest)
+        if json:
+            self.stdout.write(_dumps({"campaign": campaign.name, **report.as_dict()}))
+            return
+        self.stdout.write(
+            f"{campaign.name}: {report.created} new units ({report.failed} failed at import), "
+            f"{report.existing} already there ({report.changed} changed), "
+            f"{report.duplicates} duplicate ids skipped"
+        )
+        self._print_problems(report)
+
+    @contextmanager
+    def _import_progress(self, *, quiet: bool):
+        """A rows/s bar on stderr while an import runs; none for --json or a non-terminal."""
+        bar = tqdm(
+            desc="import",
+            unit=" rows",
+            unit_scale=True,
+            file=self.stderr._out,
+            disable=True if quiet else None,  # None: tqdm's own "is it a terminal?"
+        )
+        with bar, importing.reporting_progress(bar.update):
+            yield
+
+    def _print_problems(self, report, shown: int = 20) -> None:
+        for problem in report.problems[:shown]:
             self.stdout.write(f"  {problem}")
+        if report.problem_count > shown:
+            self.stdout.write(
+                f"  … and {report.problem_count - shown} more (failed units are listed "
+                "with their reasons on the campaign page)"
+            )
 
     def _run(self, *, name, wait, timeout, **_):
         campaign = self._campaign(name)
+        if adaptation.is_adaptation(campaign):
+            return self._train(name=name, wait=wait, timeout=timeout)
         batches = services.campaign_run(campaign=campaign)
         status = verification_status(campaign=campaign)
         if status.status == "checkpoint pending":
@@ -321,6 +407,97 @@ class Command(BaseCommand):
         )
         for error_class, n in sorted(counts.by_error.items()):
             self.stdout.write(f"  {error_class}: {n}")
+
+    # --- adaptation campaigns -------------------------------------------------
+
+    def _training(self, campaign: Campaign) -> Training:
+        training = Training.objects.filter(campaign=campaign).first()
+        if training is None:
+            raise CommandError(
+                f"{campaign.name} has no training yet (campaign train {campaign.name})"
+            )
+        return training
+
+    def _train(self, *, name, wait, timeout, **_):
+        campaign = self._campaign(name)
+        training = adaptation.training_start(campaign=campaign)
+        self.stdout.write(
+            f"training of version {campaign.current_version.number}: {training.state}"
+            + (f", from step {training.step}" if training.step else "")
+        )
+        if not wait:
+            return
+        started = time.monotonic()
+        with tqdm(unit="step", desc=campaign.name, file=self.stderr._out) as bar:
+            while training.state in adaptation.LIVE:
+                if timeout is not None and time.monotonic() - started > timeout:
+                    raise CommandError(
+                        f"training still {training.state} after {timeout:g}s; is a worker running?"
+                    )
+                time.sleep(0.5)
+                training.refresh_from_db()
+                bar.total = training.total_steps or None
+                bar.update(training.step - bar.n)
+        self.stdout.write(
+            f"{campaign.name}: training {training.state} at step {training.step} of "
+            f"{training.total_steps}" + (f": {training.error}" if training.error else "")
+        )
+        if training.state == Training.State.FAILED:
+            raise CommandError(training.error)
+
+    def _stop(self, *, name, **_):
+        training = adaptation.training_stop(training=self._training(self._campaign(name)))
+        self.stdout.write(f"training {training.state} (step {training.step})")
+
+    def _checkpoints(self, *, name, json: bool, **_):
+        training = self._training(self._campaign(name))
+        rows = [
+            {
+                "step": c.step,
+                "state": c.state,
+                "train_loss": c.train_loss,
+                "heldout_loss": c.heldout_loss,
+                "heldout_accuracy": c.heldout_accuracy,
+                "path": c.path,
+                "weights_sha256": c.weights_sha256,
+                "base_model": c.linkage.get("base_model"),
+                "data_sha256": c.linkage.get("data_sha256"),
+                "problem": c.problem,
+            }
+            for c in training.checkpoints.all()
+        ]
+        if json:
+            self.stdout.write(_dumps({"training": training.state, "checkpoints": rows}))
+            return
+        self.stdout.write(
+            f"{name}: training {training.state}, step {training.step} of {training.total_steps}; "
+            f"base {training.base_model} (held-out {_metrics(training.base_metrics)})"
+        )
+        for row in rows:
+            self.stdout.write(
+                f"  step {row['step']:>7}  {row['state']:<8} train loss {row['train_loss']:.4f}  "
+                f"held-out {_metrics(row)}  {row['path']}"
+                + (f"  ({row['problem']})" if row["problem"] else "")
+            )
+
+    def _use_checkpoint(self, *, name, step: int, into: str, **_):
+        training = self._training(self._campaign(name))
+        checkpoint = training.checkpoints.filter(step=step).first()
+        if checkpoint is None:
+            steps = ", ".join(str(c.step) for c in training.checkpoints.all()) or "none"
+            raise CommandError(f"{name} has no checkpoint at step {step} (steps: {steps})")
+        version = adaptation.checkpoint_use(checkpoint=checkpoint, target=self._campaign(into))
+        self.stdout.write(
+            f"{into}: version {version.number} ({version.label}) uses {name} step {step}; "
+            f"campaign run {into} computes its outputs"
+        )
+
+
+def _metrics(values: dict) -> str:
+    loss, accuracy = values.get("heldout_loss"), values.get("heldout_accuracy")
+    if loss is None:
+        return "not measured"
+    return f"loss {loss:.4f}, accuracy {accuracy:.1%}"
 
 
 def _dumps(value) -> str:

@@ -1,0 +1,34 @@
+"""A throw-away Django for a benchmark script: its own folder, SQLite and outputs.
+
+from bench.django_env import setup
+work = setup("bench-profile-")      # then import campaigns, gpuworker, …
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def setup(prefix: str) -> Path:
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    os.environ.update(
+        {
+            "VAR_DIR": str(work / "var"),
+            "OUTPUT_ROOT": str(work / "outputs"),
+            "DJANGO_SETTINGS_MODULE": "portal.settings",
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+    )
+    # The embedded default: a benchmark never writes to a configured database.
+    os.environ.pop("DATABASE_URL", None)
+    os.environ.pop("CELERY_BROKER_URL", None)
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    return work

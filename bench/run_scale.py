@@ -1,0 +1,123 @@
+"""`campaign run` over a million pending units (issue 8, phase 2): batches/s.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/helper_import \\
+        .venv/bin/python bench/run_scale.py --units 1000000 [--old]
+
+Imports --units trusted rows (bench/import_scale.py's manifest) into a fresh
+campaign with batch_policy=original, then times services.campaign_run with
+the broker send mocked out (sending is the broker's cost, not ours). --old
+also times the previous loop (one Batch INSERT and one UPDATE per batch) on
+the same units first, then puts them back to pending. The campaign is deleted
+afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from unittest import mock
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+
+def old_run(campaign, services, Batch, Unit, UnitState, transaction) -> int:
+    """campaign_run's loop before issue 8, for comparison."""
+    version = campaign.current_version
+    policy = version.params.get("batch_policy", "original")
+    pending_units = Unit.objects.filter(campaign=campaign, state=UnitState.PENDING)
+    created = []
+    with transaction.atomic():
+        pending = list(pending_units.order_by("pk").values_list("pk", "cost"))
+        for ids in services.plan_batches(pending, version.params):
+            batch = Batch.objects.create(
+                campaign=campaign, version=version, size=len(ids), policy=policy
+            )
+            claimed = Unit.objects.filter(pk__in=ids, state=UnitState.PENDING).update(
+                state=UnitState.QUEUED, batch=batch
+            )
+            if claimed != len(ids):
+                batch.size = claimed
+                batch.save(update_fields=["size"])
+            created.append(batch.pk)
+    return len(created)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--units", type=int, default=1_000_000)
+    parser.add_argument("--old", action="store_true", help="also time the previous loop")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="bench-run-"))
+    os.environ.update(
+        {
+            "VAR_DIR": str(work / "var"),
+            "OUTPUT_ROOT": str(work / "outputs"),
+            "DJANGO_SETTINGS_MODULE": "portal.settings",
+        }
+    )
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection, transaction
+    from import_scale import write_manifest
+
+    from campaigns import services
+    from campaigns.importing import import_manifest
+    from campaigns.models import Batch, Campaign, Unit, UnitState
+
+    call_command("migrate", verbosity=0)
+    manifest = work / "manifest.jsonl"
+    write_manifest(manifest, args.units, "jsonl")
+    (work / "empty.jsonl").write_text("")
+    campaign, _ = services.campaign_create(
+        name=f"bench-run-{os.getpid()}",
+        processor="text-embedding",
+        project=services.project_for_user(name="bench"),
+        manifest=work / "empty.jsonl",
+        input_root=work / "corpus",
+        checkpoint_after=0,
+        params={"batch_policy": "original"},
+    )
+    print(f"{connection.vendor}, {args.units:,} units, batch_size 16, policy original")
+    try:
+        started = time.perf_counter()
+        import_manifest(campaign, manifest)
+        print(f"import: {time.perf_counter() - started:.1f} s")
+        campaign.refresh_from_db()
+        with mock.patch.object(services.celery_app, "send_task"):
+            if args.old:
+                started = time.perf_counter()
+                n = old_run(campaign, services, Batch, Unit, UnitState, transaction)
+                seconds = time.perf_counter() - started
+                rate = args.units / seconds
+                print(f"old loop: {n:,} batches in {seconds:.1f} s ({rate:,.0f} units/s)")
+                Unit.objects.filter(campaign=campaign).update(state=UnitState.PENDING, batch=None)
+                Batch.objects.filter(campaign=campaign)._raw_delete(connection.alias)
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            started = time.perf_counter()
+            n = services.campaign_run(campaign=campaign)
+            seconds = time.perf_counter() - started
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        rate = args.units / seconds
+        print(
+            f"campaign_run: {n:,} batches in {seconds:.1f} s ({rate:,.0f} units/s), "
+            f"peak RSS {peak:.0f} MiB (before {rss:.0f})"
+        )
+        assert Unit.objects.filter(campaign=campaign, state=UnitState.QUEUED).count() == args.units
+    finally:
+        Unit.objects.filter(campaign=campaign)._raw_delete(connection.alias)
+        Batch.objects.filter(campaign=campaign)._raw_delete(connection.alias)
+        Campaign.objects.filter(pk=campaign.pk).delete()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,308 @@
+"""The training task: examples from the campaign's units, checkpoints as rows.
+
+Claims the training by update (a second delivery finds it running and leaves),
+reads and checks every example (a bad one fails its unit, classified, and the
+rest trains), records the base model's held-out metrics before the first step,
+then runs the loop (gpuworker/training.py), writing a ModelCheckpoint row per
+checkpoint and beating the heartbeat each step. Resumes from the last whole
+checkpoint on disk; a stop request ends it after the step in progress.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import threading
+import traceback
+from pathlib import Path
+
+import torch
+from celery import shared_task
+from django.conf import settings
+from django.db import DatabaseError, connection
+from django.db.models import F
+from django.utils import timezone
+
+from campaigns import adaptation
+from campaigns import checkpoint_files as checkpoints
+from campaigns.adaptation_specs import parse_pair
+from campaigns.builtin_processors import resolve_model_path
+from campaigns.images import decode_image
+from campaigns.inputs import InputError, read_bytes
+from campaigns.models import ErrorClass, ModelCheckpoint, Training, Unit, UnitState
+from campaigns.software import software_versions
+from portal.log_context import bound
+
+from .batch_runner import worker_name
+from .training import (
+    ClassifierTrainer,
+    ContrastiveTrainer,
+    Pair,
+    Progress,
+    TrainParams,
+    total_steps,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _fail_unit(unit: Unit, error: InputError) -> None:
+    Unit.objects.filter(pk=unit.pk).update(
+        state=UnitState.FAILED,
+        error_class=error.error_class,
+        error_message=error.message,
+        updated_at=timezone.now(),
+    )
+
+
+def read_examples(
+    campaign, parse, units=None, *, fail=True
+) -> tuple[list, list, list[tuple[str, str, bool]]]:
+    """(training examples, held-out examples, checksum rows); a bad input fails its
+    unit (or, with fail=False, is left out), and the rest goes on."""
+    root = Path(campaign.input_root)
+    train, heldout, rows = [], [], []
+    for unit in adaptation.examples_rows(campaign) if units is None else units:
+        try:
+            data = read_bytes(root, unit.source_path)
+            digest = hashlib.sha256(data).hexdigest()
+            if unit.sha256 and digest != unit.sha256:
+                raise InputError(
+                    ErrorClass.INPUT_CHANGED,
+                    "input changed since import (sha256 differs); import again to train on it",
+                )
+            example = parse(unit, data)
+        except InputError as exc:
+            if fail:
+                _fail_unit(unit, exc)
+            continue
+        (heldout if unit.holdout else train).append(example)
+        rows.append((unit.uid, digest, unit.holdout))
+    return train, heldout, rows
+
+
+def text_trainer(params: dict):
+    base = resolve_model_path(params["base_model"])
+    trainer = ContrastiveTrainer(TrainParams.from_params(params), base)
+
+    def parse(_unit, data: bytes) -> Pair:
+        record = parse_pair(data)
+        return Pair(record["anchor"], record["positive"], record["negative"])
+
+    return trainer, parse, base
+
+
+def image_trainer(params: dict):
+    from gpuworker.processors.image_classification import ImageClassificationProcessor
+
+    # The classifier's own preprocessing and model loading: what its new version will use.
+    processor = ImageClassificationProcessor(
+        {"dtype": "float32", "max_pixels": 100_000_000, "max_aspect": 1000, **params}
+    )
+    labels = {name: i for i, name in enumerate(processor.labels)}
+    trainer = ClassifierTrainer(
+        TrainParams.from_params(params),
+        processor.model,
+        lambda image: torch.from_numpy(processor._preprocess(image)),
+        train=params["train"],
+    )
+
+    def parse(unit: Unit, data: bytes):
+        # The manifest's category column, or else the folder the image is in.
+        category = unit.category or unit.source_path.split("/", 1)[0]
+        if category not in labels:
+            raise InputError(
+                ErrorClass.INPUT_INVALID,
+                f"category {category!r} is not in the labels file ({', '.join(list(labels)[:8])})",
+            )
+        image = decode_image(data, max_pixels=100_000_000, max_aspect=1000)
+        return image.convert("RGB"), labels[category]
+
+    return trainer, parse, Path(params["model"])
+
+
+TRAINERS = {"text-adaptation": text_trainer, "image-adaptation": image_trainer}
+
+
+class Heartbeat:
+    """Renews `heartbeat_at` from a thread while this worker holds the training.
+
+    If the sweeper gave the training to another worker (this one looked dead),
+    `lost` is set and the loop stops at the next step without writing more.
+    """
+
+    def __init__(self, training_id: int, worker: str):
+        self.training_id, self.worker = training_id, worker
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="training-heartbeat", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def renew(self) -> int:
+        return Training.objects.filter(
+            pk=self.training_id,
+            worker=self.worker,
+            state__in=(Training.State.RUNNING, Training.State.STOPPING),
+        ).update(heartbeat_at=timezone.now())
+
+    def beat(self) -> None:
+        """From the training loop, between steps: renew, and notice a takeover."""
+        if not self.renew():
+            self.lost = True
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(max(0.2, settings.TRAINING_HEARTBEAT_SECONDS)):
+                try:
+                    self.renew()  # during a long step; the loop itself judges a takeover
+                except DatabaseError as exc:
+                    log.warning("training %s: heartbeat failed: %s", self.training_id, exc)
+                    with contextlib.suppress(DatabaseError):
+                        connection.close()
+        finally:
+            connection.close()
+
+
+class TrainingLost(Exception):
+    """Another worker holds this training now; this one must not write."""
+
+
+def _weights_checksum(base: Path) -> str:
+    if base.is_dir():
+        return checkpoints.weights_checksum(base)
+    return checkpoints.sha256_file(base)
+
+
+def run_training(training_id: int) -> str:
+    now, worker = timezone.now(), worker_name()
+    # Claim by update: a second delivery finds it running and leaves.
+    claimed = Training.objects.filter(pk=training_id, state=Training.State.QUEUED).update(
+        state=Training.State.RUNNING,
+        worker=worker,
+        heartbeat_at=now,
+        started_at=now,
+        runs=F("runs") + 1,
+    )
+    if not claimed:
+        return "not runnable"
+    training = Training.objects.select_related("campaign", "version").get(pk=training_id)
+    with bound(campaign=training.campaign_id), Heartbeat(training_id, worker) as heartbeat:
+        try:
+            return _train(training, heartbeat)
+        except TrainingLost:
+            log.warning("training %s: taken over by another worker; stopped here", training_id)
+            return "lost"
+        except Exception as exc:
+            log.exception("training %s failed", training_id)
+            Training.objects.filter(pk=training_id).update(
+                state=Training.State.FAILED,
+                error="".join(traceback.format_exception_only(exc)).strip()[:2000],
+                finished_at=timezone.now(),
+            )
+            return "failed"
+
+
+def _train(training: Training, heartbeat: Heartbeat) -> str:
+    campaign, version = training.campaign, training.version
+    trainer, parse, base = TRAINERS[campaign.processor](version.params)
+    train, heldout, rows = read_examples(campaign, parse)
+    data_sha256 = adaptation.data_checksum(rows)
+    if training.data_sha256 and training.data_sha256 != data_sha256:
+        raise RuntimeError(
+            "the examples changed since this training started (data checksum differs); "
+            "its checkpoints would mix two datasets — make a new version to train on the new data"
+        )
+    params = trainer.params
+    base_sha256 = training.base_weights_sha256 or _weights_checksum(base)
+    if hasattr(trainer, "remember_base"):
+        trainer.remember_base(heldout)  # still the base model: run() loads a checkpoint later
+    base_metrics = training.base_metrics or (trainer.evaluate(heldout) if heldout else {})
+    Training.objects.filter(pk=training.pk).update(
+        examples=len(train),
+        heldout=len(heldout),
+        data_sha256=data_sha256,
+        base_model=str(version.params.get("base_model") or version.params.get("model")),
+        base_weights_sha256=base_sha256,
+        base_metrics=base_metrics,
+    )
+    linkage = {
+        "campaign": campaign.name,
+        "version": version.number,
+        "version_fingerprint": version.fingerprint,
+        "processor": campaign.processor,
+        "params": version.params,
+        "base_model": str(version.params.get("base_model") or version.params.get("model")),
+        "base_weights_sha256": base_sha256,
+        "data_sha256": data_sha256,
+        "examples": len(train),
+        "heldout": len(heldout),
+        "software": software_versions(),
+    }
+    root = adaptation.checkpoint_root(training)
+    relroot = adaptation.checkpoint_relroot(training)
+
+    def on_checkpoint(progress: Progress) -> None:
+        sidecar = checkpoints.read_sidecar(progress.folder)
+        ModelCheckpoint.objects.update_or_create(
+            training=training,
+            step=progress.step,
+            defaults={
+                "path": f"{relroot}/{progress.folder.name}",
+                "weights_sha256": sidecar["weights_sha256"],
+                "train_loss": progress.train_loss,
+                "heldout_loss": progress.heldout.get("heldout_loss"),
+                "heldout_accuracy": progress.heldout.get("heldout_accuracy"),
+                "linkage": {k: v for k, v in sidecar.items() if k != "files"},
+                "state": ModelCheckpoint.State.KEPT,
+                "seconds": progress.seconds,
+            },
+        )
+        kept = {p.name for p in checkpoints.listing(root)}
+        for row in ModelCheckpoint.objects.filter(
+            training=training, state=ModelCheckpoint.State.KEPT
+        ):
+            if Path(row.path).name not in kept:
+                ModelCheckpoint.objects.filter(pk=row.pk).update(state=ModelCheckpoint.State.PRUNED)
+
+    def stop(step: int) -> bool:
+        heartbeat.beat()
+        if heartbeat.lost:
+            raise TrainingLost()
+        Training.objects.filter(pk=training.pk).update(step=step)
+        return Training.objects.filter(pk=training.pk, state=Training.State.STOPPING).exists()
+
+    Training.objects.filter(pk=training.pk).update(total_steps=total_steps(len(train), params))
+    outcome = trainer.run(
+        train, heldout, root=root, linkage=linkage, stop=stop, on_checkpoint=on_checkpoint
+    )
+    final = Training.State.STOPPED if outcome.stopped else Training.State.DONE
+    Training.objects.filter(pk=training.pk).update(
+        state=final,
+        step=outcome.steps,
+        total_steps=outcome.total_steps,
+        finished_at=timezone.now(),
+    )
+    if final == Training.State.DONE:
+        # The examples it learnt from and was measured on are done.
+        Unit.objects.filter(campaign=campaign).exclude(state=UnitState.FAILED).update(
+            state=UnitState.SUCCEEDED, updated_at=timezone.now()
+        )
+    log.info(
+        "training %s %s at step %d of %d", training.pk, final, outcome.steps, outcome.total_steps
+    )
+    return final
+
+
+@shared_task(name="gpuworker.training_tasks.run_training", acks_late=False)
+def run_training_task(training_id: int) -> str:
+    # Acknowledged on receipt: a day-long training must never be redelivered
+    # by the broker while it runs; the heartbeat sweeper resends a dead one.
+    return run_training(training_id)

@@ -119,3 +119,20 @@ def test_the_classifier_head_learns_new_labels_and_the_body_stays_frozen(tmp_pat
     saved = checkpoints.verified(outcome.checkpoints[-1].folder)
     assert saved["step"] == outcome.total_steps == 18
     assert np.isfinite(after["heldout_accuracy"])
+
+
+def test_training_the_whole_classifier_moves_its_body_too(tmp_path):
+    torch.manual_seed(0)
+    rng = random.Random(4)
+    model = TinyCNN()
+    body_before = {k: v.clone() for k, v in model.body.state_dict().items()}
+    train = [(shape_image(CLASSES[i % 3], rng), i % 3) for i in range(16)]
+    trainer = ClassifierTrainer(
+        params(batch_size=8, learning_rate=0.01, checkpoint_every=2),
+        model,
+        lambda image: torch.from_numpy(_tensor(image)),
+        train="all",
+    )
+    trainer.run(train, [], root=tmp_path / "ckpt", linkage=LINKAGE)
+    moved = [k for k, v in model.body.state_dict().items() if not torch.equal(v, body_before[k])]
+    assert moved, "every layer trains with train: all"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,7 +104,7 @@ def total_steps(n: int, params: TrainParams) -> int:
     return params.epochs * math.ceil(n / (params.batch_size * params.accumulate))
 
 
-class Trainer:
+class Trainer(ABC):
     """The loop; subclasses say how a micro-batch becomes a loss and what they save."""
 
     model: torch.nn.Module
@@ -115,17 +116,17 @@ class Trainer:
         self.scaler = None
 
     # subclasses -------------------------------------------------------------
-    def loss(self, examples: Sequence) -> torch.Tensor:
-        raise NotImplementedError
+    @abstractmethod
+    def loss(self, examples: Sequence) -> torch.Tensor: ...
 
-    def evaluate(self, examples: Sequence) -> dict:
-        raise NotImplementedError
+    @abstractmethod
+    def evaluate(self, examples: Sequence) -> dict: ...
 
-    def save(self, folder: Path) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def save(self, folder: Path) -> None: ...
 
-    def load(self, folder: Path) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def load(self, folder: Path) -> None: ...
 
     def trainable(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]

@@ -14,6 +14,7 @@ from campaigns.models import Attempt, Unit, UnitState
 from campaigns.profiling import sample_build
 from tests.gpuworker.test_image_classification import (  # noqa: F401 (user_model: a fixture)
     CLASSES,
+    classifier_params,
     shape_image,
     user_model,
 )
@@ -168,16 +169,7 @@ def test_another_processor_gets_counts_only(project, tmp_path):
 
 
 def _classification_params(trained: tuple[Path, Path]) -> dict:
-    model, labels = trained
-    return {
-        "model": str(model),
-        "labels": str(labels),
-        "resize": 48,
-        "crop": 48,
-        "mean": "0.5,0.5,0.5",
-        "std": "0.5,0.5,0.5",
-        "batch_size": 8,
-    }
+    return classifier_params(trained, batch_size=8)
 
 
 @pytest.mark.django_db

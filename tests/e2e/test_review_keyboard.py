@@ -11,7 +11,12 @@ from PIL import Image
 
 from campaigns import services
 from campaigns.models import Campaign, ErrorClass, ReviewItem, Unit, UnitState
-from tests.gpuworker.test_image_classification import CLASSES, SIZE, shape_image
+from tests.gpuworker.test_image_classification import (
+    CLASSES,
+    SIZE,
+    classifier_params,
+    shape_image,
+)
 from tests.gpuworker.test_review_flags import calibrated_model  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.e2e
@@ -60,23 +65,14 @@ def test_reject_with_a_reason_and_requeue_using_only_the_keyboard(
 ):
     # The plain tiny CNN (user_model) is sure of itself on two shapes too (margins
     # above 0.96): the one trained with soft labels answers close to both classes.
-    model, labels = calibrated_model
     campaign, _ = services.campaign_create(
         name="shapes",
         processor="image-classification",
         project=project,
         input_folder=shapes,
-        params={
-            "model": str(model),
-            "labels": str(labels),
-            "resize": SIZE,
-            "crop": SIZE,
-            "mean": "0.5,0.5,0.5",
-            "std": "0.5,0.5,0.5",
-            "top_k": 3,
-            "flag_min_margin": 0.3,
-            "flag_min_confidence": 0.6,
-        },
+        params=classifier_params(
+            calibrated_model, top_k=3, flag_min_margin=0.3, flag_min_confidence=0.6
+        ),
     )
     # No checkpoint: the queue holds what the flag rules sent, nothing else.
     Campaign.objects.filter(pk=campaign.pk).update(checkpoint_after=0)

@@ -15,7 +15,12 @@ from gpuworker.processors import _load
 from gpuworker.training_tasks import run_training
 
 # user_model and shapes are fixtures: the tiny CNN trained once, and its images.
-from tests.gpuworker.test_image_classification import _params, shapes, user_model  # noqa: F401
+from tests.gpuworker.test_image_classification import (  # noqa: F401
+    _params,
+    classifier_params,
+    shapes,
+    user_model,
+)
 
 
 def write_pairs(root, n: int, seed: int = 0) -> None:
@@ -153,24 +158,13 @@ def test_an_image_classifier_learns_from_labelled_folders_and_its_checkpoint_cla
     run_here,
     train_here,
 ):
-    model, labels = user_model
     campaign, _ = services.campaign_create(
         name="shapes-tuned",
         processor="image-adaptation",
         project=project,
         input_folder=shapes,
-        params={
-            **{
-                k: v
-                for k, v in _params(user_model).items()
-                if k in ("resize", "crop", "mean", "std")
-            },
-            "model": str(model),
-            "labels": str(labels),
-            "batch_size": 8,
-            "checkpoint_every": 2,
-            "learning_rate": 0.01,
-        },
+        # the classifier's own model, labels and preprocessing, and training parameters
+        params=classifier_params(user_model, batch_size=8, checkpoint_every=2, learning_rate=0.01),
         holdout_share=0.2,
     )
     training = train_here(campaign)

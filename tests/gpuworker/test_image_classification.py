@@ -93,8 +93,9 @@ def shapes(tmp_path) -> Path:
     return root
 
 
-def _params(user_model, **extra):
-    model, labels = user_model
+def classifier_params(trained: tuple[Path, Path], **extra) -> dict:
+    """Parameters of an image-classification campaign over a tiny CNN of these tests."""
+    model, labels = trained
     return {
         "model": str(model),
         "labels": str(labels),
@@ -102,9 +103,12 @@ def _params(user_model, **extra):
         "crop": SIZE,
         "mean": "0.5,0.5,0.5",
         "std": "0.5,0.5,0.5",
-        "top_k": 3,
         **extra,
     }
+
+
+def _params(user_model, **extra):
+    return classifier_params(user_model, top_k=3, **extra)
 
 
 @pytest.mark.django_db

@@ -18,6 +18,7 @@ from tests.gpuworker.test_image_classification import (
     SIZE,
     TinyCNN,
     _tensor,
+    classifier_params,
     shape_image,
 )
 
@@ -88,22 +89,12 @@ def test_ambiguous_images_are_flagged_close_to_several_categories_and_clear_ones
     output_root,
     run_here,
 ):
-    model, labels = calibrated_model
     campaign, _ = services.campaign_create(
         name="shapes",
         processor="image-classification",
         project=project,
         input_folder=shapes_folder,
-        params={
-            "model": str(model),
-            "labels": str(labels),
-            "resize": SIZE,
-            "crop": SIZE,
-            "mean": "0.5,0.5,0.5",
-            "std": "0.5,0.5,0.5",
-            "flag_min_margin": 0.3,
-            "flag_min_confidence": 0.6,
-        },
+        params=classifier_params(calibrated_model, flag_min_margin=0.3, flag_min_confidence=0.6),
     )
     run_here(campaign)
 
@@ -251,21 +242,12 @@ def test_after_the_checkpoint_a_batch_drifting_to_one_category_is_flagged(
         shape_image(kind, rng).save(root / "a-mixed" / f"{i:02d}-{kind}.png")
     for i in range(12):
         shape_image("square", rng).save(root / "b-squares" / f"{i:02d}.png")
-    model, labels = calibrated_model
     campaign, _ = services.campaign_create(
         name="drift",
         processor="image-classification",
         project=project,
         input_folder=root,
-        params={
-            "model": str(model),
-            "labels": str(labels),
-            "resize": SIZE,
-            "crop": SIZE,
-            "mean": "0.5,0.5,0.5",
-            "std": "0.5,0.5,0.5",
-            "batch_size": 12,
-        },
+        params=classifier_params(calibrated_model, batch_size=12),
         checkpoint_after=9,
         holdout_share=0,
     )

@@ -400,6 +400,9 @@ def campaign_resume(*, campaign: Campaign, retry_failed: bool = False):
     )
     if resent:
         transaction.on_commit(lambda: _enqueue(resent))
+    if get_spec(campaign.processor).training:
+        # An adaptation campaign resumes its training (adaptation.training_start).
+        return report, retried, len(resent)
     enqueued = campaign_run(campaign=campaign)
     return report, retried, enqueued + len(resent)
 

@@ -302,6 +302,8 @@ def campaign_pause(request: HttpRequest, name: str) -> HttpResponse:
 @require_POST
 def campaign_resume(request: HttpRequest, name: str) -> HttpResponse:
     campaign = _get_campaign_for_user(request, name)
+    if adaptation.is_adaptation(campaign):
+        return training_views.training_start(request, name)
     report, _retried, batches = services.campaign_resume(campaign=campaign)
     messages.info(
         request,

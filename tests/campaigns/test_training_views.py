@@ -147,8 +147,9 @@ def test_start_sends_one_training_and_a_second_press_changes_nothing(
         django_capture_on_commit_callbacks(execute=True),
     ):
         client.post(reverse("training_start", args=["fresh"]))
-        # the campaign page's Run does the same for an adaptation campaign
+        # the campaign page's Run and Resume do the same for an adaptation campaign
         client.post(reverse("campaign_run", args=["fresh"]))
+        client.post(reverse("campaign_resume", args=["fresh"]))
     assert send.call_count == 1
     training = Training.objects.get(campaign=campaign)
     assert training.state == Training.State.QUEUED
@@ -158,3 +159,30 @@ def test_start_sends_one_training_and_a_second_press_changes_nothing(
     client.post(reverse("training_stop", args=["fresh"]))
     training.refresh_from_db()
     assert training.state == Training.State.STOPPED
+
+
+def test_the_command_line_lists_checkpoints_and_puts_one_to_use(trained, make_campaign):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    campaign, training = trained
+    texts = make_campaign("texts")
+    out = StringIO()
+    call_command("campaign", "checkpoints", "adapt", "--json", stdout=out)
+    listed = json.loads(out.getvalue())
+    assert listed["training"] == "done"
+    assert [(c["step"], c["state"]) for c in listed["checkpoints"]] == [
+        (2, "pruned"),
+        (4, "kept"),
+        (6, "kept"),
+    ]
+    assert listed["checkpoints"][-1]["data_sha256"] == "d" * 64
+
+    out = StringIO()
+    call_command("campaign", "use-checkpoint", "adapt", "6", "--into", "texts", stdout=out)
+    texts.refresh_from_db()
+    assert f"version {texts.current_version.number}" in out.getvalue()
+    assert adaptation.lineage(texts.current_version)["step"] == 6
+    with pytest.raises(Exception, match="no checkpoint at step 5"):
+        call_command("campaign", "use-checkpoint", "adapt", "5", "--into", "texts")

@@ -159,7 +159,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, action: str, **options):
         try:
-            return getattr(self, f"_{action}")(**options)
+            return getattr(self, f"_{action.replace('-', '_')}")(**options)
         except (ValidationError, ManifestError) as exc:
             messages = getattr(exc, "messages", [str(exc)])
             raise CommandError("; ".join(messages)) from exc
@@ -311,6 +311,8 @@ class Command(BaseCommand):
             campaign=campaign, retry_failed=retry_failed
         )
         self._print_report(report)
+        if adaptation.is_adaptation(campaign):
+            return self._train(name=name, wait=wait, timeout=timeout)
         if retry_failed:
             self.stdout.write(f"retrying {retried} failed unit{'s' if retried != 1 else ''}")
         self.stdout.write(f"enqueued {batches} batch{'es' if batches != 1 else ''}")

@@ -22,7 +22,7 @@ Django rebuild the table, which drops these triggers. Such a migration must run
 install_triggers again (tests/campaigns/test_counters.py fails if it did not).
 """
 
-from django.db import migrations, models
+from django.db import NotSupportedError, migrations, models
 
 # Identifies this feature's advisory locks (pg_locks.classid): "unit" in ASCII.
 ADVISORY_LOCK_CLASS = 0x756E6974
@@ -201,7 +201,11 @@ def _statements(schema_editor, *, postgresql, sqlite):
         return postgresql
     if vendor == "sqlite":
         return sqlite
-    raise NotImplementedError(f"unit counters need triggers written for {vendor}")
+    # Counts are read from these triggers' table: a database without them would
+    # show wrong counts, so the migration refuses it rather than go on.
+    raise NotSupportedError(
+        f"the unit counters have triggers for PostgreSQL and SQLite only, not {vendor}"
+    )
 
 
 def install_triggers(apps, schema_editor):

@@ -411,9 +411,8 @@ def _import_rows(
             # One transaction per chunk: progress is durable and visible, and
             # none holds a million rows of locks and WAL.
             with transaction.atomic():
-                if not staging.load(chunk):
+                if not staging.add(chunk, report):
                     break
-                staging.settle(report)
     report.close()
     return report
 

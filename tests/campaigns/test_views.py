@@ -239,6 +239,22 @@ def test_the_page_compares_batch_policies_with_real_and_padded_tokens(client, ow
     assert 'id="memory-warning"' not in html
 
 
+def test_the_policy_table_follows_each_finished_batch_without_aggregating_every_view(
+    client, owner, campaign, django_assert_num_queries
+):
+    from campaigns import batch_stats
+
+    _finished_batches(campaign, [("original", 16, 1000, 4000, 2.0, 500 << 20)])
+    first = batch_stats.policy_comparison(campaign=campaign)
+    assert [(r.policy, r.batches) for r in first] == [("original", 1)]
+    # Same newest batch: the newest-finish lookup alone, no aggregate.
+    with django_assert_num_queries(1):
+        assert batch_stats.policy_comparison(campaign=campaign) == first
+    _finished_batches(campaign, [("length_grouped", 16, 1000, 1010, 0.5, 500 << 20)] * 2)
+    again = batch_stats.policy_comparison(campaign=campaign)
+    assert [(r.policy, r.batches) for r in again] == [("length_grouped", 2), ("original", 1)]
+
+
 def test_a_warming_up_worker_is_not_a_leak(client, owner, campaign):
     # what the demo shows: RSS grows by some MiB over the first batches, then settles
     _finished_batches(

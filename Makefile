@@ -33,14 +33,15 @@ run: install
 	@echo "  Stop with Ctrl-C (stops the web server and the worker)."
 	@echo ""
 	@trap 'kill $$worker 2>/dev/null; wait $$worker 2>/dev/null' EXIT INT TERM; \
-	$(BIN)/celery -A portal worker -Q gpu -c 1 --beat --without-gossip --without-mingle \
+	$(BIN)/celery -A portal worker -Q gpu,portal -c 1 --beat --without-gossip --without-mingle \
 		--without-heartbeat --loglevel INFO & worker=$$!; \
 	$(MANAGE) runserver $(HOST):$(PORT)
 
-# One worker with the embedded beat (the lease sweeper); on several nodes run
-# `celery -A portal beat` once instead (docs/architecture.md).
+# One worker with the embedded beat (the lease sweeper), on both queues (`gpu`
+# batches, `portal` order sweeps); on several nodes run `celery -A portal beat`
+# once instead (docs/architecture.md) and a `-Q portal` worker (docs/deployment.md).
 worker: install
-	$(BIN)/celery -A portal worker -Q gpu -c 1 --beat --without-gossip --without-mingle \
+	$(BIN)/celery -A portal worker -Q gpu,portal -c 1 --beat --without-gossip --without-mingle \
 		--without-heartbeat --loglevel INFO
 
 test: install

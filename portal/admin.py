@@ -56,9 +56,29 @@ class ExchangeRateAdmin(admin.ModelAdmin):
 
 @admin.register(PaymentAddress)
 class PaymentAddressAdmin(admin.ModelAdmin):
+    """Staff load and fix free addresses; an assigned one is part of an order's
+    record (its customer was told to pay there), so it is neither edited nor deleted."""
+
     list_display = ("address", "currency", "order", "assigned_at")
     list_filter = ("currency", ("order", admin.EmptyFieldListFilter))
     readonly_fields = ("order", "assigned_at")
+
+    def get_readonly_fields(self, request, obj=None):
+        if obj is not None and obj.order_id is not None:
+            return ("address", "currency", *self.readonly_fields)
+        return self.readonly_fields
+
+    def has_delete_permission(self, request, obj=None):
+        # With obj, the delete page and the bulk action's per-object check
+        # (admin.utils.get_deleted_objects) both ask here.
+        if obj is not None and obj.order_id is not None:
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def delete_queryset(self, request, queryset):
+        # The bulk action already refuses a selection with an assigned
+        # address; this keeps any other caller from deleting one.
+        super().delete_queryset(request, queryset.filter(order__isnull=True))
 
 
 class EventInline(admin.TabularInline):
@@ -78,7 +98,7 @@ class NoticeInline(admin.TabularInline):
 @admin.register(Order)
 class OrderAdmin(admin.ModelAdmin):
     list_display = ("__str__", "status", "exception", "gpu", "quantity", "fiat_total", "created_at")
-    list_filter = ("status", "exception", "paid_late_claim")
+    list_filter = ("status", "exception", "paid_late", "paid_late_claim")
     inlines = [NoticeInline, EventInline]
 
     def has_change_permission(self, request, obj=None):

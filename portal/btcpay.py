@@ -79,7 +79,7 @@ def handle_delivery(*, body: bytes, signature_header: str) -> WebhookResult:
             delivery = WebhookDelivery.objects.create(
                 delivery_id=key, event_type=event_type, invoice_id=invoice_id, outcome="received"
             )
-            delivery.order = _find_order(payload.get("metadata"))
+            delivery.order = _find_order(invoice_id=invoice_id, metadata=payload.get("metadata"))
             delivery.outcome = _apply(
                 order=delivery.order, event_type=event_type, invoice_id=invoice_id, payload=payload
             )[:300]
@@ -98,14 +98,24 @@ def handle_delivery(*, body: bytes, signature_header: str) -> WebhookResult:
     return WebhookResult(200, delivery.outcome)
 
 
-def _find_order(metadata: object) -> Order | None:
+def _find_order(*, invoice_id: str, metadata: object) -> Order | None:
+    """The order whose quote is this invoice (made by order_create), else the
+    order named by `metadata.orderId` (an invoice staff created by hand)."""
+    if invoice_id:
+        order = Order.objects.filter(btcpay_invoice_id=invoice_id).first()
+        if order is not None:
+            return order
     reference = metadata.get("orderId") if isinstance(metadata, dict) else None
     match = REFERENCE.fullmatch(reference) if isinstance(reference, str) else None
     if match is None:
         return None
     order = Order.objects.filter(pk=int(match.group(1))).first()
     # "BG-0000001" is not BG-000001: the reference must be the one we issued.
-    return order if order is not None and order.reference == reference else None
+    if order is None or order.reference != reference:
+        return None
+    # An order quoted from an invoice of its own listens to that invoice only:
+    # another invoice naming it (a stray, a copy) must not move it.
+    return None if order.btcpay_invoice_id else order
 
 
 Action = Callable[..., Order]

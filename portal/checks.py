@@ -84,3 +84,93 @@ def broker_batch_time_errors(
             )
         ]
     return []
+
+
+@register(Tags.security, deploy=True)
+def check_rate_limit_client_address(app_configs, **kwargs):
+    return rate_limit_address_warnings(
+        debug=settings.DEBUG, ip_meta_key=getattr(settings, "RATELIMIT_IP_META_KEY", None)
+    )
+
+
+def rate_limit_address_warnings(*, debug: bool, ip_meta_key) -> list[Warning]:
+    """Behind the documented proxy REMOTE_ADDR is the proxy: one count for every customer."""
+    if not debug and not ip_meta_key:
+        return [
+            Warning(
+                "Rate limits count clients by REMOTE_ADDR: behind nginx or caddy every "
+                "customer shares the proxy's address, and one busy client blocks all.",
+                hint="Set RATELIMIT_IP_META_KEY=HTTP_X_REAL_IP or "
+                "portal.client_ip.forwarded_for (docs/deployment.md); silence "
+                "portal.W002 only if clients reach the server directly.",
+                id="portal.W002",
+            )
+        ]
+    return []
+
+
+@register(Tags.security, deploy=True)
+def check_email_backend(app_configs, **kwargs):
+    return email_backend_warnings(debug=settings.DEBUG, backend=settings.EMAIL_BACKEND)
+
+
+def email_backend_warnings(*, debug: bool, backend: str) -> list[Warning]:
+    if not debug and backend.endswith(("console.EmailBackend", "filebased.EmailBackend")):
+        return [
+            Warning(
+                "E-mails are printed, not sent: customers' names and addresses go to the "
+                "process's output (and the logs), and no customer gets their order e-mails.",
+                hint="Set EMAIL_BACKEND=django.core.mail.backends.smtp.EmailBackend and "
+                "EMAIL_HOST, EMAIL_PORT, EMAIL_HOST_USER, EMAIL_HOST_PASSWORD, "
+                "EMAIL_USE_TLS (docs/deployment.md).",
+                id="portal.W003",
+            )
+        ]
+    return []
+
+
+@register()
+def check_btcpay(app_configs, **kwargs):
+    return btcpay_errors(
+        url=settings.BTCPAY_URL,
+        store_id=settings.BTCPAY_STORE_ID,
+        api_key=settings.BTCPAY_API_KEY,
+        webhook_secret=settings.BTCPAY_WEBHOOK_SECRET,
+    )
+
+
+def btcpay_errors(
+    *, url: str, store_id: str, api_key: str, webhook_secret: str
+) -> list[Error | Warning]:
+    parts = {"BTCPAY_URL": url, "BTCPAY_STORE_ID": store_id, "BTCPAY_API_KEY": api_key}
+    if not any(parts.values()):
+        return []
+    missing = [name for name, value in parts.items() if not value]
+    if missing:
+        return [
+            Error(
+                f"BTCPay is partly configured: {', '.join(missing)} not set. Every quote "
+                "is refused until all three are set (or none, for the address pool).",
+                hint="docs/btcpay.md, 'Quotes from BTCPay invoices'.",
+                id="portal.E004",
+            )
+        ]
+    problems: list[Error | Warning] = []
+    if not url.startswith(("https://", "http://")):
+        problems.append(
+            Error(
+                f"BTCPAY_URL {url!r} is not an http(s) URL.",
+                hint="The server's base URL, e.g. https://btcpay.example.org",
+                id="portal.E005",
+            )
+        )
+    if not webhook_secret:
+        problems.append(
+            Warning(
+                "BTCPay creates the invoices but BTCPAY_WEBHOOK_SECRET is empty: every "
+                "webhook delivery is refused, so payments never move an order.",
+                hint="Create the store's webhook and copy its secret (docs/btcpay.md).",
+                id="portal.W004",
+            )
+        )
+    return problems

@@ -155,8 +155,18 @@ class Order(models.Model):
     campaign = models.ForeignKey(
         "campaigns.Campaign", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
-    # Staff's flag: a notice arrived after the quote expired.
+    # Staff's flag: a notice arrived after the quote expired (the customer's word).
     paid_late_claim = models.BooleanField(default=False)
+    # The payment itself arrived after the quote expired (BTCPay's paidLate).
+    # A flag beside `exception`, not a value of it: a late payment can also be
+    # an overpayment or a partial one, and staff must see both facts.
+    paid_late = models.BooleanField(default=False)
+    # Set when the quote came from a BTCPay Server invoice (docs/btcpay.md):
+    # the webhook finds the order by it, and the customer pays BTCPay's link.
+    btcpay_invoice_id = models.CharField(max_length=100, blank=True)
+    payment_link = models.CharField(
+        max_length=1000, blank=True, help_text="the processor's payment URI, when it gave one"
+    )
     starts_at = models.DateTimeField(null=True, blank=True)
     ends_at = models.DateTimeField(null=True, blank=True)
     end_reminder_sent_at = models.DateTimeField(null=True, blank=True)
@@ -170,6 +180,15 @@ class Order(models.Model):
             models.Index(fields=["status", "quote_expires_at"]),
             # Serves the end-of-rental sweep.
             models.Index(fields=["status", "ends_at"]),
+        ]
+        constraints = [
+            # One order per BTCPay invoice; also the index the webhook's
+            # "which order is invoice X" lookup reads.
+            models.UniqueConstraint(
+                fields=["btcpay_invoice_id"],
+                condition=~models.Q(btcpay_invoice_id=""),
+                name="one_order_per_btcpay_invoice",
+            )
         ]
 
     def __str__(self) -> str:
@@ -185,6 +204,9 @@ class Order(models.Model):
         return f"{self.quantity} × {self.gpu.name}"
 
     def payment_uri(self) -> str:
+        if self.payment_link:
+            # BTCPay's own link may carry more than the amount (payjoin, say).
+            return self.payment_link
         address = self.payment_address.address
         amount = format_amount(self.crypto_amount, self.currency.decimals)
         return f"{self.currency.uri_scheme}:{address}?{self.currency.amount_param}={amount}"

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from . import emails
+from . import btcpay_client, emails
 from .models import (
     CryptoCurrency,
     Environment,
@@ -65,8 +65,18 @@ def order_create(
     campaign=None,
     now: datetime | None = None,
 ) -> Order:
-    """The order with its locked quote and an address of its own, or QuoteRefused."""
+    """The order with its locked quote and an address of its own, or QuoteRefused.
+
+    Without BTCPay the address comes from the pool and the amount from the
+    staff's rate; with BTCPay configured both come from a new BTCPay invoice
+    (docs/btcpay.md), and a BTCPay failure refuses the quote, creating nothing.
+    """
     now = now or timezone.now()
+    try:
+        processor = btcpay_client.client_from_settings()
+    except btcpay_client.BTCPayError as exc:
+        log.error("BTCPay: %s", exc)
+        raise QuoteRefused(_PROCESSOR_DOWN) from exc
     with transaction.atomic():
         # Locking the card's row serialises orders for the same card, so two
         # customers cannot both take its last units.
@@ -79,8 +89,19 @@ def order_create(
                 f"Only {available} {gpu.name} card(s) are free at the moment; "
                 f"you asked for {plan.quantity}."
             )
-        rate = fresh_rate(currency=plan.currency, now=now)
         price = plan_price(gpu=gpu, quantity=plan.quantity, days=plan.days)
+        if processor is None:
+            rate = fresh_rate(currency=plan.currency, now=now)
+            quote = {
+                "crypto_amount": crypto_amount(
+                    fiat=price.total, rate=rate, decimals=plan.currency.decimals
+                ),
+                "rate": rate.fiat_per_unit,
+                "rate_recorded_at": rate.recorded_at,
+            }
+        else:
+            # BTCPay prices the invoice at its own rate; filled in below.
+            quote = {"crypto_amount": Decimal(0), "rate": Decimal(0), "rate_recorded_at": now}
         order = Order.objects.create(
             gpu=gpu,
             quantity=plan.quantity,
@@ -90,29 +111,107 @@ def order_create(
             fiat_total=price.total,
             fiat_currency=settings.FIAT_CURRENCY,
             currency=plan.currency,
-            crypto_amount=crypto_amount(
-                fiat=price.total, rate=rate, decimals=plan.currency.decimals
-            ),
-            rate=rate.fiat_per_unit,
-            rate_recorded_at=rate.recorded_at,
             quote_expires_at=now + timedelta(minutes=settings.ORDER_QUOTE_MINUTES),
             first_name=first_name,
             last_name=last_name,
             email=email,
             campaign=campaign,
+            **quote,
         )
-        _assign_address(order=order, now=now)
-        OrderEvent.objects.create(
-            order=order,
-            from_status="",
-            to_status=order.status,
-            actor=CUSTOMER,
-            note=f"quote locked: {order.crypto_amount.normalize():f} {plan.currency.code} "
-            f"for {order.fiat_total} {order.fiat_currency}",
-        )
-        transaction.on_commit(lambda: emails.send_order_email(order_id=order.pk, kind="created"))
+        if processor is None:
+            _assign_address(order=order, now=now)
+            _quote_locked(order=order, note="")
+    if processor is not None:
+        order = _quote_from_btcpay(order=order, client=processor, now=now)
     log.info("order quoted", extra={"order": order.reference})
     return order
+
+
+_PROCESSOR_DOWN = (
+    "Our payment processor is not answering right now, so no quote could be made. "
+    "Nothing was ordered; please try again in a few minutes."
+)
+
+
+def _quote_from_btcpay(
+    *, order: Order, client: btcpay_client.GreenfieldClient, now: datetime
+) -> Order:
+    """Fill the order's quote from a new BTCPay invoice, or delete the order.
+
+    The invoice needs the order's reference, so the order exists first; the
+    HTTP calls run outside any transaction (a slow BTCPay must not hold the
+    card's row lock, or SQLite's write lock, for its timeout), and the order
+    holds its cards meanwhile. It is deleted again if BTCPay fails: the
+    customer never got its link. An invoice left behind expires in BTCPay and
+    names no order (a deleted reference is never issued again).
+    """
+    try:
+        invoice = client.invoice_create(
+            amount=order.fiat_total,
+            currency=order.fiat_currency,
+            order_id=order.reference,
+            crypto_code=order.currency.code,
+            description=f"{order.cards}, {order.duration_days} days",
+            expiration_minutes=settings.ORDER_QUOTE_MINUTES,
+        )
+    except btcpay_client.BTCPayError as exc:
+        Order.objects.filter(pk=order.pk).delete()
+        log.error("BTCPay invoice not created, quote refused: %s", exc)
+        raise QuoteRefused(_PROCESSOR_DOWN) from exc
+    currency = order.currency
+    link = invoice.payment_link
+    if not link.startswith(f"{currency.uri_scheme}:"):
+        link = ""  # not a payment URI of this currency: we build our own
+    try:
+        with transaction.atomic():
+            locked = Order.objects.select_for_update().get(pk=order.pk)
+            locked.crypto_amount = invoice.amount_due
+            locked.rate = invoice.rate if invoice.rate else (order.fiat_total / invoice.amount_due)
+            locked.rate_recorded_at = now
+            locked.quote_expires_at = invoice.expires_at or locked.quote_expires_at
+            locked.btcpay_invoice_id = invoice.invoice_id
+            locked.payment_link = link[: Order._meta.get_field("payment_link").max_length]
+            locked.save(
+                update_fields=[
+                    "crypto_amount",
+                    "rate",
+                    "rate_recorded_at",
+                    "quote_expires_at",
+                    "btcpay_invoice_id",
+                    "payment_link",
+                    "updated_at",
+                ]
+            )
+            # A row of the address list, so "never given to two orders" is the
+            # same unique constraint as for the pool's addresses.
+            PaymentAddress.objects.create(
+                currency=currency, address=invoice.destination, order=locked, assigned_at=now
+            )
+            _quote_locked(order=locked, note=f"; BTCPay invoice {invoice.invoice_id}")
+    except IntegrityError as exc:
+        Order.objects.filter(pk=order.pk).delete()
+        log.error(
+            "BTCPay invoice %s: its address or id is already another order's; quote refused",
+            invoice.invoice_id,
+        )
+        raise QuoteRefused(
+            "The payment processor gave an address already in use. Nothing was ordered; "
+            "please submit again."
+        ) from exc
+    order.refresh_from_db()
+    return order
+
+
+def _quote_locked(*, order: Order, note: str) -> None:
+    OrderEvent.objects.create(
+        order=order,
+        from_status="",
+        to_status=order.status,
+        actor=CUSTOMER,
+        note=f"quote locked: {order.crypto_amount.normalize():f} {order.currency.code} "
+        f"for {order.fiat_total} {order.fiat_currency}{note}",
+    )
+    transaction.on_commit(lambda: emails.send_order_email(order_id=order.pk, kind="created"))
 
 
 def _assign_address(*, order: Order, now: datetime) -> None:
@@ -138,6 +237,12 @@ def _assign_address(*, order: Order, now: datetime) -> None:
     raise QuoteRefused("Payment addresses are busy; please submit again.")
 
 
+# Where a payment that arrives on an expired quote can take the order: it is
+# late whatever else it is (BTCPay's paidLate comes with paidOver or paidPartial).
+PAYMENT_ARRIVED = frozenset({Status.PAYMENT_SEEN, Status.CONFIRMED, Status.UNDERPAID})
+LATE_NOTE = "paid late (after the quote expired)"
+
+
 def _transition(
     *,
     order: Order,
@@ -157,6 +262,10 @@ def _transition(
             # have changed it since the caller read it.
             locked.exception = exception(locked) if callable(exception) else exception
             update.append("exception")
+        if previous == Status.EXPIRED and to in PAYMENT_ARRIVED:
+            locked.paid_late = True
+            update.append("paid_late")
+            note = f"{note}; {LATE_NOTE}" if note else LATE_NOTE
         locked.status = to
         for name, value in (fields or {}).items():
             setattr(locked, name, value)
@@ -218,29 +327,16 @@ def order_record_notice(
         if late:
             note += "; after the quote expired: paid late?"
         if late and locked.status == Status.AWAITING_PAYMENT:
-            # The expiry sweep had not come by yet: expire now, so the notice
-            # lands in staff's "expired with a notice" group at once.
-            OrderEvent.objects.create(
-                order=locked,
-                from_status=locked.status,
-                to_status=Status.EXPIRED,
-                actor=SYSTEM,
-                note="quote expired unpaid",
-            )
-            locked.status = Status.EXPIRED
-            locked.save(update_fields=["status", "updated_at"])
+            # The expiry sweep had not come by yet: expire now, as the sweep
+            # would (event, e-mail), so the notice lands in staff's "expired
+            # with a notice" group at once. Same transaction, row still locked.
+            locked = order_expire(order=locked)
         if late and not locked.paid_late_claim:
             locked.paid_late_claim = True
             locked.save(update_fields=["paid_late_claim", "updated_at"])
-        if locked.status == Status.AWAITING_PAYMENT and not late:
-            locked.status = Status.PAYMENT_NOTIFIED
-            locked.save(update_fields=["status", "updated_at"])
-            OrderEvent.objects.create(
-                order=locked,
-                from_status=Status.AWAITING_PAYMENT,
-                to_status=Status.PAYMENT_NOTIFIED,
-                actor=CUSTOMER,
-                note=note,
+        if locked.status == Status.AWAITING_PAYMENT:
+            locked = _transition(
+                order=locked, to=Status.PAYMENT_NOTIFIED, actor=CUSTOMER, note=note
             )
         else:
             # Status unchanged (already notified, seen, underpaid or expired):
@@ -262,7 +358,11 @@ def order_record_notice(
 
 def _late_or(other: str | None) -> Callable[[Order], str | None]:
     def decide(locked: Order):
-        if locked.status == Status.EXPIRED or locked.exception == PaymentException.PAID_LATE:
+        if (
+            locked.status == Status.EXPIRED
+            or locked.paid_late
+            or locked.exception == PaymentException.PAID_LATE
+        ):
             return PaymentException.PAID_LATE
         return other if other is not None else locked.exception
 
@@ -277,6 +377,7 @@ def order_mark_payment_seen(*, order: Order, actor: str, note: str = "") -> Orde
 
 
 def order_confirm_payment(*, order: Order, actor: str, note: str, overpaid: bool = False) -> Order:
+    # Overpaid wins the `exception` field; lateness stays in `paid_late` (_transition).
     exception = PaymentException.PAID_OVER if overpaid else _late_or(PaymentException.NONE)
     return _transition(
         order=order, to=Status.CONFIRMED, actor=actor, note=note, exception=exception

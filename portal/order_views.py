@@ -30,6 +30,10 @@ def _notice_rate(group, request) -> str:
     return settings.ORDER_NOTICE_RATE
 
 
+def _dossier_rate(group, request) -> str:
+    return settings.ORDER_DOSSIER_RATE
+
+
 def _order_by_token(token: str) -> Order:
     # One answer for a wrong, expired or guessed token: no hint either way.
     order = (
@@ -176,7 +180,11 @@ def order_paid(request: HttpRequest, token: str) -> HttpResponse:
             claimed_amount=form.cleaned_data["claimed_amount"],
         )
     except TransitionRefused:
-        messages.error(request, "This order no longer takes payment notices.")
+        messages.error(
+            request,
+            f"Your notice was not recorded: this order is {order.get_status_display().lower()} "
+            "and no longer takes payment notices.",
+        )
         return redirect("order_track", token=token)
     if result.created:
         messages.success(
@@ -189,14 +197,14 @@ def order_paid(request: HttpRequest, token: str) -> HttpResponse:
     return redirect("order_track", token=token)
 
 
+@ratelimit(key="ip", rate=_dossier_rate, method="GET", block=True)
 def order_dossier(request: HttpRequest, token: str) -> HttpResponse:
-    from .dossier import dossier_store
+    from .dossier import dossier_open
 
     order = _order_by_token(token)
-    path = dossier_store(order=order)
-    return FileResponse(
-        path.open("rb"), as_attachment=True, filename=f"{order.reference}-dossier.zip"
-    )
+    # The kept zip while the order and its campaign are unchanged; rebuilt otherwise.
+    dossier, _built = dossier_open(order=order)
+    return FileResponse(dossier, as_attachment=True, filename=f"{order.reference}-dossier.zip")
 
 
 def rate_limited(request: HttpRequest, exception) -> HttpResponse:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import environ
 from csp.constants import NONE, SELF
+from django.core.exceptions import ImproperlyConfigured
 
 from portal.log_context import logging_config
 
@@ -209,13 +210,60 @@ EXCHANGE_RATE_MAX_AGE_MINUTES = env.int("EXCHANGE_RATE_MAX_AGE_MINUTES", default
 ORDER_END_REMINDER_HOURS = env.int("ORDER_END_REMINDER_HOURS", default=24)
 # Shared secret of the BTCPay Server store's webhook; empty refuses every delivery.
 BTCPAY_WEBHOOK_SECRET = env.str("BTCPAY_WEBHOOK_SECRET", default="")
+# With these three set, every quote is a BTCPay invoice: its address and amount
+# replace the pool and the staff rates (docs/btcpay.md). All empty: the pool.
+# Check portal.E004 refuses a partial set.
+BTCPAY_URL = env.str("BTCPAY_URL", default="").rstrip("/")
+BTCPAY_STORE_ID = env.str("BTCPAY_STORE_ID", default="")
+BTCPAY_API_KEY = env.str("BTCPAY_API_KEY", default="")
+# A quote waits this long for BTCPay, then is refused: the customer is waiting.
+BTCPAY_TIMEOUT_SECONDS = env.float("BTCPAY_TIMEOUT_SECONDS", default=10.0)
 # Per client address (django-ratelimit rates: count/period).
 ORDER_CREATE_RATE = env.str("ORDER_CREATE_RATE", default="10/h")
 ORDER_NOTICE_RATE = env.str("ORDER_NOTICE_RATE", default="20/h")
+ORDER_DOSSIER_RATE = env.str("ORDER_DOSSIER_RATE", default="30/h")
+
+
+def _ip_meta_key(value: str) -> str | None:
+    """Where django-ratelimit reads a client's address: REMOTE_ADDR when unset,
+    a request header (HTTP_X_REAL_IP) or a function's dotted path."""
+    if not value:
+        return None
+    if value == "REMOTE_ADDR" or value.startswith("HTTP_") or "." in value:
+        return value
+    raise ImproperlyConfigured(
+        f"RATELIMIT_IP_META_KEY={value!r}: give a request.META key (HTTP_X_REAL_IP) "
+        "or a function's dotted path (portal.client_ip.forwarded_for)."
+    )
+
+
+# The client address rate limits count by. Unset, REMOTE_ADDR: right for
+# runserver and for a server that faces clients itself. Behind nginx or caddy
+# REMOTE_ADDR is the proxy and every customer would share one count: set
+# HTTP_X_REAL_IP, or portal.client_ip.forwarded_for with the number of proxies
+# that append to X-Forwarded-For (docs/deployment.md, check portal.W002).
+RATELIMIT_IP_META_KEY = _ip_meta_key(env.str("RATELIMIT_IP_META_KEY", default=""))
+RATELIMIT_TRUSTED_PROXIES = env.int("RATELIMIT_TRUSTED_PROXIES", default=1)
+if RATELIMIT_TRUSTED_PROXIES < 1:
+    raise ImproperlyConfigured("RATELIMIT_TRUSTED_PROXIES counts proxies: 1 or more.")
 # Order dossiers are kept here, regenerated when the order changes.
 DOSSIER_ROOT = _path(env.str("DOSSIER_ROOT", default=str(VAR_DIR / "dossiers")))
 
+# The console backend (the default) prints every e-mail, customer name and
+# address included, to the web process's output: development only. Production
+# sets the SMTP backend and the EMAIL_* below (docs/deployment.md, check portal.W003).
 EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = env.str("EMAIL_HOST", default="localhost")
+EMAIL_PORT = env.int("EMAIL_PORT", default=25)
+EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", default="")
+EMAIL_HOST_PASSWORD = env.str("EMAIL_HOST_PASSWORD", default="")
+EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
+EMAIL_USE_SSL = env.bool("EMAIL_USE_SSL", default=False)
+EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=10)
+if EMAIL_USE_TLS and EMAIL_USE_SSL:
+    raise ImproperlyConfigured(
+        "EMAIL_USE_TLS (STARTTLS, port 587) and EMAIL_USE_SSL (port 465): set one."
+    )
 # Links in e-mails point here.
 SITE_URL = env.str("SITE_URL", default="http://127.0.0.1:8000")
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="BriefGPU <orders@briefgpu.local>")
@@ -254,7 +302,11 @@ CELERY_TASK_ROUTES["campaigns.tasks.*"] = {"queue": "gpu"}
 CELERY_IMPORTS.append("portal.tasks")
 CELERY_IMPORTS.append("gpuworker.training_tasks")
 CELERY_TASK_ROUTES["gpuworker.training_tasks.*"] = {"queue": "gpu"}
-CELERY_TASK_ROUTES["portal.tasks.*"] = {"queue": "gpu"}
+# The order sweeps (quote expiry, rental-end reminders) have their own queue:
+# on `gpu` they would wait behind hour-long batches on workers that take one
+# job at a time. A small `celery worker -Q portal` serves it (docs/deployment.md);
+# the development worker (`make run`) consumes both.
+CELERY_TASK_ROUTES["portal.tasks.*"] = {"queue": "portal"}
 # Run with `celery worker -B` (embedded default) or a separate `celery beat`.
 CELERY_BEAT_SCHEDULE = {
     "requeue-expired-leases": {

@@ -18,6 +18,8 @@ from django.db import connection
 from portal.celery import app as celery_app
 
 REPO = Path(__file__).resolve().parent.parent
+# What a test worker consumes: batches, and the order sweeps (portal.tasks.*).
+QUEUES = ("gpu", "portal")
 
 
 def database_url() -> str:
@@ -38,9 +40,11 @@ def purge_queue(broker_url: str | None = None) -> None:
     """
     with celery_app.connection_for_write(broker_url) as conn:
         conn.ensure_connection(max_retries=3)
-        # On RabbitMQ purging a queue that was never declared is a channel error.
-        with contextlib.suppress(*conn.channel_errors):
-            conn.default_channel.queue_purge("gpu")
+        for queue in QUEUES:
+            # On RabbitMQ purging a queue that was never declared is a channel
+            # error, and it closes the channel: a fresh one for each queue.
+            with contextlib.suppress(*conn.channel_errors), conn.channel() as channel:
+                channel.queue_purge(queue)
 
 
 def broker_transport_options(url: str) -> dict:
@@ -95,7 +99,7 @@ class Worker:
         env_extra: dict | None = None,
         name: str | None = None,
     ):
-        """A `celery worker -Q gpu -c 1` on this test's database and on the broker
+        """A `celery worker -Q gpu,portal -c 1` on this test's database and on the broker
         this process sends to (use_broker changes it); env_extra wins over both.
 
         name: the Celery node name (`-n NAME@%h`), when several run at once.
@@ -123,7 +127,7 @@ class Worker:
                 "portal",
                 "worker",
                 "-Q",
-                "gpu",
+                ",".join(QUEUES),
                 "-c",
                 "1",
                 "--without-gossip",

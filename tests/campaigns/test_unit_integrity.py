@@ -30,33 +30,29 @@ def _campaign(name: str = "c") -> Campaign:
 def test_a_unit_of_a_campaign_that_does_not_exist_is_refused():
     campaign = _campaign()
     missing = campaign.pk + 1000
-    with pytest.raises(IntegrityError):
-        with transaction.atomic():
-            Unit.objects.bulk_create(
-                [
-                    Unit(campaign=campaign, uid="ok", source_path="ok"),
-                    Unit(campaign_id=missing, uid="orphan", source_path="orphan"),
-                ]
-            )
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Unit.objects.bulk_create(
+            [
+                Unit(campaign=campaign, uid="ok", source_path="ok"),
+                Unit(campaign_id=missing, uid="orphan", source_path="orphan"),
+            ]
+        )
     assert Unit.objects.count() == 0
 
 
 def test_moving_a_unit_to_a_campaign_that_does_not_exist_is_refused():
     campaign = _campaign()
     unit = Unit.objects.create(campaign=campaign, uid="u", source_path="u")
-    with pytest.raises(IntegrityError):
-        with transaction.atomic():
-            Unit.objects.filter(pk=unit.pk).update(campaign_id=campaign.pk + 1000)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Unit.objects.filter(pk=unit.pk).update(campaign_id=campaign.pk + 1000)
     assert Unit.objects.get(pk=unit.pk).campaign_id == campaign.pk
 
 
 def test_a_campaign_row_with_units_cannot_be_deleted_behind_the_orm():
     campaign = _campaign()
     Unit.objects.create(campaign=campaign, uid="u", source_path="u")
-    with pytest.raises(IntegrityError):
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute("DELETE FROM campaigns_campaign WHERE id = %s", [campaign.pk])
+    with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("DELETE FROM campaigns_campaign WHERE id = %s", [campaign.pk])
     assert Campaign.objects.filter(pk=campaign.pk).exists()
 
 
@@ -101,10 +97,9 @@ def test_an_import_and_a_deletion_of_its_campaign_at_once_leave_no_orphan():
     def deleter() -> None:
         imported.wait(20)
         try:
-            with transaction.atomic():
-                with connections["default"].cursor() as cursor:
-                    cursor.execute("SET LOCAL lock_timeout = '20s'")
-                    cursor.execute("DELETE FROM campaigns_campaign WHERE id = %s", [campaign.pk])
+            with transaction.atomic(), connections["default"].cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '20s'")
+                cursor.execute("DELETE FROM campaigns_campaign WHERE id = %s", [campaign.pk])
             outcome["delete"] = "committed"
         except IntegrityError as exc:
             outcome["delete"] = exc

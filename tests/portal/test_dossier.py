@@ -13,7 +13,7 @@ from unittest import mock
 import pytest
 
 from campaigns.models import Batch, Unit
-from portal import order_services
+from portal import dossier, order_services
 from portal.dossier import dossier_bytes, dossier_store
 from portal.models import Order
 from tests.conftest import DEMO_BAD, DEMO_GOOD
@@ -203,7 +203,8 @@ def test_the_stored_dossier_is_kept_by_reference_and_regenerates_to_the_same_fil
     assert path == dossier_root / f"{order.reference}.zip"
     first = hashlib.sha256(path.read_bytes()).hexdigest()
     assert path.read_bytes() == dossier_bytes(order=order)
-    assert list(dossier_root.iterdir()) == [path]  # no temp file left behind
+    # No temp file left behind: the zip and the record of what it was built from.
+    assert sorted(dossier_root.iterdir()) == [path, path.with_name(f"{path.name}.fingerprint")]
 
     # Clocks move on, the data does not: the regenerated file is the same file.
     Order.objects.filter(pk=order.pk).update(updated_at=order.updated_at + timedelta(days=1))
@@ -262,3 +263,116 @@ def test_the_campaign_profile_and_estimate_go_into_the_order_dossier(
     assert estimate["chosen_batch_size"] == 8
     assert estimate["estimate"]["units"] == campaign.units.count()
     assert estimate["estimate"]["plan"]["duration_days"] in (3, 7, 30)
+
+
+def test_a_linked_campaign_dossier_is_the_same_bytes_later_and_changes_with_the_campaign(
+    make_order, make_campaign, output_root, run_here, owner
+):
+    from campaigns.review import unit_flag
+
+    campaign = make_campaign("texts", batch_size=8)
+    run_here(campaign)
+    order = make_order()
+    order.campaign = campaign
+    order.save()
+    first = dossier_bytes(order=Order.objects.get(pk=order.pk))
+
+    # An hour later, by every clock the build could read: nothing of "now" is in the zip.
+    later = time.time() + 3600
+    with (
+        mock.patch("time.time", return_value=later),
+        mock.patch("django.utils.timezone.now", return_value=datetime.fromtimestamp(later, UTC)),
+    ):
+        again = dossier_bytes(order=Order.objects.get(pk=order.pk))
+    assert again == first
+
+    # A unit flagged for review is in errors.csv from then on.
+    unit = Unit.objects.filter(campaign=campaign, state="succeeded").order_by("uid").first()
+    unit_flag(unit=unit, user=owner, note="looks truncated")
+    changed = dossier_bytes(order=Order.objects.get(pk=order.pk))
+    assert changed != first
+    flagged = _csv_rows(_open(changed), "campaign/errors.csv")
+    assert unit.uid in {row["id"] for row in flagged}
+
+
+# --- downloads: the kept zip while nothing changed ------------------------------------
+
+
+@pytest.fixture
+def builds():
+    """Counts the dossier builds (dossier_bytes calls), whoever makes them."""
+    with mock.patch.object(dossier, "dossier_bytes", wraps=dossier.dossier_bytes) as spy:
+        yield spy
+
+
+def _download(client, order: Order) -> bytes:
+    response = client.get(f"/order/t/{order.tracking_token}/dossier.zip")
+    assert response.status_code == 200, response.status_code
+    assert response["Content-Disposition"].endswith(f'filename="{order.reference}-dossier.zip"')
+    return b"".join(response.streaming_content)
+
+
+def test_two_downloads_give_the_same_bytes_and_the_second_is_not_rebuilt(
+    client, make_order, dossier_root, builds
+):
+    order = _paid_and_seen(make_order())
+
+    first = _download(client, order)
+    second = _download(client, order)
+
+    assert builds.call_count == 1  # the first download built it; the second sent the kept zip
+    assert first == second == dossier_bytes(order=order)
+    assert (dossier_root / f"{order.reference}.zip").read_bytes() == first
+
+
+def test_a_new_event_rebuilds_the_kept_dossier(client, make_order, dossier_root, builds):
+    order = _paid_and_seen(make_order())
+    first = _download(client, order)
+
+    order_services.order_confirm_payment(order=order, actor="staff:bob", note="6 confirmations")
+    second = _download(client, order)
+
+    assert builds.call_count == 2
+    assert second != first
+    assert _order_json(second)["events"][-1]["to"] == "confirmed"
+
+
+def test_a_change_in_the_linked_campaign_rebuilds_the_kept_dossier(
+    client, make_order, make_campaign, output_root, run_here, owner, dossier_root, builds
+):
+    from campaigns.review import unit_flag
+
+    campaign = make_campaign("texts", batch_size=8)
+    run_here(campaign)
+    order = make_order()
+    order.campaign = campaign
+    order.save()
+    first = _download(client, order)
+    assert _download(client, order) == first
+    assert builds.call_count == 1
+
+    unit = Unit.objects.filter(campaign=campaign, state="succeeded").order_by("uid").first()
+    unit_flag(unit=unit, user=owner, note="looks truncated")
+    second = _download(client, order)
+
+    assert builds.call_count == 2
+    assert unit.uid in {row["id"] for row in _csv_rows(_open(second), "campaign/errors.csv")}
+
+
+def test_a_kept_zip_that_was_altered_is_rebuilt_not_sent(client, make_order, dossier_root, builds):
+    order = make_order()
+    good = _download(client, order)
+    (dossier_root / f"{order.reference}.zip").write_bytes(b"PK not the dossier")
+
+    assert _download(client, order) == good
+    assert builds.call_count == 2
+
+
+def test_dossier_downloads_are_rate_limited_per_client(client, make_order, dossier_root, settings):
+    settings.ORDER_DOSSIER_RATE = "2/m"
+    order = make_order()
+    for _ in range(2):
+        _download(client, order)
+    blocked = client.get(f"/order/t/{order.tracking_token}/dossier.zip")
+    assert blocked.status_code == 429
+    assert "Too many requests" in blocked.content.decode()

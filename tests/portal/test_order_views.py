@@ -49,6 +49,27 @@ def test_tampered_price_and_total_change_nothing(client, fresh_rates, address_po
     order = Order.objects.get()
     assert order.fiat_total == Decimal("336.00")
     assert order.price_per_day == Decimal("24.00")
+    assert order.crypto_amount == Decimal("0.0056")  # 336.00 EUR at 60000 EUR/BTC
+    assert order.payment_uri().endswith("?amount=0.0056")
+
+
+def test_tampered_environment_is_a_form_error_shown_beside_it(client, fresh_rates, address_pool):
+    response = client.post("/order/", _post_data(environment="99999"))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert 'id="error-environment"' in html
+    assert "Select a valid choice" in html
+    assert 'id="form-errors"' in html and ">Software environment</a>: Select" in html
+    assert not Order.objects.exists()
+
+
+def test_every_field_error_is_listed_at_the_top(client, fresh_rates, address_pool):
+    data = _post_data(environment="99999", email="not-an-address", currency="")
+    html = client.post("/order/", data).content.decode()
+    summary = html[html.index('id="form-errors"') : html.index("</div>", html.index("form-errors"))]
+    for label in ("Software environment", "Email", "Pay with"):
+        assert f">{label}</a>: " in summary, label
+    assert not Order.objects.exists()
 
 
 def test_tampered_choice_is_a_form_error(client, fresh_rates, address_pool):
@@ -128,6 +149,81 @@ def test_posts_need_the_csrf_token(make_order):
     assert strict.post("/order/", {}).status_code == 403
 
 
+def test_notices_are_rate_limited_per_client(client, make_order, settings):
+    settings.ORDER_NOTICE_RATE = "2/m"
+    order = make_order()
+    url = f"/order/t/{order.tracking_token}/paid/"
+    for tx in ("tx1", "tx2"):
+        assert client.post(url, {"transaction_id": tx}).status_code == 302
+    blocked = client.post(url, {"transaction_id": "tx3"})
+    assert blocked.status_code == 429
+    assert "Too many requests" in blocked.content.decode()
+    assert sorted(order.notices.values_list("transaction_id", flat=True)) == ["tx1", "tx2"]
+
+
+def _create_from(client, address: dict) -> int:
+    return client.post("/order/", _post_data(quantity=1), **address).status_code
+
+
+def test_behind_a_proxy_by_default_every_customer_shares_one_limit(
+    client, fresh_rates, address_pool, settings
+):
+    # What the setting is for: the proxy is every request's REMOTE_ADDR.
+    settings.ORDER_CREATE_RATE = "2/m"
+    first, second = {"HTTP_X_REAL_IP": "203.0.113.7"}, {"HTTP_X_REAL_IP": "198.51.100.9"}
+    assert [_create_from(client, first) for _ in range(2)] == [302, 302]
+    assert _create_from(client, second) == 429
+
+
+def test_with_x_real_ip_configured_two_clients_have_their_own_limits(
+    client, fresh_rates, address_pool, settings
+):
+    settings.ORDER_CREATE_RATE = "2/m"
+    settings.RATELIMIT_IP_META_KEY = "HTTP_X_REAL_IP"
+    first, second = {"HTTP_X_REAL_IP": "203.0.113.7"}, {"HTTP_X_REAL_IP": "198.51.100.9"}
+    assert [_create_from(client, first) for _ in range(2)] == [302, 302]
+    assert _create_from(client, first) == 429
+    assert [_create_from(client, second) for _ in range(2)] == [302, 302]
+    assert _create_from(client, second) == 429
+    assert Order.objects.count() == 4
+
+
+def test_with_x_forwarded_for_the_proxy_s_entry_counts_not_the_client_s(
+    client, fresh_rates, address_pool, settings
+):
+    settings.ORDER_CREATE_RATE = "2/m"
+    settings.RATELIMIT_IP_META_KEY = "portal.client_ip.forwarded_for"
+    settings.RATELIMIT_TRUSTED_PROXIES = 1
+
+    def via_proxy(client_says: str, proxy_saw: str) -> dict:
+        # nginx: proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+        return {"HTTP_X_FORWARDED_FOR": f"{client_says}, {proxy_saw}"}
+
+    # A client that writes a new address into the header each time is still one client.
+    assert _create_from(client, via_proxy("10.0.0.1", "203.0.113.7")) == 302
+    assert _create_from(client, via_proxy("10.0.0.2", "203.0.113.7")) == 302
+    assert _create_from(client, via_proxy("10.0.0.3", "203.0.113.7")) == 429
+    # Another client behind the same proxy has its own count.
+    assert _create_from(client, via_proxy("10.0.0.1", "198.51.100.9")) == 302
+
+    # Two proxies of ours (a CDN, then nginx): the client is the second entry from the right.
+    settings.RATELIMIT_TRUSTED_PROXIES = 2
+    two_hops = {"HTTP_X_FORWARDED_FOR": "10.9.9.9, 192.0.2.44, 172.16.0.1"}
+    assert _create_from(client, two_hops) == 302
+
+
+def test_a_request_without_the_header_counts_by_its_peer(rf, settings):
+    from portal.client_ip import forwarded_for
+
+    settings.RATELIMIT_TRUSTED_PROXIES = 1
+    assert forwarded_for(rf.get("/", REMOTE_ADDR="192.0.2.1")) == "192.0.2.1"
+    garbage = rf.get("/", REMOTE_ADDR="192.0.2.1", HTTP_X_FORWARDED_FOR="unknown")
+    assert forwarded_for(garbage) == "192.0.2.1"
+    settings.RATELIMIT_TRUSTED_PROXIES = 3
+    short = rf.get("/", REMOTE_ADDR="192.0.2.1", HTTP_X_FORWARDED_FOR="198.51.100.3")
+    assert forwarded_for(short) == "198.51.100.3"  # every entry there was one of ours
+
+
 def test_order_creation_is_rate_limited_per_client(client, fresh_rates, address_pool, settings):
     settings.ORDER_CREATE_RATE = "2/m"
     for _ in range(2):
@@ -205,3 +301,17 @@ def test_staff_illegal_transition_is_explained(client, staff, make_order):
         follow=True,
     ).content.decode()
     assert "cannot become active" in page
+
+
+def test_i_paid_on_a_settled_order_is_explained_and_records_nothing(client, make_order):
+    from portal import order_services as svc
+
+    order = svc.order_confirm_payment(order=make_order(), actor="staff:t", note="ok")
+    events = order.events.count()
+    page = client.post(
+        f"/order/t/{order.tracking_token}/paid/", {"transaction_id": "tx9"}, follow=True
+    ).content.decode()
+    assert "Your notice was not recorded: this order is payment confirmed" in page
+    assert 'id="i-paid"' not in page  # and the button is gone
+    assert order.notices.count() == 0
+    assert order.events.count() == events

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from django.test import Client
 from pythonjsonlogger.json import JsonFormatter
 
 from campaigns.models import Batch, Unit, UnitState
@@ -87,3 +88,96 @@ def test_production_settings_write_json_lines():
     assert line["message"] == "hello"
     assert (line["campaign"], line["batch"], line["unit"]) == (7, 42, 9)
     assert line["levelname"] == "INFO"
+
+
+# --- tracking tokens never reach the logs ----------------------------------------
+
+
+@pytest.fixture
+def everything_logged():
+    """What every configured stream handler writes (Django's own included, if
+    any were left), for the duration of the test."""
+    stream = io.StringIO()
+    loggers = [logging.getLogger()] + [
+        logger
+        for logger in logging.Logger.manager.loggerDict.values()
+        if isinstance(logger, logging.Logger)
+    ]
+    # Exactly StreamHandler: pytest's capture handlers are subclasses, left alone.
+    handlers = {h for lg in loggers for h in lg.handlers if type(h) is logging.StreamHandler}
+    saved = {handler: handler.setStream(stream) for handler in handlers}
+    yield stream.getvalue
+    for handler, original in saved.items():
+        handler.setStream(original)
+
+
+def test_responses_on_a_tracking_path_log_the_path_without_the_token(
+    client, make_order, settings, everything_logged
+):
+    # given: a real order's token; DEBUG on, where Django's own console handler writes
+    settings.DEBUG = True
+    settings.ORDER_NOTICE_RATE = "1/m"
+    order = make_order()
+    token = order.tracking_token
+    paid = f"/order/t/{token}/paid/"
+
+    # when: a 429 (rate limit), a 403 (CSRF) and a 404 on that token's paths
+    assert client.post(paid).status_code == 302
+    assert client.post(paid).status_code == 429
+    assert Client(enforce_csrf_checks=True).post(paid).status_code == 403
+    assert client.get(f"/order/t/{token}/no-such-page/").status_code == 404
+    # and runserver's request line, as django.core.servers.basehttp writes it
+    logging.getLogger("django.server").warning(
+        '"%s" %s %s',
+        f"GET /order/t/{token}/no-such-page/ HTTP/1.1",
+        "404",
+        "179",
+        extra={"request": None, "server_time": "30/Nov/2026 08:00:00", "status_code": 404},
+    )
+
+    # then
+    logged = everything_logged()
+    assert token not in logged
+    assert "Too Many Requests: /order/t/<redacted>/paid/" in logged
+    assert "Forbidden (CSRF cookie not set.): /order/t/<redacted>/paid/" in logged
+    assert "Not Found: /order/t/<redacted>/no-such-page/" in logged
+    assert '"GET /order/t/<redacted>/no-such-page/ HTTP/1.1" 404 179' in logged
+
+
+def test_a_traceback_that_quotes_a_token_is_redacted(everything_logged):
+    try:
+        raise ValueError("bad request for /order/t/abcDEF_123-xyz/dossier.zip")
+    except ValueError:
+        logging.getLogger("django.request").exception("Internal Server Error: %s", "/x/")
+    logged = everything_logged()
+    assert "abcDEF_123-xyz" not in logged
+    assert "ValueError: bad request for /order/t/<redacted>/dossier.zip" in logged
+
+
+def test_production_json_lines_carry_neither_the_token_nor_the_request(tmp_path):
+    # The settings module itself, in a fresh process: LOG_FORMAT=json, as deployed.
+    code = (
+        "import django; django.setup()\n"
+        "from django.test import Client\n"
+        "client = Client(enforce_csrf_checks=True)\n"
+        "client.get('/order/t/SECRET-token_42/nothing-here/')\n"
+        "client.post('/order/t/SECRET-token_42/paid/')\n"
+    )
+    env = {
+        **os.environ,
+        "LOG_FORMAT": "json",
+        "ALLOWED_HOSTS": "testserver",
+        "VAR_DIR": str(tmp_path),
+        "DJANGO_SETTINGS_MODULE": "portal.settings",
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "SECRET-token_42" not in result.stderr + result.stdout
+    lines = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    assert {line["message"] for line in lines} == {
+        "Not Found: /order/t/<redacted>/nothing-here/",
+        "Forbidden (CSRF cookie not set.): /order/t/<redacted>/paid/",
+    }
+    assert all("request" not in line for line in lines)

@@ -1,0 +1,34 @@
+"""Which address a rate limit counts a client by, behind a reverse proxy.
+
+django-ratelimit reads RATELIMIT_IP_META_KEY (portal/settings.py): a request
+header such as HTTP_X_REAL_IP, or the dotted path of a function taking the
+request, such as `forwarded_for` below.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from django.conf import settings
+from django.http import HttpRequest
+
+
+def forwarded_for(request: HttpRequest) -> str:
+    """The client's address as our own proxies saw it, from X-Forwarded-For.
+
+    Each proxy appends the address it received the request from, so with N
+    proxies of ours in front (RATELIMIT_TRUSTED_PROXIES) the N-th entry from
+    the right is the client; entries further left were written by the client
+    and can say anything. A request that did not cross all the proxies has
+    fewer entries (all of them ours), and one that crossed none falls back on
+    REMOTE_ADDR.
+    """
+    header = request.META.get("HTTP_X_FORWARDED_FOR", "")
+    entries = [entry.strip() for entry in header.split(",") if entry.strip()]
+    if entries:
+        candidate = entries[max(0, len(entries) - settings.RATELIMIT_TRUSTED_PROXIES)]
+        try:
+            return str(ipaddress.ip_address(candidate))
+        except ValueError:
+            pass  # not an address (a misconfigured proxy): count by the peer instead
+    return request.META["REMOTE_ADDR"]

@@ -89,7 +89,7 @@ def dossier_bytes(*, order: Order) -> bytes:
                 ["id", "path", "state", "error_class", "error_message"],
                 _error_rows(campaign),
             )
-            _write(zf, "campaign/estimate.json", date_time, _json(_estimate(campaign)))
+            _write(zf, "campaign/estimate.json", date_time, _json(_estimate(order)))
     return buf.getvalue()
 
 
@@ -142,7 +142,7 @@ def dossier_fingerprint(*, order: Order) -> str:
     campaign = order.campaign
     if campaign is not None:
         digest.update(_json(_parameter_versions(campaign)))
-        digest.update(_json(_estimate(campaign)))
+        digest.update(_json(_estimate(order)))
         digest.update(_json(_campaign_counters(campaign), default=str))
     return digest.hexdigest()
 
@@ -377,19 +377,31 @@ def _parameter_versions(campaign: Campaign) -> dict[str, Any]:
     }
 
 
-def _estimate(campaign: Campaign) -> dict[str, Any]:
-    """The latest finished profile and its estimate: what the rental was sized on."""
+def _estimate(order: Order) -> dict[str, Any]:
+    """The profile and estimate the rental was sized on.
+
+    The one the customer ordered from ("Order this plan"), else the latest
+    finished before the order was made: a profile run afterwards never
+    rewrites what this order was based on.
+    """
     from campaigns.models import Profile
     from campaigns.profiling import profile_report
 
-    profile = (
-        Profile.objects.filter(campaign=campaign, state=Profile.State.DONE)
-        .order_by("-created_at", "-pk")
-        .first()
-    )
+    profile, sized_on = order.profile, "the profile the order was made from"
+    if profile is None:
+        profile = (
+            Profile.objects.filter(
+                campaign=order.campaign,
+                state=Profile.State.DONE,
+                created_at__lte=order.created_at,
+            )
+            .order_by("-created_at", "-pk")
+            .first()
+        )
+        sized_on = "the latest profile finished before the order"
     if profile is None:
         return dict(_NO_ESTIMATE)
-    return profile_report(profile)
+    return {"sized_on": sized_on, **profile_report(profile)}
 
 
 # --- README.txt -------------------------------------------------------------------

@@ -155,6 +155,11 @@ class Order(models.Model):
     campaign = models.ForeignKey(
         "campaigns.Campaign", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
+    # The profile whose estimate the customer ordered from ("Order this plan"):
+    # the dossier shows that one, not a profile run after the order.
+    profile = models.ForeignKey(
+        "campaigns.Profile", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
     # Staff's flag: a notice arrived after the quote expired (the customer's word).
     paid_late_claim = models.BooleanField(default=False)
     # The payment itself arrived after the quote expired (BTCPay's paidLate).

@@ -63,6 +63,7 @@ def order_create(
     last_name: str,
     email: str,
     campaign=None,
+    profile=None,
     now: datetime | None = None,
 ) -> Order:
     """The order with its locked quote and an address of its own, or QuoteRefused.
@@ -116,6 +117,10 @@ def order_create(
             last_name=last_name,
             email=email,
             campaign=campaign,
+            # Only a profile of the linked campaign: the dossier reads it.
+            profile=profile
+            if campaign is not None and profile is not None and profile.campaign_id == campaign.pk
+            else None,
             **quote,
         )
         if processor is None:

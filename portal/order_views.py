@@ -74,6 +74,19 @@ def _campaign_for(request: HttpRequest):
     return campaigns_for_user(request.user).filter(name=name).first()
 
 
+def _profile_for(request: HttpRequest, campaign):
+    """The finished profile of `campaign` the order was sized on ("Order this plan")."""
+    if campaign is None:
+        return None
+    try:
+        pk = int(request.GET.get("profile") or request.POST.get("profile") or "")
+    except ValueError:
+        return None
+    from campaigns.models import Profile
+
+    return Profile.objects.filter(pk=pk, campaign=campaign, state=Profile.State.DONE).first()
+
+
 def _min_memory(request: HttpRequest) -> int | None:
     try:
         value = int(request.GET.get("min_memory_gb", ""))
@@ -95,13 +108,15 @@ def order_new(request: HttpRequest) -> HttpResponse:
                 environment=data["environment"],
                 currency=data["currency"],
             )
+            campaign = _campaign_for(request)
             try:
                 order = order_services.order_create(
                     plan=plan,
                     first_name=data["first_name"],
                     last_name=data["last_name"],
                     email=data["email"],
-                    campaign=_campaign_for(request),
+                    campaign=campaign,
+                    profile=_profile_for(request, campaign),
                 )
             except QuoteRefused as exc:
                 form.add_error(None, str(exc))
@@ -123,11 +138,13 @@ def order_new(request: HttpRequest) -> HttpResponse:
             "quantity": 1,
         }
         preview = _price_preview({**first, **initial})
+    campaign = _campaign_for(request)
     context = {
         "form": form,
         "preview": preview,
         "durations": RentalDuration.objects.filter(active=True),
-        "campaign": _campaign_for(request),
+        "campaign": campaign,
+        "profile": _profile_for(request, campaign),
         "min_memory_gb": _min_memory(request),
         "gpus": GpuModel.objects.filter(active=True),
     }

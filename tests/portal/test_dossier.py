@@ -263,6 +263,28 @@ def test_the_campaign_profile_and_estimate_go_into_the_order_dossier(
     assert estimate["chosen_batch_size"] == 8
     assert estimate["estimate"]["units"] == campaign.units.count()
     assert estimate["estimate"]["plan"]["duration_days"] in (3, 7, 30)
+    assert estimate["sized_on"] == "the latest profile finished before the order"
+
+    # A profile run after the order does not rewrite what it was sized on,
+    # nor does one the order was made from lose to a newer one.
+    later = Profile.objects.create(
+        **{
+            f.name: getattr(profile, f.name)
+            for f in Profile._meta.concrete_fields
+            if f.name not in ("id", "created_at")
+        }
+        | {"chosen_batch_size": 4}
+    )
+    profiling.estimate_build(profile=later)
+    estimate = json.loads(_open(dossier_bytes(order=order)).read("campaign/estimate.json"))
+    assert estimate["chosen_batch_size"] == 8
+    order.profile = later
+    order.save()
+    estimate = json.loads(_open(dossier_bytes(order=order)).read("campaign/estimate.json"))
+    assert (estimate["chosen_batch_size"], estimate["sized_on"]) == (
+        4,
+        "the profile the order was made from",
+    )
 
 
 def test_a_linked_campaign_dossier_is_the_same_bytes_later_and_changes_with_the_campaign(

@@ -315,3 +315,38 @@ def test_i_paid_on_a_settled_order_is_explained_and_records_nothing(client, make
     assert 'id="i-paid"' not in page  # and the button is gone
     assert order.notices.count() == 0
     assert order.events.count() == events
+
+
+def _done_profile(campaign):
+    from campaigns.models import Profile
+
+    return Profile.objects.create(
+        campaign=campaign,
+        version=campaign.current_version,
+        state=Profile.State.DONE,
+        sample=[],
+        device="CPU (2 threads)",
+        runtime={"torch": "2.13.0+cpu"},
+        memory_budget=1 << 30,
+        steps=[],
+        chosen_batch_size=8,
+        chosen_peak_reserved=1 << 29,
+    )
+
+
+def test_an_order_made_from_a_profile_keeps_that_profile(
+    client, owner, make_campaign, fresh_rates, address_pool
+):
+    campaign, other = make_campaign(), make_campaign("other")
+    profile, foreign = _done_profile(campaign), _done_profile(other)
+    client.force_login(owner)
+
+    page = client.get("/order/", {"campaign": campaign.name, "profile": profile.pk})
+    assert f'name="profile" value="{profile.pk}"' in page.content.decode()
+    client.post("/order/", _post_data(campaign=campaign.name, profile=profile.pk))
+    # Another campaign's profile (a tampered field) is not linked.
+    client.post("/order/", _post_data(campaign=campaign.name, profile=foreign.pk))
+
+    first, second = Order.objects.order_by("pk")
+    assert (first.campaign, first.profile) == (campaign, profile)
+    assert (second.campaign, second.profile) == (campaign, None)

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 from celery import Celery, signals
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
+
+logger = logging.getLogger(__name__)
 
 app = Celery("portal")
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -24,7 +27,20 @@ def _refuse_a_broker_that_cannot_hold_a_batch(**kwargs) -> None:
     from django.core.checks import run_checks
 
     django.setup()
-    errors = [e for e in run_checks(tags=["broker"]) if e.is_serious()]
+    from django.conf import settings
+
+    from portal import checks
+
+    found = list(run_checks(tags=["broker"]))
+    if settings.CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+        # Asked of the server itself, at worker start only: `manage.py check`
+        # stays offline.
+        found += checks.redis_broker_problems(
+            checks.redis_broker_config(settings.CELERY_BROKER_URL)
+        )
+    for warning in (m for m in found if not m.is_serious()):
+        logger.warning("%s: %s %s", warning.id, warning.msg, warning.hint)
+    errors = [e for e in found if e.is_serious()]
     if errors:
         # SystemExit: Celery logs and ignores an ordinary exception from a signal.
         raise SystemExit(

@@ -174,3 +174,59 @@ def btcpay_errors(
             )
         )
     return problems
+
+
+def redis_broker_config(url: str) -> dict[str, str] | None:
+    """The Redis server's eviction and persistence settings, or None when CONFIG
+    is refused (managed Redis often disables it) or the server does not answer."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        config = client.config_get("maxmemory-policy")
+        config.update(client.config_get("appendonly"))
+    except redis.RedisError:
+        return None
+    finally:
+        client.close()
+    return {str(k): str(v) for k, v in config.items()}
+
+
+def redis_broker_problems(config: dict[str, str] | None) -> list[Warning | Error]:
+    """What a Redis broker's own settings would do to queued batches.
+
+    Evicting keys under memory pressure drops messages at random: refused.
+    Without the append-only file a restart loses what was queued; the lease
+    sweeper sends those batches again (docs/operations.md), so it is a warning.
+    """
+    if config is None:
+        return [
+            Warning(
+                "Could not read the Redis broker's maxmemory-policy and appendonly "
+                "(CONFIG GET refused or no answer).",
+                hint="Check by hand: maxmemory-policy noeviction, appendonly yes "
+                "(docs/deployment.md).",
+                id="portal.W005",
+            )
+        ]
+    problems: list[Warning | Error] = []
+    policy = config.get("maxmemory-policy", "noeviction")
+    if policy != "noeviction":
+        problems.append(
+            Error(
+                f"Redis maxmemory-policy is {policy}: when Redis runs short of memory it "
+                "would evict queued batch messages.",
+                hint="Set maxmemory-policy noeviction in redis.conf (docs/deployment.md).",
+                id="portal.E006",
+            )
+        )
+    if config.get("appendonly", "yes") != "yes":
+        problems.append(
+            Warning(
+                "Redis appendonly is off: a Redis restart loses the queued messages; the "
+                "sweeper sends those batches again only after their lease time.",
+                hint="Set appendonly yes in redis.conf (docs/deployment.md).",
+                id="portal.W006",
+            )
+        )
+    return problems

@@ -35,8 +35,8 @@ class PrivateRedis:
     """A redis-server of this test's own, on a free port: restarting the shared
     one on 6379 would pull the broker from under everyone else's tests."""
 
-    def __init__(self, folder: Path, *, appendonly: bool):
-        self.folder, self.appendonly = folder, appendonly
+    def __init__(self, folder: Path, *, appendonly: bool, extra: tuple[str, ...] = ()):
+        self.folder, self.appendonly, self.extra = folder, appendonly, extra
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
         folder.mkdir(parents=True, exist_ok=True)
@@ -53,6 +53,7 @@ class PrivateRedis:
         # send, so a SIGKILL right after loses none (production's everysec
         # may lose the last second; the sweeper then sends those again).
         args += ["--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "always"]
+        args += list(self.extra)
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(port=self.port, socket_timeout=1)
 
@@ -82,8 +83,10 @@ def private_redis(tmp_path):
         pytest.skip(message)
     servers: list[PrivateRedis] = []
 
-    def start(*, appendonly: bool) -> PrivateRedis:
-        server = PrivateRedis(tmp_path / f"redis-{len(servers)}", appendonly=appendonly)
+    def start(*, appendonly: bool, extra: tuple[str, ...] = ()) -> PrivateRedis:
+        server = PrivateRedis(
+            tmp_path / f"redis-{len(servers)}", appendonly=appendonly, extra=extra
+        )
         servers.append(server)
         server.start()
         return server
@@ -235,3 +238,23 @@ def test_the_broker_says_how_many_messages_wait_or_none_when_down():
     assert services.broker_queue_waiting("briefgpu-queue-never-used") == 0
     with use_broker(f"redis://127.0.0.1:{free_port()}/0"):
         assert services.broker_queue_waiting(services.BATCH_QUEUE) is None
+
+
+def test_a_worker_refuses_a_redis_that_would_evict_queued_messages(private_redis, start_worker):
+    # given: a Redis that drops keys when short of memory, as a cache would
+    server = private_redis(appendonly=True, extra=("--maxmemory-policy", "allkeys-lru"))
+    with use_broker(server.url):
+        worker = start_worker()
+        # then: the worker exits at once, saying why, and never consumes
+        assert worker.proc.wait(timeout=120) != 0
+    assert "refusing to start: portal.E006" in worker.output()
+    assert " ready." not in worker.output()
+
+
+def test_a_worker_starts_on_a_redis_without_persistence_but_says_so(private_redis, start_worker):
+    server = private_redis(appendonly=False)
+    with use_broker(server.url):
+        worker = start_worker()
+        worker.wait_ready()
+    assert "portal.W006" in worker.output()
+    assert "refusing to start" not in worker.output()

@@ -133,3 +133,16 @@ def test_the_order_sweeps_have_their_own_queue_and_the_workers_consume_it():
     makefile = (REPO / "Makefile").read_text()
     assert makefile.count("celery -A portal worker -Q gpu,portal") == 2
     assert set(QUEUES) == {"gpu", "portal"}
+
+
+def test_a_redis_broker_that_evicts_is_an_error_and_one_without_persistence_a_warning():
+    from portal.checks import redis_broker_problems
+
+    assert redis_broker_problems({"maxmemory-policy": "noeviction", "appendonly": "yes"}) == []
+    evicting = redis_broker_problems({"maxmemory-policy": "allkeys-lru", "appendonly": "yes"})
+    assert [(m.id, m.is_serious()) for m in evicting] == [("portal.E006", True)]
+    assert "allkeys-lru" in evicting[0].msg
+    volatile = redis_broker_problems({"maxmemory-policy": "noeviction", "appendonly": "no"})
+    assert [(m.id, m.is_serious()) for m in volatile] == [("portal.W006", False)]
+    unknown = redis_broker_problems(None)
+    assert [(m.id, m.is_serious()) for m in unknown] == [("portal.W005", False)]

@@ -15,6 +15,11 @@ urlpatterns = [
     path("<slug:name>/units/<int:pk>/", views.unit_detail, name="unit_detail"),
     path("<slug:name>/profile/", views.campaign_profile, name="campaign_profile"),
     path("<slug:name>/profile/start/", views.campaign_profile_start, name="campaign_profile_start"),
+    path(
+        "<slug:name>/profile/<int:pk>/rerun/",
+        views.campaign_profile_rerun,
+        name="campaign_profile_rerun",
+    ),
     path("<slug:name>/training/", training_views.training_page, name="training_page"),
     path("<slug:name>/training/start/", training_views.training_start, name="training_start"),
     path("<slug:name>/training/stop/", training_views.training_stop, name="training_stop"),

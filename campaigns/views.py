@@ -345,7 +345,11 @@ MAX_MARGIN_PERCENT = 90
 
 @login_required
 def campaign_profile(request: HttpRequest, name: str) -> HttpResponse:
-    """The latest profile's report; the report part polls while a worker measures."""
+    """The latest profile's report; the report part polls while a worker measures.
+
+    ?compare=ID puts an earlier profile of the campaign beside it (a re-run of
+    the same sample on another device, another day).
+    """
     campaign = _get_campaign_for_user(request, name)
     profile = profiling.latest_profile(campaign=campaign)
     context = {
@@ -356,6 +360,7 @@ def campaign_profile(request: HttpRequest, name: str) -> HttpResponse:
     }
     if profile is not None:
         estimate = Estimate.objects.filter(profile=profile).first()
+        environment, environment_note = profiling.environment_match(profile.runtime)
         context.update(
             {
                 "active": profile.state in PROFILE_ACTIVE,
@@ -366,6 +371,15 @@ def campaign_profile(request: HttpRequest, name: str) -> HttpResponse:
                 "order_url": profiling.order_link(estimate=estimate)
                 if estimate is not None and estimate.gpu_name
                 else None,
+                "environment": environment,
+                "environment_note": environment_note,
+                "earlier": list(
+                    campaign.profiles.exclude(pk=profile.pk).order_by("-created_at", "-pk")[
+                        :EARLIER_PROFILES
+                    ]
+                ),
+                "comparison": _comparison(request, campaign, profile),
+                "poll_url": request.get_full_path(),
             }
         )
     if request.htmx and request.htmx.target == "profile-report":
@@ -375,6 +389,50 @@ def campaign_profile(request: HttpRequest, name: str) -> HttpResponse:
             response.status_code = HttpResponseStopPolling.status_code
         return response
     return render(request, "campaigns/campaign_profile.html", context)
+
+
+EARLIER_PROFILES = 10
+
+
+def _comparison(request: HttpRequest, campaign: Campaign, profile: Profile) -> dict | None:
+    """The ?compare= profile beside the shown one; another campaign's id is a 404."""
+    raw = request.GET.get("compare", "")
+    if not raw:
+        return None
+    if not raw.isdigit():
+        raise Http404("No such profile.")
+    other = campaign.profiles.filter(pk=int(raw)).first()
+    if other is None:
+        raise Http404("No such profile.")
+    return profiling.profile_comparison(profile=profile, other=other)
+
+
+@login_required
+@require_POST
+def campaign_profile_rerun(request: HttpRequest, name: str, pk: int) -> HttpResponse:
+    """The same sample and parameter version again, queued; the report then
+    compares the new profile with the one it repeats."""
+    campaign = _get_campaign_for_user(request, name)
+    profile = campaign.profiles.filter(pk=pk).first()
+    if profile is None:
+        raise Http404("No such profile.")
+    # One measuring at a time: a second press of the button queues nothing.
+    measuring = campaign.profiles.filter(state__in=PROFILE_ACTIVE).order_by("pk").first()
+    if measuring is not None:
+        messages.error(request, f"Profile {measuring.pk} is still measuring: nothing was queued.")
+        return redirect("campaign_profile", name=campaign.name)
+    try:
+        again = profiling.profile_rerun_start(profile=profile)
+    except ValueError as exc:
+        messages.error(request, f"{exc}: nothing was queued.")
+        return redirect("campaign_profile", name=campaign.name)
+    messages.success(
+        request,
+        f"Profile {again.pk} queued: the sample of profile {profile.pk} again, with its "
+        "parameters; the report compares the two when it is done.",
+    )
+    url = reverse("campaign_profile", args=[campaign.name])
+    return redirect(f"{url}?{urlencode({'compare': profile.pk})}")
 
 
 def _margin_percent(raw: str) -> float | None:

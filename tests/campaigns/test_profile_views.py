@@ -277,9 +277,12 @@ def test_the_report_lists_every_step_and_marks_the_ones_that_did_not_fit(client,
     assert _words(oom).endswith("OOM") and "failed" in _classes(oom)
     over = _one(steps, "tr", data_phase="heaviest", data_batch="14")
     assert _words(over).endswith("over the limit") and "failed" in _classes(over)
-    # batch, items/s, tokens/s (430 × 40), peak allocated, peak reserved, result
+    # batch, prepare, compute and write seconds (0.6 ms × 64), items/s, tokens/s
+    # (430 × 40), peak allocated, peak reserved, result
     count64 = _one(steps, "tr", data_phase="count", data_batch="64")
-    assert _words(count64) == "count 64 430.0 17200 3.7 GB 3.9 GB fits"
+    assert _words(count64) == "count 64 0.026 0.149 0.038 430.0 17200 3.7 GB 3.9 GB fits"
+    headers = [_words(th) for th in _all(_one(steps, "thead"), "th")]
+    assert headers[2:5] == ["Prepare s", "Compute s", "Write s"]
 
 
 def test_the_charts_draw_both_sweeps_the_budget_lines_and_the_failures(client, owner, done):
@@ -380,6 +383,7 @@ def test_order_this_plan_links_to_the_configurator_prefilled_with_the_plan(clien
     query = {k: v[0] for k, v in parse_qs(url.query).items()}
     assert query == {
         "campaign": "texts",
+        "profile": str(done.pk),
         "min_memory_gb": "24",
         "gpu": str(GpuModel.objects.get(name=estimate.gpu_name).pk),
         "quantity": str(estimate.quantity),
@@ -466,3 +470,235 @@ def test_the_campaign_page_offers_a_profile_and_links_the_latest(client, owner, 
     link = _one(parse_html(client.get(detail).content.decode()), "a", id="latest-profile")
     assert _attr(link, "href") == _report(campaign)
     assert _words(link) == "Latest profile (done, batch 12)"
+
+
+# --- re-running a sample and comparing two profiles ---------------------------------
+
+
+def _rerun(campaign, profile):
+    return reverse("campaign_profile_rerun", args=[campaign.name, profile.pk])
+
+
+def test_re_run_this_sample_queues_the_same_sample_and_compares_the_two(
+    client, owner, done, django_capture_on_commit_callbacks
+):
+    campaign = done.campaign
+    # the campaign moved on to other parameters since the profile
+    services.version_create(campaign=campaign, params={"max_tokens": 128})
+    client.force_login(owner)
+    form = _one(_page(client, campaign), "form", id="profile-rerun")
+    assert _attr(form, "action") == _rerun(campaign, done)
+
+    with (
+        mock.patch.object(celery_app, "send_task") as send,
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        response = client.post(_rerun(campaign, done), follow=True)
+
+    again = Profile.objects.exclude(pk=done.pk).get()
+    assert again.state == Profile.State.QUEUED
+    assert (again.sample, again.heavy, again.version) == (done.sample, done.heavy, done.version)
+    send.assert_called_once_with("gpuworker.tasks.run_profile", args=[again.pk])
+    assert response.redirect_chain[-1][0] == f"{_report(campaign)}?compare={done.pk}"
+    html = response.content.decode()
+    assert f"Profile {again.pk} queued: the sample of profile {done.pk} again" in html
+    # the report polls with the comparison kept, and shows it already
+    report = _one(parse_html(html), id="profile-report")
+    assert _attr(report, "hx-get") == f"{_report(campaign)}?compare={done.pk}"
+    compare = _one(report, id="profile-compare")
+    assert "The same sample" in _words(compare)
+    chosen = _one(compare, "tr", data_field="chosen_batch_size")
+    assert _words(chosen) == "Chosen batch size — 12"
+    # no re-run of a profile that is still measuring
+    assert 'id="profile-rerun"' not in html
+
+
+def test_two_profiles_side_by_side(client, owner, campaign, catalog):
+    # given: a profile, and a re-run of its sample that went faster with a larger batch
+    first = build_done_profile(campaign)
+    second = profiling.profile_rerun(profile=first)
+    Profile.objects.filter(pk=second.pk).update(
+        state=Profile.State.DONE,
+        device="NVIDIA L4",
+        steps=[
+            *STEPS[:9],
+            _step("heaviest", 16, 256, 7000, 60.0),
+            _step("leak check", 16, 256, 7000, 60.0),
+        ],
+        chosen_batch_size=16,
+        chosen_peak_reserved=7000 * MiB,
+    )
+    second.refresh_from_db()
+    profiling.estimate_build(profile=second)
+    client.force_login(owner)
+
+    # when
+    page = parse_html(client.get(f"{_report(campaign)}?compare={first.pk}").content.decode())
+
+    # then: chosen batch, peak reserved, items/s and hours, each with the change
+    compare = _one(page, id="profile-compare")
+    rows = {
+        _attr(tr, "data-field"): [_words(td) for td in _all(tr, "td")]
+        for tr in _all(compare, "tr")
+        if _attr(tr, "data-field")
+    }
+    assert rows["device"][:2] == ["NVIDIA L4", "CPU (2 threads)"]
+    assert rows["chosen_batch_size"] == ["16", "12", "+33.3%"]
+    assert rows["chosen_peak_reserved"][:2] == ["6.8 GB", "5.8 GB"]
+    assert rows["items_per_s"] == ["60.0", "41.0", "+46.3%"]
+    hours_this, hours_other = (
+        second.estimate.hours_measured_device,
+        first.estimate.hours_measured_device,
+    )
+    assert rows["hours"][:2] == [f"{hours_this:.3f} h", f"{hours_other:.3f} h"]
+    # the earlier profile is listed with a link to compare
+    earlier = _one(page, id="earlier-profiles")
+    link = _one(earlier, "a")
+    assert _attr(link, "href") == f"{_report(campaign)}?compare={first.pk}"
+
+
+def test_a_comparison_with_another_campaigns_profile_is_not_found(
+    client, owner, done, make_campaign
+):
+    other = build_done_profile(make_campaign("other-texts"))
+    client.force_login(owner)
+    assert client.get(f"{_report(done.campaign)}?compare={other.pk}").status_code == 404
+    assert client.get(f"{_report(done.campaign)}?compare=abc").status_code == 404
+
+
+def test_re_running_needs_the_campaign_and_a_post(client, owner, outsider, done):
+    client.force_login(outsider)
+    assert client.post(_rerun(done.campaign, done)).status_code == 404
+    client.force_login(owner)
+    assert client.get(_rerun(done.campaign, done)).status_code == 405
+    assert Profile.objects.count() == 1
+
+
+def test_re_run_pressed_twice_queues_one_profile(client, owner, done):
+    client.force_login(owner)
+    with mock.patch.object(celery_app, "send_task"):
+        client.post(_rerun(done.campaign, done))
+        response = client.post(_rerun(done.campaign, done), follow=True)
+    again = Profile.objects.exclude(pk=done.pk).get()
+    assert (
+        f"Profile {again.pk} is still measuring: nothing was queued." in response.content.decode()
+    )
+
+
+def test_a_profile_still_measuring_is_not_re_run(client, owner, done):
+    Profile.objects.filter(pk=done.pk).update(state=Profile.State.RUNNING)
+    client.force_login(owner)
+    with mock.patch.object(celery_app, "send_task") as send:
+        response = client.post(_rerun(done.campaign, done), follow=True)
+    send.assert_not_called()
+    assert Profile.objects.count() == 1
+    assert f"Profile {done.pk} is still measuring: nothing was queued." in response.content.decode()
+
+
+# --- the memory tier ------------------------------------------------------------------
+
+
+def test_a_batch_above_the_largest_tier_is_said_and_a_smaller_one_planned(
+    client, owner, campaign, catalog
+):
+    GB = 1024 * MiB
+    profile = build_done_profile(campaign)
+    steps = [
+        _step("heaviest", size, 256, peak * 1024, 100.0)
+        for size, peak in ((64, 15), (128, 30), (256, 60), (512, 110))
+    ]
+    Profile.objects.filter(pk=profile.pk).update(
+        steps=steps, chosen_batch_size=512, chosen_peak_reserved=110 * GB, memory_budget=141 * GB
+    )
+    profile.refresh_from_db()
+    estimate = profiling.estimate_build(profile=profile)
+    client.force_login(owner)
+    page = _page(client, campaign)
+
+    exceeded = _words(_one(page, id="tier-exceeded"))
+    assert (
+        "At batch 512 the heaviest inputs need more memory than the largest tier (80 GB)"
+        in exceeded
+    )
+    assert f"the plan runs batch {estimate.batch_size}" in exceeded
+    tiers = _one(page, id="memory-tiers")
+    assert [_words(td) for td in _all(_one(tiers, "tr", data_tier="24"), "td")][:2] == [
+        "24 GB",
+        "64",
+    ]
+    assert [_words(td) for td in _all(_one(tiers, "tr", data_tier="80"), "td")][:2] == [
+        "80 GB",
+        "256",
+    ]
+    memory = _words(_one(page, id="memory-tier"))
+    assert f"cards of {estimate.memory_tier_gb} GB or more" in memory
+    assert f"at batch {estimate.batch_size}" in memory
+
+
+def test_the_hardest_inputs_say_why_they_were_tried(client, owner, done):
+    Profile.objects.filter(pk=done.pk).update(
+        heaviest_tried=[
+            {"uid": "long.txt", "cost": 256, "why": "heaviest"},
+            {"uid": "oom.txt", "cost": 40, "why": "failed before: out_of_memory"},
+            {"uid": "wide.png", "cost": 4000, "why": "widest"},
+        ]
+    )
+    client.force_login(owner)
+    rows = _all(_one(_page(client, done.campaign), id="heaviest"), "tr")
+    assert [_words(r) for r in rows[1:]] == [
+        "long.txt 256 heaviest",
+        "oom.txt 40 failed before: out_of_memory",
+        "wide.png 4,000 widest",
+    ]
+
+
+# --- the environment of "Order this plan" ----------------------------------------------
+
+
+def _order_query(client, campaign) -> dict:
+    link = _one(_page(client, campaign), "a", id="order-plan")
+    return {k: v[0] for k, v in parse_qs(urlsplit(_attr(link, "href")).query).items()}
+
+
+@pytest.mark.parametrize(
+    ("runtime", "environment"),
+    [
+        ({"torch": "2.8.1+cu128", "cuda": "12.8"}, "PyTorch 2.8"),
+        ({"torch": "2.13.0+cu130", "cuda": "13.0"}, "BriefGPU worker 0.1"),
+        # a CPU profile has no CUDA to match: torch alone
+        ({"torch": "2.13.0+cpu"}, "BriefGPU worker 0.1"),
+    ],
+)
+def test_order_this_plan_picks_the_environment_of_the_same_torch_and_cuda(
+    client, owner, done, runtime, environment
+):
+    Profile.objects.filter(pk=done.pk).update(runtime=runtime)
+    client.force_login(owner)
+    query = _order_query(client, done.campaign)
+    assert query["environment"] == str(Environment.objects.get(name=environment).pk)
+    note = _one(_page(client, done.campaign), id="environment-match")
+    assert _words(note).startswith(f"Environment: {environment}: torch")
+    assert "error" not in _classes(note)
+
+
+@pytest.mark.parametrize(
+    "runtime",
+    [
+        # torch 2.13 is in the catalog, but only with CUDA 13.0
+        {"torch": "2.13.0+cu128", "cuda": "12.8"},
+        # no torch 2.1 at all (and 2.1 is not 2.13)
+        {"torch": "2.1.2", "cuda": "13.0"},
+    ],
+)
+def test_order_this_plan_prefills_no_environment_when_none_matches_and_says_so(
+    client, owner, done, runtime
+):
+    Profile.objects.filter(pk=done.pk).update(runtime=runtime)
+    client.force_login(owner)
+    query = _order_query(client, done.campaign)
+    assert "environment" not in query
+    assert {"gpu", "quantity", "duration"} <= set(query)
+    note = _one(_page(client, done.campaign), id="environment-match")
+    assert "no catalog environment has torch" in _words(note)
+    assert f"CUDA {runtime['cuda']}" in _words(note)
+    assert "error" in _classes(note)

@@ -75,3 +75,90 @@ def test_a_budget_below_the_model_itself_fails_with_a_reason(make_campaign, outp
             "1",
             stdout=StringIO(),
         )
+
+
+@pytest.fixture
+def paced(settings, tmp_path, project):
+    """A campaign of the paced test processor (tests/plugins/paced_text.py): no model."""
+    from campaigns import processor_specs, services
+    from gpuworker import processors
+
+    settings.BRIEFGPU_PROCESSORS = ["tests.plugins.paced_text.SPEC"]
+    processor_specs._registry.cache_clear()
+    processors._load.cache_clear()
+    root = tmp_path / "paced"
+    root.mkdir()
+    for i in range(12):
+        (root / f"note-{i:02d}.txt").write_text(f"note {i}: the cache was warm\n")
+    for i in range(3):
+        (root / f"report-{i}.txt").write_text(" ".join(f"w{j}" for j in range(40)) + "\n")
+    campaign, _ = services.campaign_create(
+        name="paced", processor="paced-text", project=project, input_folder=root
+    )
+    yield campaign
+    processor_specs._registry.cache_clear()
+    processors._load.cache_clear()
+
+
+def _profile(*args: str) -> str:
+    out = StringIO()
+    call_command("campaign", "profile", "paced", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_the_profile_prints_prepare_compute_and_write_seconds_per_step(paced, output_root, catalog):
+    text = _profile("--max-batch", "2", "--sample", "4", "--heavy", "2", "--budget-mb", "65536")
+    header = next(line for line in text.splitlines() if "prepare s" in line)
+    assert header.split()[:8] == ["phase", "batch", "prepare", "s", "compute", "s", "write", "s"]
+    count2 = next(line for line in text.splitlines() if line.split()[:2] == ["count", "2"])
+    prepare, compute, write = (float(v) for v in count2.split()[2:5])
+    assert prepare >= 0 and compute >= 0 and write > 0
+
+
+def test_rerun_runs_the_saved_sample_with_its_own_parameters_and_compares(
+    paced, output_root, catalog
+):
+    from campaigns import services
+    from campaigns.models import Profile
+
+    # given: a profile, then the campaign's parameters changed
+    _profile("--max-batch", "2", "--sample", "4", "--heavy", "2", "--budget-mb", "65536")
+    first = Profile.objects.get()
+    services.version_create(campaign=first.campaign, params={"batch_size": 3})
+
+    # when
+    text = _profile("--rerun", str(first.pk))
+
+    # then: the same sample, version and budget (it was given), measured again
+    again = Profile.objects.exclude(pk=first.pk).get()
+    assert again.state == Profile.State.DONE
+    assert (again.sample, again.heavy, again.version) == (first.sample, first.heavy, first.version)
+    assert again.memory_budget == first.memory_budget == 65536 * 1024 * 1024
+    assert f"re-run of profile {first.pk} (the same sample)" in text
+    assert "chosen batch size: 2 → 2 (+0.0%)" in text
+    for label in ("peak reserved at the chosen size", "items/s at the chosen size"):
+        assert label in text
+    assert "estimate, hours on the measured device:" in text
+
+
+def test_rerun_as_json_carries_the_comparison(paced, output_root, catalog):
+    from campaigns.models import Profile
+
+    _profile("--max-batch", "2", "--sample", "4", "--budget-mb", "65536")
+    first = Profile.objects.get()
+    report = json.loads(_profile("--rerun", str(first.pk), "--budget-mb", "32768", "--json"))
+    compared = report["compared_with"]
+    assert compared["other"]["profile"] == first.pk
+    assert compared["same_sample"] and compared["same_version"]
+    assert [row["field"] for row in compared["rows"]] == [
+        "chosen_batch_size",
+        "chosen_peak_reserved",
+        "items_per_s",
+        "hours",
+    ]
+    assert report["memory_budget"] == 32768 * 1024 * 1024  # given again: it wins
+
+
+def test_rerun_of_an_unknown_profile_fails_with_a_reason(paced, output_root, catalog):
+    with pytest.raises(CommandError, match="paced has no profile 999"):
+        _profile("--rerun", "999")

@@ -131,6 +131,14 @@ class Command(BaseCommand):
         profile.add_argument("--max-batch", type=int, default=1024)
         profile.add_argument("--sample", type=int, default=48, help="ordinary units at random")
         profile.add_argument("--heavy", type=int, default=12, help="heaviest units added")
+        profile.add_argument(
+            "--rerun",
+            type=int,
+            default=None,
+            metavar="ID",
+            help="run profile ID's saved sample again, with its parameters, margin and "
+            "maximum batch (--budget-mb still applies), and compare the two",
+        )
         profile.add_argument("--json", action="store_true")
 
         status = sub.add_parser("status", help="counts of one campaign")
@@ -339,29 +347,44 @@ class Command(BaseCommand):
                 f"{row['succeeded']}/{row['total']} succeeded, {row['failed']} failed"
             )
 
-    def _profile(self, *, name, margin, budget_mb, max_batch, sample, heavy, json: bool, **_):
+    def _profile(
+        self, *, name, margin, budget_mb, max_batch, sample, heavy, rerun, json: bool, **_
+    ):
         from campaigns import profiling
+        from campaigns.models import Profile
         from gpuworker.profiler import profile_run  # this command runs the model
 
         campaign = self._campaign(name)
+        budget = budget_mb * 1024 * 1024 if budget_mb else None
+        original = None
         try:
-            profile = profiling.profile_create(
-                campaign=campaign,
-                margin=margin,
-                memory_budget=budget_mb * 1024 * 1024 if budget_mb else None,
-                max_batch_size=max_batch,
-                sample_size=sample,
-                heavy=heavy,
-            )
+            if rerun is not None:
+                original = Profile.objects.filter(pk=rerun, campaign=campaign).first()
+                if original is None:
+                    raise CommandError(f"{campaign.name} has no profile {rerun}")
+                profile = profiling.profile_rerun(profile=original, memory_budget=budget)
+            else:
+                profile = profiling.profile_create(
+                    campaign=campaign,
+                    margin=margin,
+                    memory_budget=budget,
+                    max_batch_size=max_batch,
+                    sample_size=sample,
+                    heavy=heavy,
+                )
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         profile_run(profile.pk)
         profile.refresh_from_db()
         report = profiling.profile_report(profile)
+        if original is not None:
+            report["compared_with"] = profiling.profile_comparison(profile=profile, other=original)
         if json:
             self.stdout.write(_json.dumps(report, indent=2, default=str))
         else:
             self._print_profile(report)
+            if original is not None:
+                self._print_comparison(report["compared_with"])
         if profile.state != profile.State.DONE:
             raise CommandError(f"profile failed: {profile.error}")
 
@@ -370,11 +393,21 @@ class Command(BaseCommand):
         out = self.stdout.write
         out(f"profile {report['profile']} of {report['campaign']} on {report['device']}")
         out(f"  budget {report['memory_budget'] / mib:.0f} MiB, margin {report['margin']:.0%}")
-        out("  phase       batch  items/s  peak alloc MiB  peak reserved MiB  fits")
+        out(
+            f"  {'phase':<20} {'batch':>6}  prepare s  compute s    write s  items/s  "
+            "peak alloc MiB  peak reserved MiB  fits"
+        )
         for s in report["steps"]:
             rate = f"{s['items_per_s']:.1f}" if s.get("items_per_s") else "OOM"
+            if s.get("error"):
+                rate = "error"
+            seconds = "".join(
+                f"{s[key]:>11.3f}" if s.get(key) is not None else f"{'—':>11}"
+                for key in ("prepare_s", "compute_s", "write_s")
+            )
+            phase = f"{s['phase']} ({s['kind']})" if s.get("kind") else s["phase"]
             out(
-                f"  {s['phase']:<10} {s['batch_size']:>6} {rate:>8} "
+                f"  {phase:<20} {s['batch_size']:>6}{seconds} {rate:>8} "
                 f"{s['peak_allocated'] / mib:>15.0f} {s['peak_reserved'] / mib:>18.0f}  "
                 f"{'yes' if s['fits'] else 'no'}"
             )
@@ -395,6 +428,22 @@ class Command(BaseCommand):
                 out(f"  - {line}")
         if report["error"]:
             out(f"error: {report['error']}")
+
+    def _print_comparison(self, comparison: dict) -> None:
+        this, other = comparison["profile"], comparison["other"]
+        out = self.stdout.write
+        same = "the same sample" if comparison["same_sample"] else "a different sample"
+        out(
+            f"re-run of profile {other['profile']} ({same}): profile {other['profile']} on "
+            f"{other['device'] or '?'} → profile {this['profile']} on {this['device'] or '?'}"
+        )
+        mib = 1024 * 1024
+        for row in comparison["rows"]:
+            a, b = row["this"], row["other"]
+            if row["field"] == "chosen_peak_reserved":
+                a, b = (f"{v / mib:.0f} MiB" if v is not None else "—" for v in (a, b))
+            change = f" ({row['change']:+.1f}%)" if row["change"] is not None else ""
+            out(f"  {row['label'].lower()}: {b} → {a}{change}")
 
     def _status(self, *, name, json: bool, **_):
         campaign = self._campaign(name)

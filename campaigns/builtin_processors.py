@@ -9,6 +9,8 @@ from . import flags as flag_params
 from .images import MAX_ASPECT, MAX_PIXELS, decode_image
 from .inputs import decode_text
 from .outputs import (
+    NON_FINITE,
+    WRONG_OUTPUT,
     InvalidOutput,
     check_npy_header,
     load_npy_or_npz,
@@ -178,17 +180,21 @@ def check_image_output(path: Path, params: dict, source_size: tuple[int, int] | 
     except (OSError, SyntaxError, ValueError) as exc:
         raise InvalidOutput(f"does not decode: {exc}") from exc
     if fmt != IMAGE_FORMATS[params["format"]]:
-        raise InvalidOutput(f"format {fmt}, asked {IMAGE_FORMATS[params['format']]}")
+        raise InvalidOutput(f"format {fmt}, asked {IMAGE_FORMATS[params['format']]}", WRONG_OUTPUT)
     if params["operation"] == "resize" and size != (int(params["width"]), int(params["height"])):
-        raise InvalidOutput(f"{size[0]}×{size[1]}, asked {params['width']}×{params['height']}")
+        raise InvalidOutput(
+            f"{size[0]}×{size[1]}, asked {params['width']}×{params['height']}", WRONG_OUTPUT
+        )
     if params["operation"] == "thumbnail" and (
         size[0] > int(params["width"]) or size[1] > int(params["height"])
     ):
-        raise InvalidOutput(f"{size[0]}×{size[1]} exceeds {params['width']}×{params['height']}")
+        raise InvalidOutput(
+            f"{size[0]}×{size[1]} exceeds {params['width']}×{params['height']}", WRONG_OUTPUT
+        )
     if source_size is not None:
         want = expected_size(*source_size, params)
         if abs(size[0] - want[0]) > 1 or abs(size[1] - want[1]) > 1:
-            raise InvalidOutput(f"{size[0]}×{size[1]}, expected {want[0]}×{want[1]}")
+            raise InvalidOutput(f"{size[0]}×{size[1]}, expected {want[0]}×{want[1]}", WRONG_OUTPUT)
 
 
 def _image_deep_check(path: Path, params: dict) -> None:
@@ -257,12 +263,16 @@ def check_classification_output(path: Path, params: dict) -> None:
     k = min(int(params["top_k"]), len(probs)) if len(probs) else 0
     if k == 0 or len(arrays["top_labels"]) != len(probs):
         raise InvalidOutput("no top-k categories")
-    if not np.all(np.isfinite(probs)) or probs.min() < 0 or probs.max() > 1 + 1e-5:
+    if not np.all(np.isfinite(probs)):
+        raise InvalidOutput("probabilities hold NaN or Inf", NON_FINITE)
+    if probs.min() < 0 or probs.max() > 1 + 1e-5:
         raise InvalidOutput("probabilities outside [0, 1]")
     if np.any(np.diff(probs) > 1e-6):
         raise InvalidOutput("top-k probabilities not in decreasing order")
-    if arrays["features"].ndim != 1 or not np.all(np.isfinite(arrays["features"])):
-        raise InvalidOutput("feature vector missing or not finite")
+    if arrays["features"].ndim != 1:
+        raise InvalidOutput("feature vector missing", WRONG_OUTPUT)
+    if not np.all(np.isfinite(arrays["features"])):
+        raise InvalidOutput("feature vector holds NaN or Inf", NON_FINITE)
 
 
 IMAGE_CLASSIFICATION = ProcessorSpec(

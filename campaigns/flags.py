@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from django.db import models
 
+from . import outputs
 from .processor_specs import ParamSpec
 
 
@@ -22,6 +23,11 @@ class FlagReason(models.TextChoices):
     CATEGORY_DRIFT = "category_drift", "category share drifts from the checkpoint sample"
     TINY_INPUT = "tiny_input", "tiny input image"
     EXTREME_ASPECT = "extreme_aspect", "extreme aspect ratio"
+    # Outputs that failed their check: the unit fails (output_invalid) and a
+    # person sees the item; the reason counts at the checkpoint like any flag.
+    NON_FINITE = outputs.NON_FINITE, "NaN or Inf in the output"
+    WRONG_OUTPUT = outputs.WRONG_OUTPUT, "output dimensions or format not as asked"
+    OUTPUT_INVALID = outputs.OUTPUT_INVALID, "output failed its check"
     MANUAL = "manual", "flagged by hand"
     SPOT_CHECK = "spot_check", "checkpoint spot check"
 

@@ -1,7 +1,9 @@
 """The holdout: a deterministic share of units kept out of profiling and tuning.
 
 Chosen by a hash of the unit id, so the same units are held out on every
-import and every machine; reported at the checkpoint and at the end.
+import and every machine. Part of every parameter version's first group
+(processed again under each new version, its earlier outputs kept in their
+version's folder), reported at the checkpoint and at the end.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy as np
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
-from .models import Attempt, Campaign, ParameterVersion, Unit, UnitState
+from .models import Attempt, Campaign, ParameterVersion, ReviewItem, Unit
 from .processor_specs import get_spec
 
 _CHUNK = 2000
@@ -29,14 +31,21 @@ def is_holdout(uid: str, share: float) -> bool:
     return bucket / 2**32 < share
 
 
-def holdout_report(*, campaign: Campaign) -> dict[str, Any]:
-    """What the holdout says about the current parameter version, as plain data.
+def holdout_report(
+    *, campaign: Campaign, version: ParameterVersion | None = None
+) -> dict[str, Any]:
+    """What the holdout says about a parameter version (default: the current one),
+    as plain data (JSON: a checkpoint keeps snapshots of it).
+
+    Read from the attempts, not from the units: a holdout unit is processed
+    again under each new version (services.version_create), so its row shows
+    only its latest output while every version's attempt keeps its own.
 
     Labelled classification: top-1 accuracy and a confusion table. Embeddings:
     how far the vectors moved since the previous parameter version. Anything
     else: counts only.
     """
-    version = campaign.current_version
+    version = version or campaign.current_version
     holdout = Unit.objects.filter(campaign=campaign, holdout=True)
     report: dict[str, Any] = {
         "share": campaign.holdout_share,
@@ -48,11 +57,9 @@ def holdout_report(*, campaign: Campaign) -> dict[str, Any]:
     if version is None:
         report["notes"].append("no parameter version yet")
         return report
-    processed = holdout.filter(
-        state__in=(UnitState.SUCCEEDED, UnitState.NEEDS_REVIEW),
-        output_path__startswith=f"{campaign.name}/{version.label}/",
+    report["processed"] = (
+        _succeeded(campaign, version).order_by().values("unit_id").distinct().count()
     )
-    report["processed"] = processed.count()
     if not report["units"]:
         report["notes"].append("no unit is held out")
 
@@ -61,7 +68,7 @@ def holdout_report(*, campaign: Campaign) -> dict[str, Any]:
     except ValidationError:
         suffix = ""  # a plugin no longer installed: its outputs cannot be read here
     if campaign.processor == "image-classification":
-        report.update(_classification(processed, report["notes"]))
+        report.update(_classification(campaign, version, report["notes"]))
     elif suffix == ".npy":
         report["stability"] = _stability(campaign, version, report["notes"])
     else:
@@ -69,20 +76,56 @@ def holdout_report(*, campaign: Campaign) -> dict[str, Any]:
     return report
 
 
+def _succeeded(campaign: Campaign, version: ParameterVersion):
+    """Successful attempts of holdout units under a version, less outputs a
+    reviewer rejected (they do not count)."""
+    rejected = ReviewItem.objects.filter(
+        campaign=campaign, version=version, state=ReviewItem.State.REJECTED
+    ).values("unit_id")
+    return (
+        Attempt.objects.filter(
+            unit__campaign=campaign,
+            unit__holdout=True,
+            version=version,
+            outcome=Attempt.Outcome.SUCCEEDED,
+        )
+        .exclude(output_path="")
+        .exclude(unit_id__in=rejected)
+    )
+
+
+def _holdout_outputs(
+    campaign: Campaign, version: ParameterVersion
+) -> Iterator[tuple[str, str, str]]:
+    """(uid, category, output path) of each holdout unit's last successful
+    attempt under a version."""
+    rows = (
+        _succeeded(campaign, version)
+        .order_by("unit_id", "finished_at", "pk")
+        .values_list("unit_id", "unit__uid", "unit__category", "output_path")
+        .iterator(chunk_size=_CHUNK)
+    )
+    current: tuple[int, str, str, str] | None = None
+    for row in rows:
+        if current is not None and row[0] != current[0]:
+            yield current[1], current[2], current[3]
+        current = row
+    if current is not None:
+        yield current[1], current[2], current[3]
+
+
 # --- labelled classification ---------------------------------------------------
 
 
-def _classification(processed, notes: list[str]) -> dict[str, Any]:
+def _classification(
+    campaign: Campaign, version: ParameterVersion, notes: list[str]
+) -> dict[str, Any]:
     output_root = Path(settings.OUTPUT_ROOT)
     confusion: dict[str, Counter] = defaultdict(Counter)
     labelled = correct = unreadable = 0
-    rows = (
-        processed.exclude(category="")
-        .order_by("pk")
-        .values_list("category", "output_path")
-        .iterator(chunk_size=_CHUNK)
-    )
-    for truth, rel in rows:
+    for _uid, truth, rel in _holdout_outputs(campaign, version):
+        if not truth:
+            continue
         try:
             with np.load(output_root / rel, allow_pickle=False) as out:
                 predicted = str(out["top_labels"][0])
@@ -110,30 +153,7 @@ def _classification(processed, notes: list[str]) -> dict[str, Any]:
 # --- embedding stability ------------------------------------------------------
 
 
-def _holdout_outputs(campaign: Campaign, version: ParameterVersion) -> Iterator[tuple[str, str]]:
-    """(uid, output path) of each holdout unit's last successful attempt under a version."""
-    rows = (
-        Attempt.objects.filter(
-            unit__campaign=campaign,
-            unit__holdout=True,
-            version=version,
-            outcome=Attempt.Outcome.SUCCEEDED,
-        )
-        .exclude(output_path="")
-        .order_by("unit_id", "finished_at", "pk")
-        .values_list("unit_id", "unit__uid", "output_path")
-        .iterator(chunk_size=_CHUNK)
-    )
-    current: tuple[int, str, str] | None = None
-    for row in rows:
-        if current is not None and row[0] != current[0]:
-            yield current[1], current[2]
-        current = row
-    if current is not None:
-        yield current[1], current[2]
-
-
-def _unit_vector(path: Path) -> np.ndarray | None:
+def unit_vector(path: Path) -> np.ndarray | None:
     try:
         vector = np.load(path, allow_pickle=False).astype(np.float64).ravel()
     except (OSError, ValueError):
@@ -152,15 +172,15 @@ def _stability(
         return None
     output_root = Path(settings.OUTPUT_ROOT)
     # Only the holdout's paths are held in memory: about 5% of the campaign.
-    before = dict(_holdout_outputs(campaign, previous))
+    before = {uid: rel for uid, _category, rel in _holdout_outputs(campaign, previous)}
     compared = unreadable = 0
     total = 0.0
     worst: tuple[float, str] | None = None
-    for uid, rel in _holdout_outputs(campaign, version):
+    for uid, _category, rel in _holdout_outputs(campaign, version):
         if uid not in before:
             continue
-        a = _unit_vector(output_root / before[uid])
-        b = _unit_vector(output_root / rel)
+        a = unit_vector(output_root / before[uid])
+        b = unit_vector(output_root / rel)
         if a is None or b is None or a.shape != b.shape:
             unreadable += 1
             continue

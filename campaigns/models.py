@@ -417,6 +417,11 @@ class Checkpoint(models.Model):
     )
     decided_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # The holdout report of this checkpoint's version as it stood when the
+    # checkpoint opened, was decided and when the campaign ran out of work:
+    # {"opened" | "decided" | "finished": report with "at"}. Kept, since the
+    # live report follows whichever outputs exist now.
+    holdout_snapshots = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -447,6 +452,12 @@ class ReviewItem(models.Model):
     version = models.ForeignKey(ParameterVersion, on_delete=models.RESTRICT, related_name="+")
     checkpoint = models.ForeignKey(
         Checkpoint, on_delete=models.CASCADE, null=True, blank=True, related_name="items"
+    )
+    # The try whose output this item judges. Only items about the unit's latest
+    # attempt move the unit: a decision on an older output is recorded, no more.
+    # Null on items made before it was recorded (then: made after the latest attempt).
+    attempt = models.ForeignKey(
+        Attempt, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
     source = models.CharField(max_length=12, choices=Source.choices, default=Source.RULE)
     reason = models.CharField(max_length=50)

@@ -57,8 +57,23 @@ def vector_to_npy(vector: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+# What is wrong with an output that fails its check, for the review queue
+# (values of campaigns.flags.FlagReason; this module stays free of Django).
+NON_FINITE = "non_finite"
+WRONG_OUTPUT = "wrong_output"
+OUTPUT_INVALID = "output_invalid"
+
+
 class InvalidOutput(Exception):
-    """The file exists but is not a usable result."""
+    """The file exists but is not a usable result.
+
+    `reason` names the defect: NaN or Inf values, dimensions or format not as
+    asked, or anything else (a plugin's check raises the default).
+    """
+
+    def __init__(self, message: str, reason: str = OUTPUT_INVALID):
+        super().__init__(message)
+        self.reason = reason
 
 
 # numpy parses .npy headers with ast.literal_eval, and CPython 3.11 before
@@ -96,11 +111,11 @@ def validate_embedding_file(path: Path, *, dimension: int, normalized: bool) -> 
         if not isinstance(vector, np.ndarray):
             raise InvalidOutput("an .npz archive, expected one .npy vector")
     if vector.shape != (dimension,):
-        raise InvalidOutput(f"shape {vector.shape}, expected ({dimension},)")
+        raise InvalidOutput(f"shape {vector.shape}, expected ({dimension},)", WRONG_OUTPUT)
     if vector.dtype != np.float32:
-        raise InvalidOutput(f"dtype {vector.dtype}, expected float32")
+        raise InvalidOutput(f"dtype {vector.dtype}, expected float32", WRONG_OUTPUT)
     if not np.isfinite(vector).all():
-        raise InvalidOutput("vector holds NaN or Inf")
+        raise InvalidOutput("vector holds NaN or Inf", NON_FINITE)
     if normalized:
         norm = float(np.linalg.norm(vector))
         if abs(norm - 1.0) > 1e-3:
@@ -136,7 +151,7 @@ def check_npy_header(path: Path, *, expected_size: int | None, dimension: int) -
             raise InvalidOutput(f"not a .npy file: {exc}") from exc
         header_end = fh.tell()
     if shape != (dimension,) or dtype != np.float32:
-        raise InvalidOutput(f"array {shape} {dtype}, expected ({dimension},) float32")
+        raise InvalidOutput(f"array {shape} {dtype}, expected ({dimension},) float32", WRONG_OUTPUT)
     if size != header_end + dimension * 4:
         raise InvalidOutput(f"size {size} bytes, a whole vector needs {header_end + dimension * 4}")
 

@@ -26,12 +26,21 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 from django_htmx.http import push_url
+from PIL import Image
 
 from . import holdout, review, selectors, services
 from .flags import FlagReason
 from .images import MAX_ASPECT, MAX_PIXELS, decode_image
 from .inputs import InputError, decode_text, read_bytes
-from .models import Attempt, Campaign, Checkpoint, ReviewDecision, ReviewItem, Unit
+from .models import (
+    Attempt,
+    Campaign,
+    Checkpoint,
+    ParameterVersion,
+    ReviewDecision,
+    ReviewItem,
+    Unit,
+)
 from .paths import resolve_input
 
 Item = ReviewItem.State
@@ -122,7 +131,7 @@ def _filtered(request: HttpRequest, filters: Filters, *, state: bool = True) -> 
 def _item_for_user(request: HttpRequest, pk) -> ReviewItem:
     item = (
         _visible_items(request)
-        .select_related("campaign", "unit", "version", "reviewer", "checkpoint")
+        .select_related("campaign", "unit", "version", "reviewer", "checkpoint", "attempt")
         .filter(pk=pk)
         .first()
     )
@@ -169,8 +178,9 @@ def review_queue(request: HttpRequest) -> HttpResponse:
         return render(request, f"campaigns/review_queue.html#{PANE}", pane)
 
     campaigns = selectors.campaigns_for_user(request.user)
+    # Every category of the other filters, so that choosing one does not hide the rest.
     categories = (
-        _filtered(request, filters, state=False)
+        _filtered(request, replace(filters, category=""), state=False)
         .exclude(unit__category="")
         .values_list("unit__category", flat=True)
         .distinct()
@@ -252,7 +262,10 @@ def _decided_notice(item: ReviewItem) -> str:
         Item.REQUEUED: "Requeued",
         Item.OPEN: "Reopened",
     }[item.state]
-    return f"{verb} {unit.uid} ({_reason_label(item.reason)}): the unit is now {state}."
+    notice = f"{verb} {unit.uid} ({_reason_label(item.reason)}): the unit is now {state}"
+    if item.state == Item.REQUEUED and unit.state == "pending":
+        notice += f", to run under a new parameter version (not {item.version.label} again)"
+    return notice + "."
 
 
 @login_required
@@ -397,33 +410,80 @@ def _input_preview(item: ReviewItem) -> Preview:
 
 
 @dataclass
+class Nearest:
+    unit: Unit
+    cosine: float
+    compared: int
+
+
+@dataclass
 class OutputSummary:
     kind: str  # classification / embedding / image / none / error
     labels: list = field(default_factory=list)  # (label, probability)
     margin: float | None = None
     metrics: dict = field(default_factory=dict)
     twins: list = field(default_factory=list)  # units named by a duplicate_vector flag
+    nearest: Nearest | None = None  # the closest vector of the same batch
     thumbnail: str = ""
+    dimensions: str = ""  # a transformed image: width×height and format, and what was asked
+    asked: str = ""
     error: str = ""
 
 
+def _judged_attempt(item: ReviewItem) -> Attempt | None:
+    """The try whose output the item judges: its own, else the unit's last success."""
+    if item.attempt_id:
+        return item.attempt
+    return (
+        Attempt.objects.filter(unit=item.unit, outcome=Attempt.Outcome.SUCCEEDED)
+        .order_by("-finished_at", "-pk")
+        .first()
+    )
+
+
 def _output_summary(item: ReviewItem) -> OutputSummary:
-    unit = item.unit
-    if not unit.output_path:
+    attempt = _judged_attempt(item)
+    # The output the item is about: a unit processed again since (the holdout
+    # under a new version) has a new one, and an output its check refused has none.
+    rel = attempt.output_path if attempt is not None else item.unit.output_path
+    if not rel:
+        if attempt is not None and attempt.outcome == Attempt.Outcome.FAILED:
+            return OutputSummary("error", error=attempt.error_message)
         return OutputSummary("none")
-    suffix = Path(unit.output_path).suffix
+    suffix = Path(rel).suffix
     root = Path(settings.OUTPUT_ROOT)
     try:
         if suffix == ".npz":
-            return _classification_summary(_read_limited(root, unit.output_path))
+            return _classification_summary(_read_limited(root, rel))
         if suffix in IMAGE_SUFFIXES:
-            data = _read_limited(root, unit.output_path)
-            return OutputSummary("image", thumbnail=_thumbnail(data, {}))
+            return _image_summary(item, _read_limited(root, rel))
     except InputError as exc:
         return OutputSummary("error", error=f"{exc.error_class}: {exc.message}")
     if suffix == ".npy":
-        return _embedding_summary(item)
+        return _embedding_summary(item, attempt)
     return OutputSummary("none")
+
+
+def _image_summary(item: ReviewItem, data: bytes) -> OutputSummary:
+    """The transformed file: a thumbnail, its dimensions and format beside what was asked."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:  # the header only: no pixels decoded
+            width, height, fmt = image.width, image.height, image.format or "?"
+        thumbnail = _thumbnail(data, {})
+    except (OSError, ValueError, InputError) as exc:
+        return OutputSummary("error", error=f"unreadable image output: {exc}")
+    params = item.version.params
+    asked = ""
+    if item.campaign.processor == "image-transform" and "operation" in params:
+        box = f"{params.get('width')}×{params.get('height')}"
+        asked = {
+            "resize": f"resize to {box}",
+            "thumbnail": f"thumbnail within {box}",
+        }.get(params["operation"], "same size")
+        asked += f", {str(params.get('format', '')).upper()}"
+    return OutputSummary(
+        "image", thumbnail=thumbnail, dimensions=f"{width}×{height} {fmt}", asked=asked
+    )
 
 
 def _classification_summary(data: bytes) -> OutputSummary:
@@ -438,12 +498,7 @@ def _classification_summary(data: bytes) -> OutputSummary:
     return OutputSummary("classification", labels=ranked, margin=margin)
 
 
-def _embedding_summary(item: ReviewItem) -> OutputSummary:
-    attempt = (
-        Attempt.objects.filter(unit=item.unit, outcome=Attempt.Outcome.SUCCEEDED)
-        .order_by("-finished_at", "-pk")
-        .first()
-    )
+def _embedding_summary(item: ReviewItem, attempt: Attempt | None) -> OutputSummary:
     summary = OutputSummary("embedding", metrics=attempt.metrics if attempt else {})
     prefix = "same vector as "
     if item.reason == FlagReason.DUPLICATE_VECTOR and item.detail.startswith(prefix):
@@ -451,7 +506,48 @@ def _embedding_summary(item: ReviewItem) -> OutputSummary:
         summary.twins = list(
             Unit.objects.filter(campaign=item.campaign, uid__in=named).order_by("uid")
         )
+    if attempt is not None and attempt.batch_id and attempt.output_path:
+        summary.nearest = _nearest_in_batch(attempt)
     return summary
+
+
+# Vectors read to find an item's nearest neighbour: its batch's, at most this
+# many (a few milliseconds each from a local disk; a token-budget batch can
+# hold thousands of short texts).
+NEAREST_MAX = 256
+
+
+def _nearest_in_batch(attempt: Attempt) -> Nearest | None:
+    """The most similar vector among the other outputs of the same batch.
+
+    Cheap because bounded: a batch, not the campaign (that would need an index
+    of every vector). A duplicate in another batch is found by the
+    duplicate_vector rule, by hash, when the worker writes it.
+    """
+    root = Path(settings.OUTPUT_ROOT)
+    own = holdout.unit_vector(root / attempt.output_path)
+    if own is None:
+        return None
+    others = (
+        Attempt.objects.filter(batch_id=attempt.batch_id, outcome=Attempt.Outcome.SUCCEEDED)
+        .exclude(unit_id=attempt.unit_id)
+        .exclude(output_path="")
+        .order_by("pk")
+        .values_list("unit_id", "output_path")[:NEAREST_MAX]
+    )
+    best: tuple[float, int] | None = None
+    compared = 0
+    for unit_id, rel in others:
+        vector = holdout.unit_vector(root / rel)
+        if vector is None or vector.shape != own.shape:
+            continue
+        compared += 1
+        cosine = float(np.dot(own, vector))
+        if best is None or cosine > best[0]:
+            best = (cosine, unit_id)
+    if best is None:
+        return None
+    return Nearest(unit=Unit.objects.get(pk=best[1]), cosine=best[0], compared=compared)
 
 
 # --- the checkpoint --------------------------------------------------------------
@@ -481,7 +577,13 @@ def checkpoint_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "states": dict(items.values_list("state").annotate(n=Count("pk")).order_by()),
         "sample_url": Filters(checkpoint=checkpoint.pk, state="all").url(),
         "current": checkpoint.version_id == campaign.current_version_id,
-        **_holdout_context(campaign),
+        # The report of this checkpoint's own version, not the campaign's current one.
+        **_holdout_context(campaign, checkpoint.version),
+        "snapshots": [
+            (moment, checkpoint.holdout_snapshots[moment])
+            for moment in review.SNAPSHOT_MOMENTS
+            if moment in checkpoint.holdout_snapshots
+        ],
     }
     return render(request, "campaigns/checkpoint_detail.html", context)
 
@@ -539,8 +641,8 @@ def holdout_panel(request: HttpRequest, name: str) -> HttpResponse:
     return render(request, "campaigns/checkpoint_detail.html#holdout", _holdout_context(campaign))
 
 
-def _holdout_context(campaign: Campaign) -> dict:
-    report = holdout.holdout_report(campaign=campaign)
+def _holdout_context(campaign: Campaign, version: ParameterVersion | None = None) -> dict:
+    report = holdout.holdout_report(campaign=campaign, version=version)
     confusion = report.get("confusion") or {}
     predicted = sorted({label for row in confusion.values() for label in row})
     return {

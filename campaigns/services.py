@@ -21,11 +21,20 @@ from portal.celery import app as celery_app
 
 from .batching import plan_batches
 from .importing import ImportReport, file_identity, import_folder, import_manifest
-from .models import Batch, Campaign, ErrorClass, ParameterVersion, Project, Unit, UnitState
+from .models import (
+    INPUT_ERRORS,
+    Batch,
+    Campaign,
+    ErrorClass,
+    ParameterVersion,
+    Project,
+    Unit,
+    UnitState,
+)
 from .paths import resolve_input
 from .processor_specs import get_spec
 from .reconcile import campaign_verify
-from .review import run_allowance
+from .review import run_allowance, units_reviewed_out, units_runnable
 from .software import software_versions
 
 RUN_BATCH_TASK = "gpuworker.tasks.run_batch"
@@ -66,7 +75,38 @@ def version_create(*, campaign: Campaign, params: dict[str, Any] | None = None) 
         if campaign.current_version_id != version.pk:
             campaign.current_version = version
             campaign.save(update_fields=["current_version"])
+            _holdout_to_pending(campaign=campaign, version=version)
     return version
+
+
+def _holdout_to_pending(*, campaign: Campaign, version: ParameterVersion) -> int:
+    """The holdout goes back to pending under a new current version: it is part
+    of every version's first group, so the checkpoint can compare versions.
+
+    Their earlier outputs stay where they are (the output path holds the
+    version label) and in their attempts, which the holdout report reads;
+    review items about them no longer move the unit (review._unit_follows).
+    Inputs known missing or changed wait for resume --retry-failed as before.
+    """
+    return (
+        Unit.objects.filter(
+            campaign=campaign,
+            holdout=True,
+            state__in=(UnitState.SUCCEEDED, UnitState.NEEDS_REVIEW, UnitState.FAILED),
+        )
+        .exclude(error_class__in=INPUT_ERRORS)
+        .exclude(batch__version=version)
+        .update(
+            state=UnitState.PENDING,
+            error_class="",
+            error_message="",
+            batch=None,
+            output_path="",
+            output_size=None,
+            output_sha256="",
+            updated_at=timezone.now(),
+        )
+    )
 
 
 def campaign_create(
@@ -140,13 +180,15 @@ def campaign_run(*, campaign: Campaign) -> int:
             "it has no batches to run"
         )
     policy = version.params.get("batch_policy", "original")
-    pending_units = Unit.objects.filter(campaign=campaign, state=UnitState.PENDING)
+    # Not units a reviewer rejected or requeued under this version: they wait for another.
+    pending_units = units_runnable(campaign=campaign, version=version)
     if not pending_units.exists():
         return 0
-    # Before the checkpoint only the first group goes (holdout units first, so
-    # the checkpoint reports on them); a pending or failed checkpoint says why not.
+    # Before the checkpoint only the first group goes: `allowance` units outside
+    # the holdout, and the pending holdout units (the checkpoint reports on them
+    # but never samples them); a pending or failed checkpoint says why not.
     allowance = run_allowance(campaign=campaign, version=version)
-    if allowance == 0:
+    if allowance == 0 and not pending_units.filter(holdout=True).exists():
         return 0
     if policy != "original":
         measure_costs(campaign=campaign, params=version.params)
@@ -155,8 +197,12 @@ def campaign_run(*, campaign: Campaign) -> int:
         if allowance is None:
             pending = list(pending_units.order_by("pk").values_list("pk", "cost"))
         else:
+            outside = pending_units.filter(holdout=False).order_by("pk")
             pending = sorted(
-                pending_units.order_by("-holdout", "pk").values_list("pk", "cost")[:allowance]
+                [
+                    *pending_units.filter(holdout=True).values_list("pk", "cost"),
+                    *outside.values_list("pk", "cost")[:allowance],
+                ]
             )
         group: list[list[int]] = []
         for ids in plan_batches(pending, version.params):
@@ -426,8 +472,17 @@ def _reset_failed(campaign: Campaign) -> int:
             output_size=None,
             output_sha256="",
         )
-    # Inputs that are still missing cannot be retried; everything else can.
+    # Inputs that are still missing cannot be retried; nor can outputs a
+    # reviewer rejected under the current version (they run again under a new
+    # one: the same parameters would adopt or remake the rejected output).
     retryable = failed.exclude(error_class=ErrorClass.INPUT_MISSING)
+    if campaign.current_version_id:
+        retryable = retryable.exclude(
+            error_class=ErrorClass.REJECTED_BY_REVIEW,
+            pk__in=units_reviewed_out(
+                campaign_id=campaign.pk, version_id=campaign.current_version_id
+            ),
+        )
     retried = retryable.update(state=UnitState.PENDING, error_class="", error_message="")
     for unit in failed.filter(error_class=ErrorClass.INPUT_MISSING).only("pk", "source_path"):
         try:

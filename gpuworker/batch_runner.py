@@ -38,7 +38,11 @@ from campaigns.models import (
 )
 from campaigns.outputs import InvalidOutput, write_atomic
 from campaigns.paths import output_relpath
-from campaigns.review import checkpoint_open_if_due
+from campaigns.review import (
+    campaign_finished_snapshot,
+    checkpoint_open_if_due,
+    units_release_reviewed,
+)
 from portal.log_context import bound
 
 from .lease import LeaseKeeper, lease_deadline
@@ -106,6 +110,14 @@ def _run_claimed(batch: Batch) -> str:
         return "not runnable"
     Unit.objects.filter(batch=batch, state=UnitState.QUEUED).update(state=UnitState.RUNNING)
     units = list(Unit.objects.filter(batch=batch, state=UnitState.RUNNING).order_by("pk"))
+    # A unit a reviewer rejected or requeued under this version is neither run
+    # nor adopted under it again: its output here is the one reviewed.
+    released = units_release_reviewed(unit_ids=[u.pk for u in units], version_id=batch.version_id)
+    if released:
+        log.warning(
+            "batch %s: %d unit(s) reviewed out under this version, not run", batch_id, len(released)
+        )
+        units = [u for u in units if u.pk not in released]
     started = time.perf_counter()
     outcomes = [Outcome(unit=u) for u in units]
     batch_metrics: dict = {"items": len(units), "runtime": runtime_facts()}
@@ -126,6 +138,7 @@ def _run_claimed(batch: Batch) -> str:
     if recorded:
         try:
             checkpoint_open_if_due(campaign=batch.campaign, version=batch.version)
+            campaign_finished_snapshot(campaign=batch.campaign, version=batch.version)
         except Exception:  # the batch is recorded; the next batch or resume tries again
             log.exception("batch %s: could not open the checkpoint", batch_id)
     return "done" if recorded else "lease lost"
@@ -194,7 +207,10 @@ def _write_and_check(processor, outcome: Outcome, data: bytes) -> None:
         written = write_atomic(path, data)
         processor.validate(path)
     except InvalidOutput as exc:
+        # A failure (a corrupt output never counts) that a person sees too: it
+        # goes to the queue with its reason and counts at the checkpoint.
         outcome.fail(ErrorClass.OUTPUT_INVALID, f"output failed its check: {exc}")
+        outcome.flags.append((exc.reason, str(exc)))
         return
     except OSError as exc:
         # Disk full, permissions, a storage outage: write_atomic left no partial
@@ -435,6 +451,8 @@ def _record(batch: Batch, token: str, outcomes: list[Outcome], metrics: dict, er
     for o in flagged:
         # The output is written and valid; a person decides whether it counts.
         o.unit.state = UnitState.NEEDS_REVIEW
+    # Outputs their check refused stay failed, and are reviewed all the same.
+    refused = [o for o in outcomes if o.flags and o.error_class == ErrorClass.OUTPUT_INVALID]
     with transaction.atomic():
         owned = Batch.objects.filter(
             pk=batch.pk, state=Batch.State.RUNNING, lease_token=token
@@ -443,16 +461,19 @@ def _record(batch: Batch, token: str, outcomes: list[Outcome], metrics: dict, er
             log.warning("batch %s: lease lost before recording; results dropped", batch.pk)
             return False
         _save_unit_results([o.unit for o in outcomes], now)
+        # With their ids (RETURNING, on SQLite and PostgreSQL): each item names its attempt.
         Attempt.objects.bulk_create(attempts)
+        attempt_of = {id(o): a for o, a in zip(outcomes, attempts, strict=True)}
         ReviewItem.objects.bulk_create(
             ReviewItem(
                 campaign_id=batch.campaign_id,
                 unit=o.unit,
+                attempt=attempt_of[id(o)],
                 version_id=batch.version_id,
                 reason=reason,
                 detail=detail[:2000],
             )
-            for o in flagged
+            for o in flagged + refused
             for reason, detail in o.flags
         )
         memory = metrics.get("memory", {})
@@ -479,7 +500,7 @@ def _record(batch: Batch, token: str, outcomes: list[Outcome], metrics: dict, er
         batch.pk,
         sum(1 for o in outcomes if not o.error_class),
         sum(1 for o in outcomes if o.error_class),
-        len(flagged),
+        len(flagged) + len(refused),
         metrics.get("seconds", 0.0),
     )
     return True

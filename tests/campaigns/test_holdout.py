@@ -7,10 +7,11 @@ import random
 from pathlib import Path
 
 import pytest
+from django.urls import reverse
 
-from campaigns import services
+from campaigns import review, services
 from campaigns.holdout import holdout_report, is_holdout
-from campaigns.models import Attempt, Unit, UnitState
+from campaigns.models import Attempt, Checkpoint, Unit, UnitState
 from campaigns.profiling import sample_build
 from tests.gpuworker.test_image_classification import (  # noqa: F401 (user_model: a fixture)
     CLASSES,
@@ -106,7 +107,9 @@ def test_the_holdout_never_enters_a_profiling_sample(project, tmp_path):
 
 
 @pytest.mark.django_db
-def test_embedding_stability_against_the_previous_version(make_campaign, output_root, run_here):
+def test_embedding_stability_against_the_previous_version(
+    make_campaign, output_root, run_here, client, owner
+):
     campaign = make_campaign("stable", batch_size=8)
     run_here(campaign)
     chosen = list(
@@ -122,11 +125,17 @@ def test_embedding_stability_against_the_previous_version(make_campaign, output_
     assert "no earlier parameter version to compare" in report["notes"]
 
     first = campaign.current_version
+    first_outputs = [
+        output_root / path
+        for path in Unit.objects.filter(pk__in=chosen).values_list("output_path", flat=True)
+    ]
     second = services.version_create(campaign=campaign, params={**first.params, "pooling": "cls"})
     assert second.number == first.number + 1
-    Unit.objects.filter(pk__in=chosen).update(
-        state=UnitState.PENDING, output_path="", output_size=None, output_sha256="", batch=None
-    )
+    # A new version puts the holdout (and only it) back in the first group; the
+    # outputs of the first stay, in their version's folder, for the comparison.
+    pending = Unit.objects.filter(campaign=campaign, state=UnitState.PENDING)
+    assert set(pending.values_list("pk", flat=True)) == set(chosen)
+    assert all(path.is_file() and f"/{first.label}/" in str(path) for path in first_outputs)
     campaign.refresh_from_db()
     run_here(campaign)
 
@@ -146,6 +155,28 @@ def test_embedding_stability_against_the_previous_version(make_campaign, output_
     assert stability["mean_cosine"] < 1.0
     assert -1.0 <= stability["worst_cosine"] <= stability["mean_cosine"]
     assert stability["worst_unit"] in both
+
+    # The second version's checkpoint opened once its holdout ran, and kept the report;
+    # the campaign had nothing else to run, so the end was kept as well.
+    checkpoint = Checkpoint.objects.get(campaign=campaign, version=second)
+    assert set(checkpoint.holdout_snapshots) == {"opened", "finished"}
+    opened = checkpoint.holdout_snapshots["opened"]
+    assert opened["version"] == second.label
+    assert opened["stability"]["compared"] == 6
+    assert opened["stability"]["mean_cosine"] == pytest.approx(stability["mean_cosine"])
+    review.checkpoint_decide(checkpoint=checkpoint, passed=True, user=owner)
+    checkpoint.refresh_from_db()
+    assert checkpoint.holdout_snapshots["decided"]["stability"]["compared"] == 6
+
+    # Each checkpoint page shows its own version's report, not the current one's.
+    client.force_login(owner)
+    page = client.get(reverse("checkpoint_detail", args=[checkpoint.pk])).content.decode()
+    assert f"processed under {second.label}" in page and "data-holdout-cosine" in page
+    assert 'data-snapshot="opened"' in page and 'data-snapshot="decided"' in page
+    earlier = Checkpoint.objects.get(campaign=campaign, version=first)
+    page = client.get(reverse("checkpoint_detail", args=[earlier.pk])).content.decode()
+    assert f"processed under {first.label}" in page
+    assert "no earlier parameter version to compare" in page and "data-holdout-cosine" not in page
 
 
 @pytest.mark.django_db

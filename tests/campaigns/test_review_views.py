@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 from unittest import mock
 
 import numpy as np
 import pytest
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 from PIL import Image
 
 from campaigns import review, services
 from campaigns.models import (
+    Attempt,
     Campaign,
     Checkpoint,
     ErrorClass,
@@ -499,3 +502,109 @@ def test_the_holdout_report_loads_as_a_fragment_of_the_campaign_page(client, own
 def test_the_nav_links_to_the_review_queue(client, owner, project):
     client.force_login(owner)
     assert '<a href="/review/">Review</a>' in client.get(QUEUE).content.decode()
+
+
+def test_the_campaign_list_says_who_decided_and_when(client, owner, at_checkpoint):
+    checkpoint = Checkpoint.objects.get(campaign=at_checkpoint)
+    client.force_login(owner)
+    listing = client.get(reverse("campaign_list")).content.decode()
+    opened = timezone.localtime(checkpoint.created_at).strftime("%Y-%m-%d %H:%M")
+    assert f'checkpoint pending<br><small class="meta">since {opened}</small>' in listing
+
+    review.checkpoint_decide(checkpoint=checkpoint, passed=True, user=owner)
+    checkpoint.refresh_from_db()
+    listing = client.get(reverse("campaign_list")).content.decode()
+    decided = timezone.localtime(checkpoint.decided_at).strftime("%Y-%m-%d %H:%M")
+    assert (
+        '<td data-verification="passed">passed<br><small class="meta" data-verified-by>'
+        f"by owner, {decided}</small></td>"
+    ) in listing
+
+    # failed by the flag rules: said so, with the time
+    Checkpoint.objects.filter(pk=checkpoint.pk).update(state="failed", decided_by=None)
+    status = review.verification_by_campaign(campaign_ids=[at_checkpoint.pk])[at_checkpoint.pk]
+    assert (status.status, status.by, status.at) == ("failed", "flag rules", checkpoint.decided_at)
+
+
+def _reason_count(html: str, reason: str) -> int | None:
+    found = re.search(rf'data-reason="{reason}"[^>]*>[^<]*<span class="count">(\d+)</span>', html)
+    return int(found.group(1)) if found else None
+
+
+def test_the_queue_filters_by_category_and_state_and_counts_each_reason(client, owner, texts):
+    # given: open items in two categories and two reasons, and one decided item
+    Unit.objects.filter(campaign=texts, uid__startswith="news/").update(category="news")
+    Unit.objects.filter(campaign=texts, uid__startswith="recipes/").update(category="recipes")
+
+    def item(uid: str, reason: str) -> ReviewItem:
+        return ReviewItem.objects.create(
+            campaign=texts, unit=_unit(texts, uid), version=texts.current_version, reason=reason
+        )
+
+    solar = item("news/solar-farm.txt", "manual")
+    rail = item("news/rail-strike.txt", "truncated")
+    bread = item("recipes/bread.txt", "manual")
+    pancakes = item("recipes/pancakes.txt", "truncated")
+    review.review_decide(item=pancakes, decision="accepted", user=owner)
+    client.force_login(owner)
+
+    html = client.get(QUEUE, {"campaign": "texts"}).content.decode()
+    assert (_reason_count(html, "manual"), _reason_count(html, "truncated")) == (2, 1)
+    for shown in (solar, rail, bread):
+        assert f'id="row-{shown.pk}"' in html
+    assert f'id="row-{pancakes.pk}"' not in html  # decided: not in the open queue
+
+    html = client.get(QUEUE, {"campaign": "texts", "category": "news"}).content.decode()
+    assert (_reason_count(html, "manual"), _reason_count(html, "truncated")) == (1, 1)
+    assert f'id="row-{solar.pk}"' in html and f'id="row-{rail.pk}"' in html
+    assert f'id="row-{bread.pk}"' not in html
+    assert '<option value="recipes">' in html  # the other category stays choosable
+
+    html = client.get(QUEUE, {"campaign": "texts", "state": "accepted"}).content.decode()
+    assert (_reason_count(html, "manual"), _reason_count(html, "truncated")) == (None, 1)
+    assert f'id="row-{pancakes.pk}"' in html and f'id="row-{solar.pk}"' not in html
+
+    html = client.get(QUEUE, {"campaign": "texts", "state": "all", "reason": "manual"})
+    html = html.content.decode()
+    assert f'id="row-{solar.pk}"' in html and f'id="row-{bread.pk}"' in html
+    assert f'id="row-{rail.pk}"' not in html and f'id="row-{pancakes.pk}"' not in html
+    assert _reason_count(html, "truncated") == 2  # the counts ignore the reason filter
+
+
+def test_an_embedding_item_shows_the_nearest_vector_of_its_batch(
+    client, owner, flagged, output_root
+):
+    item = flagged[0]
+    attempt = item.attempt
+    others = Attempt.objects.filter(batch=attempt.batch, outcome="succeeded").exclude(
+        unit=item.unit
+    )
+    own = np.load(output_root / attempt.output_path)
+    cosines = {
+        other.unit.uid: float(own @ np.load(output_root / other.output_path)) for other in others
+    }
+    nearest = max(cosines, key=cosines.get)
+    client.force_login(owner)
+    html = client.get(QUEUE, {"item": item.pk}).content.decode()
+    section = html.split('id="nearest"')[1].split("</p>")[0]
+    assert nearest in section
+    assert f"<strong data-nearest-cosine>{cosines[nearest]:.4f}</strong>" in section
+    assert f"(of {len(cosines)} other" in section
+
+
+def test_a_transformed_image_shows_its_dimensions_and_format_beside_what_was_asked(
+    client, owner, project, tmp_path, output_root, run_here
+):
+    root = tmp_path / "wide"
+    root.mkdir()
+    Image.new("RGB", (1200, 600), (10, 120, 200)).save(root / "wide.png")
+    campaign, _ = services.campaign_create(
+        name="wide", processor="image-transform", project=project, input_folder=root
+    )
+    run_here(campaign)
+    item = review.unit_flag(unit=_unit(campaign, "wide.png"), user=owner, note="look")
+    client.force_login(owner)
+    html = client.get(QUEUE, {"item": item.pk}).content.decode()
+    assert 'id="output-thumbnail"' in html
+    assert "<dd data-output-dimensions>256×128 PNG</dd>" in html
+    assert "<dd data-output-asked>thumbnail within 256×256, PNG</dd>" in html

@@ -115,7 +115,8 @@ def test_reject_with_a_reason_and_requeue_using_only_the_keyboard(
     assert second.pk != first.pk  # the rejected unit's other flags wait at the end
     page.keyboard.press("q")
     page.locator("#review-notice", has_text=f"Requeued {second.uid}").wait_for()
-    assert "the unit is now pending" in page.locator("#review-notice").inner_text()
+    notice = page.locator("#review-notice").inner_text()
+    assert "the unit is now pending, to run under a new parameter version" in notice
     assert Unit.objects.get(pk=second.pk).state == UnitState.PENDING
     assert ReviewItem.objects.get(pk=second_item).state == "requeued"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from django.core.exceptions import ValidationError
 from PIL import Image, ImageDraw
 
 from campaigns import review, selectors, services
+from campaigns.flags import classification_flags, image_input_flags, norm_flags
 from campaigns.models import Checkpoint, ReviewItem, Unit, UnitState
 from tests.gpuworker.test_image_classification import (
     CLASSES,
@@ -180,8 +182,10 @@ def test_a_repeating_defect_keeps_the_campaign_paused_until_a_new_version(
 
 
 def test_a_passed_checkpoint_lets_the_campaign_finish(
-    project, corpus, output_root, run_here, owner
+    project, corpus, output_root, run_here, owner, settings
 ):
+    # A sample smaller than the group, so that which units it takes can be judged.
+    settings.CHECKPOINT_SAMPLE_SIZE = 4
     campaign, _ = services.campaign_create(
         name="spot",
         processor="text-embedding",
@@ -196,9 +200,18 @@ def test_a_passed_checkpoint_lets_the_campaign_finish(
     assert review.verification_status(campaign=campaign).status == "checkpoint pending"
     spot = ReviewItem.objects.filter(checkpoint=checkpoint)
     assert spot.count() == len(checkpoint.sample) > 0
-    # the spot check is not simply the first results
-    first = sorted(campaign.units.exclude(state=UnitState.PENDING).values_list("pk", flat=True))
-    assert checkpoint.sample != first[: len(checkpoint.sample)] or len(first) <= 20
+    # the spot check is not simply the first results: one unit of each input-size
+    # quartile of the group (the demo texts have no category), none held out
+    group = campaign.units.exclude(state=UnitState.PENDING).filter(
+        holdout=False, state__in=(UnitState.SUCCEEDED, UnitState.NEEDS_REVIEW)
+    )
+    assert group.count() > len(checkpoint.sample) == 4
+    sizes = sorted(group.values_list("size", flat=True))
+    quartiles = [sizes[len(sizes) * q // 4] for q in (1, 2, 3)]
+    sampled = Unit.objects.filter(pk__in=checkpoint.sample)
+    assert not sampled.filter(holdout=True).exists()
+    buckets = sorted(sum(u.size > q for q in quartiles) for u in sampled)
+    assert buckets == [0, 1, 2, 3], (quartiles, [u.size for u in sampled])
     assert services.campaign_run(campaign=campaign) == 0  # nothing beyond the first group
     assert campaign.units.filter(state=UnitState.PENDING).exists()
 
@@ -263,3 +276,135 @@ def test_after_the_checkpoint_a_batch_drifting_to_one_category_is_flagged(
         f"b-squares/{i:02d}.png" for i in range(12)
     }
     assert "square is 100% of this batch, 33% of the checkpoint sample" in drifted.first().detail
+
+
+# --- outputs their check refuses: failed, and in the queue ------------------------
+
+
+def test_a_nan_vector_fails_the_unit_and_reaches_the_queue_and_the_checkpoint(
+    project, corpus, output_root, run_here, owner
+):
+    # given: a model that answers NaN for every text, and a checkpoint after 10 units
+    from gpuworker.processors.text_embedding import TextEmbeddingProcessor
+
+    def nan_output(self, result, index):
+        return np.full(self.dimension, np.nan, dtype=np.float32)
+
+    campaign, _ = services.campaign_create(
+        name="nans",
+        processor="text-embedding",
+        project=project,
+        input_folder=corpus,
+        params={"batch_size": 5},
+        checkpoint_after=10,
+    )
+    with mock.patch.object(TextEmbeddingProcessor, "output", nan_output):
+        run_here(campaign)
+
+    # then: each output is a failure (it never counts) with an item saying why
+    items = ReviewItem.objects.filter(campaign=campaign, reason="non_finite")
+    refused = campaign.units.filter(error_class="output_invalid")
+    assert items.count() == refused.count() >= 5
+    item = items.first()
+    assert (item.state, item.source, item.attempt.outcome) == ("open", "rule", "failed")
+    assert "NaN or Inf" in item.detail
+    unit = item.unit
+    assert (unit.state, unit.error_class, unit.output_path) == ("failed", "output_invalid", "")
+    # the defect fills the spot-check sample: the checkpoint fails on its own
+    checkpoint = Checkpoint.objects.get(campaign=campaign)
+    assert set(checkpoint.sample) <= set(items.values_list("unit_id", flat=True))
+    assert checkpoint.state == Checkpoint.State.FAILED
+    assert "repeating defect: NaN or Inf in the output" in checkpoint.reason
+
+    # accepting the item acknowledges it: the corrupt output still does not count
+    review.review_decide(item=item, decision="accepted", user=owner)
+    unit.refresh_from_db()
+    assert (unit.state, unit.error_class) == ("failed", "output_invalid")
+
+
+def test_a_transformed_image_of_the_wrong_size_fails_and_is_reviewed(
+    project, tmp_path, output_root, run_here
+):
+    import gpuworker.processors.image_transform as transform
+
+    root = tmp_path / "pictures"
+    root.mkdir()
+    Image.new("RGB", (120, 80), (200, 30, 30)).save(root / "wide.png")
+    campaign, _ = services.campaign_create(
+        name="resized",
+        processor="image-transform",
+        project=project,
+        input_folder=root,
+        params={"operation": "resize", "width": 32, "height": 32},
+        checkpoint_after=0,
+    )
+    # a transformation that forgets to resize
+    with mock.patch.object(transform, "expected_size", lambda w, h, params: (w, h)):
+        run_here(campaign)
+
+    unit = campaign.units.get()
+    assert (unit.state, unit.error_class) == ("failed", "output_invalid")
+    item = ReviewItem.objects.get(unit=unit)
+    assert item.reason == "wrong_output"
+    assert "120×80, asked 32×32" in item.detail
+
+
+# --- each rule, on a suspect input and not on a normal one ------------------------
+
+
+def test_low_confidence_is_flagged_below_the_threshold_only():
+    params = {"flag_min_margin": 0.0, "flag_min_confidence": 0.5}
+    labels = ["circle", "square", "triangle"]
+    assert classification_flags([0.4, 0.35, 0.25], labels, params) == [
+        ("low_confidence", "top-1 circle at 0.40")
+    ]
+    assert classification_flags([0.9, 0.06, 0.04], labels, params) == []
+    assert classification_flags([0.4, 0.35, 0.25], labels, {"flag_min_confidence": 0}) == []
+
+
+def test_tiny_and_extreme_aspect_inputs_are_flagged_and_a_normal_one_is_not():
+    params = {"flag_min_side": 16, "flag_max_aspect": 6}
+    assert image_input_flags(10, 40, params) == [("tiny_input", "10×40 pixels")]
+    assert image_input_flags(20, 200, params) == [("extreme_aspect", "20×200 pixels")]
+    assert image_input_flags(640, 480, params) == []
+    assert image_input_flags(10, 200, {"flag_min_side": 0, "flag_max_aspect": 0}) == []
+
+
+def test_the_worker_flags_tiny_and_extreme_aspect_images(project, tmp_path, output_root, run_here):
+    root = tmp_path / "odd"
+    root.mkdir()
+    Image.new("RGB", (12, 12), (10, 10, 10)).save(root / "tiny.png")
+    Image.new("RGB", (300, 30), (10, 90, 10)).save(root / "strip.png")
+    Image.new("RGB", (64, 48), (90, 10, 10)).save(root / "normal.png")
+    campaign, _ = services.campaign_create(
+        name="odd",
+        processor="image-transform",
+        project=project,
+        input_folder=root,
+        checkpoint_after=0,
+    )
+    run_here(campaign)
+    flagged = dict(ReviewItem.objects.filter(campaign=campaign).values_list("unit__uid", "reason"))
+    assert flagged == {"tiny.png": "tiny_input", "strip.png": "extreme_aspect"}
+    assert campaign.units.get(uid="normal.png").state == UnitState.SUCCEEDED
+    assert campaign.current_version.params["flag_max_aspect"] == 6  # recorded
+
+
+def test_flag_norm_max_flags_a_vector_above_it_and_not_one_below():
+    from campaigns.builtin_processors import TEXT_EMBEDDING
+    from gpuworker.processors import get_processor
+
+    texts = ["Hello", "The harbour reopened on Monday after three weeks of repairs."]
+    plain = get_processor("text-embedding", TEXT_EMBEDDING.clean({}))
+    norms = plain.embed(texts).norms
+    assert norms[0] != norms[1]
+    threshold = float(norms.mean())
+    processor = get_processor("text-embedding", TEXT_EMBEDDING.clean({"flag_norm_max": threshold}))
+    result = processor.embed(texts)
+    high, low = (0, 1) if norms[0] > norms[1] else (1, 0)
+    (reason, detail), *rest = processor.flags(result, high)
+    assert not rest and reason == "abnormal_norm" and f"above {threshold:g}" in detail
+    assert processor.flags(result, low) == []
+    assert plain.flags(plain.embed(texts), high) == []  # 0: never
+    assert norm_flags(5.0, {"flag_norm_max": 3.0})[0][0] == "abnormal_norm"
+    assert norm_flags(2.0, {"flag_norm_max": 3.0}) == []

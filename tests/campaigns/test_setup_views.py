@@ -158,7 +158,8 @@ def test_changing_parameters_after_a_run_makes_a_new_version_and_says_so(
     services.campaign_run(campaign=campaign)
     client.force_login(owner)
     url = reverse("campaign_params", args=[campaign.name])
-    assert 'id="new-version-warning"' in client.get(url).content.decode()
+    warning = client.get(url).content.decode().split('id="new-version-warning"')[1]
+    assert "holdout units run again" in warning.split("</p>")[0]
     params = {f"param_{k}": v for k, v in campaign.current_version.params.items()}
     same = client.post(url, params, follow=True).content.decode()
     assert "Nothing changed" in same

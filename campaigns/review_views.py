@@ -178,14 +178,12 @@ def review_queue(request: HttpRequest) -> HttpResponse:
         return render(request, f"campaigns/review_queue.html#{PANE}", pane)
 
     campaigns = selectors.campaigns_for_user(request.user)
-    # Every category of the other filters, so that choosing one does not hide the rest.
-    categories = (
-        _filtered(request, replace(filters, category=""), state=False)
-        .exclude(unit__category="")
-        .values_list("unit__category", flat=True)
-        .distinct()
-        .order_by("unit__category")
-    )
+    # Every category of the campaigns shown, so that choosing one does not hide
+    # the rest: from the units' category index, not by joining every item.
+    shown = (
+        campaigns.filter(name=filters.campaign) if filters.campaign else campaigns
+    ).values_list("pk", flat=True)
+    categories = selectors.unit_categories(campaign_ids=list(shown))
     counts = review.reason_counts(items=without_reason)
     total = items.count()
     context = {

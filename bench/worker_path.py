@@ -40,8 +40,11 @@ def main() -> None:
     parser.add_argument(
         "--broker-url",
         default="",
-        help="run the Celery row on this broker (e.g. redis://127.0.0.1:6379/0) "
-        "instead of the embedded filesystem one",
+        help="run the Celery row on this broker (e.g. redis://127.0.0.1:6379/15) "
+        "instead of the embedded filesystem one. A Redis database is EMPTIED first "
+        "(FLUSHDB): give one of its own. Each run has a fresh SQLite database whose "
+        "batch ids start at 1 again, so a message left by an earlier run would make "
+        "the worker run one of this run's batches",
     )
     args = parser.parse_args()
 
@@ -105,6 +108,7 @@ def main() -> None:
     warm = campaign("original", "warm-up")
     services.campaign_run(campaign=warm)
     run_batch(Batch.objects.filter(campaign=warm).first().pk)
+    services.campaign_pause(campaign=warm)  # its other batches: cancelled, not left queued
 
     rows = []
     for policy in ("original", "length_grouped", "token_budget"):
@@ -138,6 +142,12 @@ def main() -> None:
     if not args.skip_celery:
         broker = "Redis" if args.broker_url else "filesystem broker"
         # Only this run's batches in the queue.
+        if args.broker_url.startswith("redis"):
+            import redis
+
+            # Unacknowledged messages of an earlier run come back on the next
+            # consume; a queue purge does not reach them.
+            redis.Redis.from_url(args.broker_url).flushdb()
         with services.celery_app.connection_for_write() as conn:
             conn.default_channel.queue_purge("gpu")
         c = campaign("length_grouped", "path-celery")

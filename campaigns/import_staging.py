@@ -67,6 +67,25 @@ def _differs(alias: str) -> str:
     )
 
 
+def _unit_columns(campaign: Campaign, now) -> list[tuple[str, str, object]]:
+    """The campaigns_unit columns an import writes: (quoted column, the staged
+    field it comes from, or "" and the value every row gets)."""
+    columns = []
+    for f in Unit._meta.concrete_fields:
+        if f.primary_key or f.generated or f.db_default is not NOT_PROVIDED:
+            continue  # the database fills these
+        column = connection.ops.quote_name(f.column)
+        if f.name in STAGED:
+            columns.append((column, f.name, None))
+        elif f.name == "campaign":
+            columns.append((column, "", campaign.pk))
+        elif getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False):
+            columns.append((column, "", now))
+        else:
+            columns.append((column, "", f.get_db_prep_save(f.get_default(), connection)))
+    return columns
+
+
 def _column(name: str) -> str:
     return connection.ops.quote_name(Unit._meta.get_field(name).column)
 
@@ -181,22 +200,15 @@ class Staging:
         return self.loaded
 
     def _copy_units(self, rows: list[tuple]) -> None:
+        now = connection.ops.adapt_datetimefield_value(timezone.now())
         columns, picks, constants = [], [], []
-        for f in Unit._meta.concrete_fields:
-            if f.primary_key or f.generated or f.db_default is not NOT_PROVIDED:
-                continue  # the database fills these
-            columns.append(connection.ops.quote_name(f.column))
-            if f.name in STAGED:
-                picks.append(STAGED.index(f.name))
-                continue
-            if f.name == "campaign":
-                constant = self.campaign.pk
-            elif getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False):
-                constant = timezone.now()
+        for column, staged, value in _unit_columns(self.campaign, now):
+            columns.append(column)
+            if staged:
+                picks.append(STAGED.index(staged))
             else:
-                constant = f.get_default()
-            picks.append(len(STAGED) + len(constants))
-            constants.append(constant)
+                picks.append(len(STAGED) + len(constants))
+                constants.append(value)
         # One C-level itemgetter per row over the row and the constants.
         unit_row, constants = operator.itemgetter(*picks), tuple(constants)
         sql = f"COPY {self.units} ({', '.join(columns)}) FROM STDIN"
@@ -430,21 +442,13 @@ class Staging:
         undone by the caller's savepoint and the chunk looked at again.
         """
         columns, values, params = [], [], []
-        for f in Unit._meta.concrete_fields:
-            if f.primary_key or f.generated or f.db_default is not NOT_PROVIDED:
-                continue  # the database fills these
-            columns.append(connection.ops.quote_name(f.column))
-            if f.name in STAGED:
-                values.append(f"s.{f.name}")
-            elif f.name == "campaign":
-                values.append("%s")
-                params.append(self.campaign.pk)
-            elif getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False):
-                values.append("%s")
-                params.append(now)
+        for column, staged, value in _unit_columns(self.campaign, now):
+            columns.append(column)
+            if staged:
+                values.append(f"s.{staged}")
             else:
                 values.append("%s")
-                params.append(f.get_db_prep_save(f.get_default(), connection))
+                params.append(value)
         # WHERE true: SQLite's parser needs it before an upsert's ON CONFLICT.
         sql = (
             f"INSERT INTO {self.units} ({', '.join(columns)}) "

@@ -7,6 +7,7 @@ request, such as `forwarded_for` below.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 
 from django.conf import settings
@@ -27,8 +28,7 @@ def forwarded_for(request: HttpRequest) -> str:
     entries = [entry.strip() for entry in header.split(",") if entry.strip()]
     if entries:
         candidate = entries[max(0, len(entries) - settings.RATELIMIT_TRUSTED_PROXIES)]
-        try:
+        # Not an address (a misconfigured proxy): count by the peer instead.
+        with contextlib.suppress(ValueError):
             return str(ipaddress.ip_address(candidate))
-        except ValueError:
-            pass  # not an address (a misconfigured proxy): count by the peer instead
     return request.META["REMOTE_ADDR"]

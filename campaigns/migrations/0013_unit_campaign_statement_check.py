@@ -6,9 +6,13 @@ CPU per 200,000 imported units, about two fifths of an import's database work
 (bench/RESULTS.md, "Import at scale"). Here the constraint is replaced by two
 triggers that keep the same guarantees with one query per statement:
 
-- after each INSERT or UPDATE on campaigns_unit, the statement's campaigns
-  (DISTINCT over its transition table) are locked FOR KEY SHARE, as the foreign
-  key would, and a missing one raises foreign_key_violation (an IntegrityError);
+- after each INSERT on campaigns_unit, the statement's campaigns (DISTINCT
+  over its transition table) are locked FOR KEY SHARE, as the foreign key
+  would, and a missing one raises foreign_key_violation (an IntegrityError);
+- an UPDATE that moves a unit to another campaign is checked the same way, row
+  by row; the WHEN clause keeps every other UPDATE (the batch runner's, the
+  importer's) from calling anything, as PostgreSQL's own foreign key skips an
+  unchanged key;
 - before a campaign row is deleted (or its id changed), it must have no units
   left, so a campaign cannot vanish under its units. Django's CASCADE deletes
   the units first, in Python, as before.
@@ -52,9 +56,22 @@ POSTGRESQL_INSTALL = [
     FOR EACH STATEMENT EXECUTE FUNCTION campaigns_unit_campaign_exists()
     """,
     """
-    CREATE TRIGGER unit_campaign_exists_update AFTER UPDATE ON campaigns_unit
-    REFERENCING NEW TABLE AS new_units
-    FOR EACH STATEMENT EXECUTE FUNCTION campaigns_unit_campaign_exists()
+    CREATE OR REPLACE FUNCTION campaigns_unit_campaign_moved() RETURNS trigger
+    LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM 1 FROM campaigns_campaign WHERE id = NEW.campaign_id FOR KEY SHARE;
+        IF NOT FOUND THEN
+            RAISE foreign_key_violation USING
+                MESSAGE = 'campaigns_unit: campaign ' || NEW.campaign_id || ' does not exist',
+                TABLE = 'campaigns_unit';
+        END IF;
+        RETURN NULL;
+    END $$
+    """,
+    """
+    CREATE TRIGGER unit_campaign_exists_update AFTER UPDATE OF campaign_id ON campaigns_unit
+    FOR EACH ROW WHEN (OLD.campaign_id IS DISTINCT FROM NEW.campaign_id)
+    EXECUTE FUNCTION campaigns_unit_campaign_moved()
     """,
     """
     CREATE OR REPLACE FUNCTION campaigns_campaign_without_units() RETURNS trigger
@@ -82,6 +99,7 @@ POSTGRESQL_REMOVE = [
     "DROP TRIGGER IF EXISTS campaign_without_units ON campaigns_campaign",
     "DROP FUNCTION IF EXISTS campaigns_campaign_without_units()",
     "DROP TRIGGER IF EXISTS unit_campaign_exists_update ON campaigns_unit",
+    "DROP FUNCTION IF EXISTS campaigns_unit_campaign_moved()",
     "DROP TRIGGER IF EXISTS unit_campaign_exists_insert ON campaigns_unit",
     "DROP FUNCTION IF EXISTS campaigns_unit_campaign_exists()",
 ]
@@ -94,7 +112,8 @@ def _campaign_foreign_keys(schema_editor):
     return [
         name
         for name, info in constraints.items()
-        if info["foreign_key"] == ("campaigns_campaign", "id") and info["columns"] == ["campaign_id"]
+        if info["foreign_key"] == ("campaigns_campaign", "id")
+        and info["columns"] == ["campaign_id"]
     ]
 
 

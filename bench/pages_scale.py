@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import secrets
+import shlex
 import shutil
 import socket
 import subprocess
@@ -85,6 +86,17 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--workers", type=int, default=2, help="gunicorn worker processes")
+    parser.add_argument(
+        "--gunicorn",
+        default="",
+        help="more gunicorn options, e.g. '-k gthread --threads 4 --keep-alive 5'",
+    )
+    parser.add_argument(
+        "--cache-url",
+        default="",
+        help="CACHE_URL for the site, e.g. redis://127.0.0.1:6379/1 as docs/deployment.md sets "
+        "it (sessions then read from it); unset: the per-process default",
+    )
     parser.add_argument("--only", default="", help="run only targets whose name contains this")
     parser.add_argument("--explain", action="store_true", help="print EXPLAIN ANALYZE and stop")
     args = parser.parse_args()
@@ -98,6 +110,8 @@ def main() -> None:
         # The same key here (where the session is made) and in gunicorn.
         "SECRET_KEY": secrets.token_urlsafe(50),
     }
+    if args.cache_url:
+        env["CACHE_URL"] = args.cache_url
     os.environ.update(env)
     import django
 
@@ -124,7 +138,8 @@ def main() -> None:
     }
     server = subprocess.Popen(
         [str(REPO / ".venv/bin/gunicorn"), "portal.wsgi", "-w", str(args.workers)]
-        + ["-b", f"127.0.0.1:{port}", "--log-level", "warning"],
+        + ["-b", f"127.0.0.1:{port}", "--log-level", "warning"]
+        + shlex.split(args.gunicorn),
         cwd=REPO,
         env=server_env,
     )
@@ -163,7 +178,8 @@ def main() -> None:
     print(f"\nload average (1, 5, 15 min) before {load_before}, after {load_after}")
     print(
         f"{args.units:,} units; wrk -t{args.threads} -c{args.connections} -d{args.duration} "
-        f"--latency; gunicorn -w {args.workers}; {os.cpu_count()} cores"
+        f"--latency; gunicorn -w {args.workers} {args.gunicorn}".rstrip()
+        + f"; {os.cpu_count()} cores; CACHE_URL {args.cache_url or 'unset (locmem)'}"
     )
     print("| URL | status | p50 ms | p90 ms | p95 ms | p99 ms | requests/s | errors |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")

@@ -7,8 +7,11 @@ created over the texts (one file each), its batches planned (token costs
 measured) and run through gpuworker.batch_runner.run_batch — database claim,
 file reads, model, atomic writes, output checks, bulk recording — in this
 process, so the model time and the orchestration around it can be told apart.
-One more row runs the length_grouped campaign through a real Celery worker
-process (filesystem broker), from `campaign run` to the last unit recorded.
+Three more rows run campaigns through a real Celery worker process
+(filesystem broker, or --broker-url), from `campaign run` (its planning
+included) to the last unit recorded: length_grouped and token_budget with the
+batch pipeline (settings.BATCH_PIPELINE: a batch's writes and recording
+overlap the next batch's model), and token_budget without it.
 sentence-transformers' encode runs on the same texts at the same batch size.
 """
 
@@ -139,8 +142,10 @@ def main() -> None:
         )
 
     quiet.stop()
-    if not args.skip_celery:
-        broker = "Redis" if args.broker_url else "filesystem broker"
+    broker = "Redis" if args.broker_url else "filesystem broker"
+
+    def celery_row(policy: str, pipeline: bool) -> dict:
+        """`campaign run` to the last unit recorded, through a real worker process."""
         # Only this run's batches in the queue.
         if args.broker_url.startswith("redis"):
             import redis
@@ -150,7 +155,7 @@ def main() -> None:
             redis.Redis.from_url(args.broker_url).flushdb()
         with services.celery_app.connection_for_write() as conn:
             conn.default_channel.queue_purge("gpu")
-        c = campaign("length_grouped", "path-celery")
+        c = campaign(policy, f"celery-{policy.replace('_', '-')}-{int(pipeline)}")
         worker = subprocess.Popen(
             [
                 sys.executable,
@@ -170,7 +175,7 @@ def main() -> None:
                 "WARNING",
             ],
             cwd=REPO,
-            env={**os.environ, **env},
+            env={**os.environ, **env, "BATCH_PIPELINE": "1" if pipeline else "0"},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -178,7 +183,7 @@ def main() -> None:
             # Let the worker load torch and the model on a one-batch campaign first.
             probe, _ = services.campaign_create(
                 checkpoint_after=0,  # measuring speed: no stop for a spot check
-                name="celery-warm",
+                name=f"celery-warm-{policy.replace('_', '-')}-{int(pipeline)}",
                 processor="text-embedding",
                 project=project,
                 input_folder=REPO / "campaigns" / "demo_corpus" / "news",
@@ -186,6 +191,7 @@ def main() -> None:
             services.campaign_run(campaign=probe)
             while selectors.campaign_counts(campaign=probe).active:
                 time.sleep(0.2)
+            # Planning (token counts) is part of the end-to-end time here.
             started = time.perf_counter()
             services.campaign_run(campaign=c)
             while selectors.campaign_counts(campaign=c).active:
@@ -195,18 +201,25 @@ def main() -> None:
             worker.terminate()
             worker.wait()
         batches = Batch.objects.filter(campaign=c)
-        rows.append(
-            {
-                "name": f"Celery worker process ({broker}), length_grouped",
-                "docs": selectors.campaign_counts(campaign=c).succeeded,
-                "seconds": run_s,
-                "plan_s": 0.0,
-                "model_s": sum(b.compute_seconds or 0 for b in batches),
-                "real": sum(b.real_tokens or 0 for b in batches),
-                "padded": sum(b.padded_tokens or 0 for b in batches),
-                "batches": batches.count(),
-            }
-        )
+        handing = "batch pipeline" if pipeline else "no pipeline"
+        return {
+            "name": f"Celery worker process ({broker}, {handing}), {policy}",
+            "docs": selectors.campaign_counts(campaign=c).succeeded,
+            "seconds": run_s,
+            "plan_s": 0.0,
+            "model_s": sum(b.compute_seconds or 0 for b in batches),
+            "real": sum(b.real_tokens or 0 for b in batches),
+            "padded": sum(b.padded_tokens or 0 for b in batches),
+            "batches": batches.count(),
+        }
+
+    if not args.skip_celery:
+        for policy, pipeline in (
+            ("length_grouped", True),
+            ("token_budget", True),
+            ("token_budget", False),
+        ):
+            rows.append(celery_row(policy, pipeline))
 
     params = TEXT_EMBEDDING.clean({})
     device = "cuda" if torch.cuda.is_available() else "cpu"  # where our worker ran

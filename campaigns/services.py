@@ -273,14 +273,26 @@ def measure_costs(*, campaign: Campaign, params: dict, pending_only: bool = True
     todo = Unit.objects.filter(campaign=campaign, cost__isnull=True)
     if pending_only:
         todo = todo.filter(state=UnitState.PENDING)
+
+    def weigh(source_path: str) -> int:
+        try:
+            return cost(resolve_input(root, source_path), params)
+        except (OSError, ValueError):
+            return 1  # unreadable: the worker classifies it; it weighs nothing
+
+    meta = Unit._meta
+    quote = connection.ops.quote_name
+    # One UPDATE run per unit (executemany): bulk_update's CASE expression over
+    # a thousand units cost half of this function's time.
+    sql = (
+        f"UPDATE {quote(meta.db_table)} SET {quote(meta.get_field('cost').column)} = %s "
+        f"WHERE {quote(meta.pk.column)} = %s"
+    )
     measured = 0
-    while chunk := list(todo.only("pk", "source_path")[:1000]):
-        for unit in chunk:
-            try:
-                unit.cost = cost(resolve_input(root, unit.source_path), params)
-            except (OSError, ValueError):
-                unit.cost = 1  # unreadable: the worker classifies it; it weighs nothing
-        Unit.objects.bulk_update(chunk, ["cost"])
+    while chunk := list(todo.values_list("pk", "source_path")[:1000]):
+        rows = [(weigh(path), pk) for pk, path in chunk]
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.executemany(sql, rows)
         measured += len(chunk)
     return measured
 

@@ -6,10 +6,12 @@ reason; one bad input never stops the others.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import socket
+import threading
 import time
 import traceback
 import uuid
@@ -21,7 +23,7 @@ from pathlib import Path
 import torch
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -85,16 +87,26 @@ class Outcome:
         self.finished = time.time()
 
 
-def run_batch(batch_id: int) -> str:
+def run_batch(batch_id: int, *, hand_off: bool = False) -> str:
+    """Run one batch; returns "done", "lease lost", "not runnable", "gone", or,
+    with `hand_off`, "handed off".
+
+    `hand_off` (the Celery task, settings.BATCH_PIPELINE) returns once the model
+    has run: writing the outputs, recording and the checkpoint checks go to the
+    process's finisher thread, so they overlap the next batch's reads and model
+    instead of leaving the device idle. The batch keeps its lease until it is
+    recorded; if the process dies first, the lease runs out, the sweeper
+    requeues the batch, and its outputs already written are adopted.
+    """
     batch = Batch.objects.select_related("campaign", "version").filter(pk=batch_id).first()
     if batch is None:
         return "gone"
     # Every line logged while this batch runs names it and its campaign.
     with bound(campaign=batch.campaign_id, batch=batch_id):
-        return _run_claimed(batch)
+        return _run_claimed(batch, hand_off=hand_off)
 
 
-def _run_claimed(batch: Batch) -> str:
+def _run_claimed(batch: Batch, *, hand_off: bool = False) -> str:
     batch_id = batch.pk
     # Claim by update: a second delivery of the same message finds nothing to do.
     token = uuid.uuid4().hex
@@ -118,30 +130,121 @@ def _run_claimed(batch: Batch) -> str:
             "batch %s: %d unit(s) reviewed out under this version, not run", batch_id, len(released)
         )
         units = [u for u in units if u.pk not in released]
-    started = time.perf_counter()
-    outcomes = [Outcome(unit=u) for u in units]
-    batch_metrics: dict = {"items": len(units), "runtime": runtime_facts()}
-    batch_error = ""
-    with LeaseKeeper(batch_id, token):
+    run = _BatchRun(batch, token, [Outcome(unit=u) for u in units])
+    run.lease.start()
+    try:
+        run.compute()
+    except BaseException:
+        run.lease.stop()
+        raise
+    if hand_off:
+        finisher.submit(run)
+        return "handed off"
+    return run.finish()
+
+
+class _BatchRun:
+    """One claimed batch between its model run and its recording."""
+
+    def __init__(self, batch: Batch, token: str, outcomes: list[Outcome]):
+        self.batch, self.token, self.outcomes = batch, token, outcomes
+        self.lease = LeaseKeeper(batch.pk, token)
+        self.metrics: dict = {"items": len(outcomes), "runtime": runtime_facts()}
+        self.error = ""
+        self.seconds = 0.0
+        self.processor = None
+        self.parts: list = []
+
+    def compute(self) -> None:
+        """Read the inputs and run the model (the part that needs the device)."""
+        started = time.perf_counter()
         try:
-            processor = get_processor(batch.campaign.processor, batch.version.params)
-            batch_metrics.update(_process(batch, processor, outcomes))
+            self.processor = get_processor(self.batch.campaign.processor, self.batch.version.params)
+            self.parts, adopted, splits = _compute(self.batch, self.processor, self.outcomes)
+            self.metrics.update(adopted=adopted)
+            if self.parts or splits:
+                self.metrics["oom_splits"] = splits
         except Exception as exc:  # the model itself failed: every unfinished unit says why
-            batch_error = "".join(traceback.format_exception_only(exc)).strip()
-            digest = hashlib.sha1(traceback.format_exc().encode()).hexdigest()[:12]
-            log.exception("batch %s failed", batch_id)
-            for outcome in outcomes:
-                if outcome.finished is None:
-                    outcome.fail(_error_class(exc), batch_error, digest)
-        batch_metrics["seconds"] = round(time.perf_counter() - started, 4)
-        recorded = _record(batch, token, outcomes, batch_metrics, batch_error)
-    if recorded:
+            self._failed(exc)
+        self.seconds += time.perf_counter() - started
+
+    def finish(self) -> str:
+        """Write, check, record, then the checkpoint checks; returns run_batch's answer."""
+        started = time.perf_counter()
         try:
-            checkpoint_open_if_due(campaign=batch.campaign, version=batch.version)
-            campaign_finished_snapshot(campaign=batch.campaign, version=batch.version)
-        except Exception:  # the batch is recorded; the next batch or resume tries again
-            log.exception("batch %s: could not open the checkpoint", batch_id)
-    return "done" if recorded else "lease lost"
+            try:
+                if self.parts and not self.error:
+                    self.metrics.update(_complete(self.batch, self.processor, self.parts))
+            except Exception as exc:
+                self._failed(exc)
+            self.metrics["seconds"] = round(self.seconds + time.perf_counter() - started, 4)
+            recorded = _record(self.batch, self.token, self.outcomes, self.metrics, self.error)
+        finally:
+            self.lease.stop()
+        if recorded:
+            try:
+                checkpoint_open_if_due(campaign=self.batch.campaign, version=self.batch.version)
+                campaign_finished_snapshot(campaign=self.batch.campaign, version=self.batch.version)
+            except Exception:  # the batch is recorded; the next batch or resume tries again
+                log.exception("batch %s: could not open the checkpoint", self.batch.pk)
+        return "done" if recorded else "lease lost"
+
+    def _failed(self, exc: Exception) -> None:
+        self.error = "".join(traceback.format_exception_only(exc)).strip()
+        digest = hashlib.sha1(traceback.format_exc().encode()).hexdigest()[:12]
+        log.exception("batch %s failed", self.batch.pk)
+        for outcome in self.outcomes:
+            if outcome.finished is None:
+                outcome.fail(_error_class(exc), self.error, digest)
+
+
+class _Finisher:
+    """The worker process's thread that finishes handed-off batches, in order.
+
+    At most one batch waits behind the one being finished: a worker whose
+    disk or database is slower than its model waits here instead of piling
+    up results in memory. `drain` (at worker shutdown) finishes them all.
+    """
+
+    WAITING = 1
+
+    def __init__(self):
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: list = []
+        self._lock = threading.Lock()
+
+    def submit(self, run: _BatchRun) -> None:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch-finish")
+            self._pending = [f for f in self._pending if not f.done()]
+            self._pending.append(self._pool.submit(self._finish, run))
+            backlog = self._pending[: -1 - self.WAITING]
+        for future in backlog:
+            future.result()
+
+    @staticmethod
+    def _finish(run: _BatchRun) -> str:
+        with bound(campaign=run.batch.campaign_id, batch=run.batch.pk):
+            try:
+                return run.finish()
+            except Exception:
+                # The lease stops with this batch, so the sweeper requeues it
+                # and its written outputs are adopted: logged, nothing lost.
+                log.exception("batch %s: could not be recorded", run.batch.pk)
+                for conn in connections.all(initialized_only=True):
+                    with contextlib.suppress(DatabaseError):
+                        conn.close()
+                return "not recorded"
+
+    def drain(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for future in pending:
+            future.result()
+
+
+finisher = _Finisher()
 
 
 def _error_class(exc: BaseException) -> str:
@@ -152,7 +255,8 @@ def _error_class(exc: BaseException) -> str:
     return ErrorClass.PROCESSING_ERROR
 
 
-def _process(batch: Batch, processor, outcomes: list[Outcome]) -> dict:
+def _compute(batch: Batch, processor, outcomes: list[Outcome]) -> tuple[list, int, list[int]]:
+    """Read and prepare the inputs, run the model: (parts, adopted, OOM splits)."""
     root = Path(batch.campaign.input_root)
     for outcome in outcomes:
         outcome.target = str(
@@ -168,10 +272,13 @@ def _process(batch: Batch, processor, outcomes: list[Outcome]) -> dict:
     prepared = list(_io_pool().map(lambda o: _prepare(processor, root, o), outcomes))
     ready = [(o, item) for o, item in zip(outcomes, prepared, strict=True) if item is not _SKIP]
     adopted = sum(1 for o in outcomes if o.metrics.get("adopted"))
-    if not ready:
-        return {"adopted": adopted}
     splits: list[int] = []
-    parts = _run_splitting(processor, ready, splits)
+    parts = _run_splitting(processor, ready, splits) if ready else []
+    return parts, adopted, splits
+
+
+def _complete(batch: Batch, processor, parts: list) -> dict:
+    """Each output's metrics and flags, then its write and check; the batch's measurements."""
     jobs = []
     flag = getattr(processor, "flags", None)
     for part, result in parts:
@@ -184,8 +291,7 @@ def _process(batch: Batch, processor, outcomes: list[Outcome]) -> dict:
     _flag_drift(batch, [o for o, _ in jobs])
     # Writes and checks in threads: each waits on its own fsync.
     list(_io_pool().map(lambda job: _write_and_check(processor, *job), jobs))
-    metrics = merge_batch_metrics([processor.batch_metrics(result) for _, result in parts])
-    return {"adopted": adopted, "oom_splits": splits, **metrics}
+    return merge_batch_metrics([processor.batch_metrics(result) for _, result in parts])
 
 
 _SKIP = object()
@@ -357,7 +463,7 @@ def _adopt(processor, outcome: Outcome) -> bool:
     except InvalidOutput:
         return False  # a partial or bad file: recomputed and atomically replaced
     data = path.read_bytes()
-    outcome.metrics = {"adopted": True}  # counted by _process
+    outcome.metrics = {"adopted": True}  # counted by _compute
     outcome.succeed(outcome.target, len(data), hashlib.sha256(data).hexdigest())
     return True
 

@@ -33,13 +33,14 @@ class LeaseKeeper:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"lease-{batch_id}", daemon=True)
 
-    def __enter__(self) -> LeaseKeeper:
+    def start(self) -> None:
         self._thread.start()
-        return self
 
-    def __exit__(self, *exc) -> None:
+    def stop(self) -> None:
+        """Idempotent: a batch's lease stops when it is recorded, or when it cannot be."""
         self._stop.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
 
     def _run(self) -> None:
         interval = max(0.2, settings.BATCH_LEASE_SECONDS / 4)

@@ -7,11 +7,12 @@ import logging
 import time
 from collections.abc import Callable
 
-from celery import shared_task
+from celery import shared_task, signals
 from celery.exceptions import Reject
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
+from .batch_runner import finisher
 from .batch_runner import run_batch as _run_batch
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,17 @@ def _put_back_while_database_down(what: str, run: Callable[[], str]) -> str:
 def run_batch(batch_id: int) -> str:
     # Idempotent: the runner claims the batch by update, so a redelivery
     # of this message finds it no longer queued and returns quietly.
-    return _put_back_while_database_down(f"batch {batch_id}", lambda: _run_batch(batch_id))
+    return _put_back_while_database_down(
+        f"batch {batch_id}", lambda: _run_batch(batch_id, hand_off=settings.BATCH_PIPELINE)
+    )
+
+
+@signals.worker_process_shutdown.connect  # a prefork pool child, as it exits
+@signals.worker_shutdown.connect  # the main process (the solo pool runs tasks there)
+def _finish_handed_off_batches(**_) -> None:
+    """A warm shutdown records the batches whose model already ran before the
+    process goes: their units are neither lost nor run twice."""
+    finisher.drain()
 
 
 @shared_task(name="gpuworker.tasks.run_profile", acks_late=True)

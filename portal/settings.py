@@ -183,6 +183,9 @@ BATCH_MAX_DELIVERIES = env.int("BATCH_MAX_DELIVERIES", default=5)
 TRAINING_HEARTBEAT_SECONDS = env.float("TRAINING_HEARTBEAT_SECONDS", default=30.0)
 # A batch still running after this many seconds fails its units as `timeout`.
 BATCH_TIME_LIMIT = env.int("BATCH_TIME_LIMIT", default=3600)
+# A worker hands a batch's writes and recording to a thread once its model has
+# run, and starts the next batch meanwhile (gpuworker.batch_runner.run_batch).
+BATCH_PIPELINE = env.bool("BATCH_PIPELINE", default=True)
 
 # --- Profiles and estimates ------------------------------------------------------
 # On CPU a profile measures against this memory budget (process RSS), as it
@@ -273,6 +276,19 @@ CACHES = {"default": env.cache_url("CACHE_URL", default="locmemcache://")}
 RATELIMIT_VIEW = "portal.order_views.rate_limited"
 if CACHES["default"]["BACKEND"].endswith("LocMemCache"):
     SILENCED_SYSTEM_CHECKS = ["django_ratelimit.E003", "django_ratelimit.W001"]
+# Sessions: read from the cache, written through to the database, when every
+# web process shares that cache (Redis, Memcached): one cache read instead of
+# a query on every request (bench/RESULTS.md "Pages at scale"). Never with the
+# per-process default: a logout in one process would leave the session alive
+# in another's copy. A shared cache is then needed by every signed-in page.
+SHARED_CACHE_BACKENDS = (
+    "django.core.cache.backends.redis.RedisCache",
+    "django.core.cache.backends.memcached.PyMemcacheCache",
+    "django.core.cache.backends.memcached.PyLibMCCache",
+    "django_redis.cache.RedisCache",
+)
+if CACHES["default"]["BACKEND"] in SHARED_CACHE_BACKENDS:
+    SESSION_ENGINE = "django.contrib.sessions.backends.cached_db"
 
 # --- Celery -----------------------------------------------------------------
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://localhost/")

@@ -143,6 +143,14 @@ def _run_claimed(batch: Batch, *, hand_off: bool = False) -> str:
     return run.finish()
 
 
+def pipeline_enabled() -> bool:
+    """settings.BATCH_PIPELINE: "auto" hands batches off where the model runs on CUDA."""
+    choice = settings.BATCH_PIPELINE
+    if choice == "auto":
+        return torch.cuda.is_available()
+    return choice in ("1", "true", "yes", "on")
+
+
 class _BatchRun:
     """One claimed batch between its model run and its recording."""
 

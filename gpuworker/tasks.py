@@ -12,7 +12,7 @@ from celery.exceptions import Reject
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
-from .batch_runner import finisher
+from .batch_runner import finisher, pipeline_enabled
 from .batch_runner import run_batch as _run_batch
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def run_batch(batch_id: int) -> str:
     # Idempotent: the runner claims the batch by update, so a redelivery
     # of this message finds it no longer queued and returns quietly.
     return _put_back_while_database_down(
-        f"batch {batch_id}", lambda: _run_batch(batch_id, hand_off=settings.BATCH_PIPELINE)
+        f"batch {batch_id}", lambda: _run_batch(batch_id, hand_off=pipeline_enabled())
     )
 
 

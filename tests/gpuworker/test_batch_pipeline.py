@@ -12,7 +12,7 @@ import pytest
 from campaigns import services
 from campaigns.models import Attempt, Batch, Unit, UnitState
 from gpuworker import batch_runner
-from gpuworker.batch_runner import finisher, run_batch
+from gpuworker.batch_runner import finisher, pipeline_enabled, run_batch
 
 # The finisher thread has its own database connection: it must see committed rows.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -74,3 +74,15 @@ def test_a_batch_the_finisher_cannot_record_is_left_to_its_lease(queued):
     assert run_batch(batch.pk) == "done"
     adopted = Attempt.objects.filter(batch=batch, metrics__adopted=True).count()
     assert adopted == Attempt.objects.filter(batch=batch, outcome="succeeded").count() > 0
+
+
+@pytest.mark.parametrize(
+    ("setting", "cuda", "expected"),
+    [("auto", False, False), ("auto", True, True), ("1", False, True), ("0", True, False)],
+)
+def test_the_pipeline_is_on_where_the_model_runs_on_cuda_unless_told(
+    settings, setting, cuda, expected
+):
+    settings.BATCH_PIPELINE = setting
+    with mock.patch("torch.cuda.is_available", return_value=cuda):
+        assert pipeline_enabled() is expected

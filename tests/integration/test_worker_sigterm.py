@@ -16,8 +16,10 @@ from tests.worker import wait_until
 pytestmark = pytest.mark.integration
 
 
+# "1": batches handed to the finisher thread once their model ran (BATCH_PIPELINE).
+@pytest.mark.parametrize("pipeline", ["0", "1"])
 def test_sigterm_lets_the_running_batch_finish_and_nothing_runs_twice(
-    start_worker, project, tmp_path, output_root
+    start_worker, project, tmp_path, output_root, pipeline
 ):
     corpus = tmp_path / "long-corpus"
     corpus.mkdir()
@@ -33,7 +35,7 @@ def test_sigterm_lets_the_running_batch_finish_and_nothing_runs_twice(
     services.campaign_run(campaign=campaign)
 
     # when: SIGTERM while the worker holds a batch
-    worker = start_worker()
+    worker = start_worker(env_extra={"BATCH_PIPELINE": pipeline})
     running = Batch.objects.filter(campaign=campaign, state=Batch.State.RUNNING)
     wait_until(running.exists, timeout=120, interval=0.02, worker=worker)
     held = running.first()
@@ -46,7 +48,7 @@ def test_sigterm_lets_the_running_batch_finish_and_nothing_runs_twice(
     assert not running.exists()
 
     # and a new worker finishes the campaign with one attempt per unit
-    worker = start_worker()
+    worker = start_worker(env_extra={"BATCH_PIPELINE": pipeline})
     wait_until(
         lambda: not selectors.campaign_counts(campaign=campaign).active, timeout=240, worker=worker
     )

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
+from django.db.models.fields.json import KT
 
 
 class Project(models.Model):
@@ -313,6 +314,17 @@ class Attempt(models.Model):
 
     class Meta:
         ordering = ["-finished_at"]
+        indexes = [
+            # The duplicate-vector check of every batch looks its hashes up
+            # among the version's earlier outputs: a probe, not a scan of
+            # every attempt of the version (a million at a million units).
+            models.Index(
+                F("version"),
+                KT("metrics__vector_hash"),
+                condition=Q(outcome="succeeded"),
+                name="attempt_version_vector_hash",
+            ),
+        ]
 
 
 class Reconciliation(models.Model):

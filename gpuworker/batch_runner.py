@@ -24,7 +24,8 @@ import torch
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import DatabaseError, connection, connections, transaction
-from django.db.models import F
+from django.db.models import CharField, ExpressionWrapper, F
+from django.db.models.fields.json import KT
 from django.utils import timezone
 
 from campaigns.flags import DRIFT_MIN_BATCH, FlagReason, drifting_categories
@@ -408,13 +409,20 @@ def _flag_duplicates(batch: Batch, outcomes: list[Outcome]) -> None:
             by_hash.setdefault(digest, []).append(o)
     if not by_hash:
         return
+    # KT: the expression of the index attempt_version_vector_hash. Wrapped, so
+    # `__in` compares text (on SQLite the JSON key lookup would parse each
+    # hash as JSON); the SQL stays the index's expression.
+    vector_hash = ExpressionWrapper(KT("metrics__vector_hash"), output_field=CharField())
     earlier = {
         digest: (uid, sha)
-        for digest, uid, sha in Attempt.objects.filter(
+        for digest, uid, sha in Attempt.objects.annotate(vector_hash=vector_hash)
+        .filter(
             version=batch.version,
             outcome=Attempt.Outcome.SUCCEEDED,
-            metrics__vector_hash__in=list(by_hash),
-        ).values_list("metrics__vector_hash", "unit__uid", "input_sha256")
+            vector_hash__in=list(by_hash),
+        )
+        .order_by()
+        .values_list("vector_hash", "unit__uid", "input_sha256")
     }
     for digest, group in by_hash.items():
         for o in group:

@@ -95,7 +95,7 @@ def main() -> None:
         "--cache-url",
         default="",
         help="CACHE_URL for the site, e.g. redis://127.0.0.1:6379/1 as docs/deployment.md sets "
-        "it (sessions then read from it); unset: the per-process default",
+        "it (rate limits and cached panels then live there); unset: the per-process default",
     )
     parser.add_argument("--only", default="", help="run only targets whose name contains this")
     parser.add_argument("--explain", action="store_true", help="print EXPLAIN ANALYZE and stop")

@@ -21,6 +21,7 @@ from .models import (
     Campaign,
     ErrorClass,
     Reconciliation,
+    ReviewItem,
     Unit,
     UnitState,
 )
@@ -84,9 +85,8 @@ def campaign_counts(*, campaign: Campaign) -> Counts:
 
 
 def counts_by_campaign(*, campaign_ids: list[int]) -> dict[int, Counts]:
-    result = {cid: Counts() for cid in campaign_ids}
     if not campaign_ids:
-        return result
+        return {}
     # Plain SQL: the poll's hottest query, where building it through the ORM
     # cost several times what PostgreSQL spends answering it.
     with connection.cursor() as cursor:
@@ -97,8 +97,17 @@ def counts_by_campaign(*, campaign_ids: list[int]) -> dict[int, Counts]:
             campaign_ids,
         )
         rows = cursor.fetchall()
+    return _counts_from_rows(campaign_ids, rows)
+
+
+def _counts_from_rows(campaign_ids: list[int], rows) -> dict[int, Counts]:
+    """Counts from (campaign id, state, error class, SUM(n), rows summed) rows;
+    a campaign that summed many delta rows has them folded."""
+    result = {cid: Counts() for cid in campaign_ids}
     deltas = dict.fromkeys(campaign_ids, 0)
     for cid, state, error_class, total, summed in rows:
+        if state is None:  # a campaign without counter rows (an outer join's NULLs)
+            continue
         counts, n = result[cid], int(total)  # SUM(bigint) is numeric on PostgreSQL
         _fill(counts, state, n)
         if state == UnitState.FAILED and n:
@@ -108,6 +117,35 @@ def counts_by_campaign(*, campaign_ids: list[int]) -> dict[int, Counts]:
         if summed > COMPACT_AFTER_ROWS:
             unit_counts_compact(campaign_id=cid)
     return result
+
+
+# The poll's one query: the campaign by name if the user may see it (the rule
+# of campaigns_for_user, which tests/campaigns/test_page_queries.py holds this
+# to), with its counters. An unknown name or an outsider gets no row at all.
+_COUNTS_FOR_USER_SQL = """
+SELECT c.id, u.state, u.error_class, SUM(u.n), COUNT(u.n)
+FROM campaigns_campaign c
+LEFT JOIN campaigns_unitcount u ON u.campaign_id = c.id
+WHERE c.name = %(name)s AND (%(staff)s OR EXISTS (
+    SELECT 1 FROM campaigns_project_members m
+    WHERE m.project_id = c.project_id AND m.user_id = %(user)s))
+GROUP BY c.id, u.state, u.error_class
+"""
+
+
+def campaign_counts_for_user(*, user, name: str) -> tuple[int, Counts] | None:
+    """(campaign id, counts) of the named campaign, or None when the user may
+    not see it: the counts poll in one round trip, where the campaign lookup
+    through the ORM and the counts query cost three times as much (bench/RESULTS.md)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _COUNTS_FOR_USER_SQL, {"name": name, "staff": bool(user.is_staff), "user": user.pk}
+        )
+        rows = cursor.fetchall()
+    if not rows:
+        return None
+    campaign_id = rows[0][0]
+    return campaign_id, _counts_from_rows([campaign_id], rows)[campaign_id]
 
 
 #: A reader that summed more delta rows than this for one campaign folds them
@@ -181,11 +219,26 @@ def failure_reasons(*, campaign: Campaign, limit: int = 50) -> list[tuple[str, s
     (error_class, pk): the order of the partial failed-units index, so the
     first 50 are an index read however many units failed.
     """
-    return list(
-        Unit.objects.filter(campaign=campaign, state=UnitState.FAILED)
-        .order_by("error_class", "pk")
-        .values_list("uid", "error_class", "error_message")[:limit]
-    )
+    # Plain SQL, as the counts: building it through the ORM cost more than
+    # PostgreSQL spends answering it.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT uid, error_class, error_message FROM campaigns_unit "
+            "WHERE campaign_id = %s AND state = %s ORDER BY error_class, id LIMIT %s",
+            [campaign.pk, UnitState.FAILED.value, limit],
+        )
+        return cursor.fetchall()
+
+
+def open_review_items(*, campaign: Campaign) -> int:
+    """How many review items of the campaign wait for a decision: an index-only
+    count on review_queue (about 1 ms of PostgreSQL at 30,000 open items)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT COUNT(*) FROM campaigns_reviewitem WHERE campaign_id = %s AND state = %s",
+            [campaign.pk, ReviewItem.State.OPEN.value],
+        )
+        return cursor.fetchone()[0]
 
 
 # --- the unit table ------------------------------------------------------------

@@ -278,19 +278,6 @@ CACHES = {"default": env.cache_url("CACHE_URL", default="locmemcache://")}
 RATELIMIT_VIEW = "portal.order_views.rate_limited"
 if CACHES["default"]["BACKEND"].endswith("LocMemCache"):
     SILENCED_SYSTEM_CHECKS = ["django_ratelimit.E003", "django_ratelimit.W001"]
-# Sessions: read from the cache, written through to the database, when every
-# web process shares that cache (Redis, Memcached): one cache read instead of
-# a query on every request (bench/RESULTS.md "Pages at scale"). Never with the
-# per-process default: a logout in one process would leave the session alive
-# in another's copy. A shared cache is then needed by every signed-in page.
-SHARED_CACHE_BACKENDS = (
-    "django.core.cache.backends.redis.RedisCache",
-    "django.core.cache.backends.memcached.PyMemcacheCache",
-    "django.core.cache.backends.memcached.PyLibMCCache",
-    "django_redis.cache.RedisCache",
-)
-if CACHES["default"]["BACKEND"] in SHARED_CACHE_BACKENDS:
-    SESSION_ENGINE = "django.contrib.sessions.backends.cached_db"
 
 # --- Celery -----------------------------------------------------------------
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://localhost/")

@@ -9,17 +9,12 @@ from django.utils import timezone
 
 from campaigns import batch_stats, selectors
 from campaigns.models import Batch, Campaign, Unit, UnitState
-
-HTMX_COUNTS = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "counts"}
+from tests.campaigns.test_views import HTMX_COUNTS, _detail
 
 
 @pytest.fixture
 def campaign(make_campaign):
     return make_campaign("texts")
-
-
-def _detail(campaign):
-    return reverse("campaign_detail", args=[campaign.name])
 
 
 def _finish_batches(campaign, rss_values, *, start=0):

@@ -45,6 +45,11 @@
     var target = pressed(event.key);
     if (target) {
       event.preventDefault();
+      // htmx binds swapped-in content after its settle delay: a key pressed
+      // in those milliseconds would click an unbound button, and the browser
+      // would submit the form itself (a full page load). Bind it first
+      // (htmx.process leaves an element it already bound as it is).
+      if (window.htmx) window.htmx.process(target.closest("form") || target);
       target.click();
     }
   });

@@ -494,24 +494,46 @@ _RESULT_FIELDS = (
 )
 
 
-def _save_unit_results(units: list[Unit], now) -> None:
-    """One UPDATE statement run for every unit (executemany).
+#: Units per UPDATE statement of _save_unit_results (7 parameters each).
+_SAVE_ROWS = 1000
 
-    bulk_update builds a CASE expression per field and unit, which cost a
-    fifth of a small batch's time in the worker-path benchmark.
+
+def _save_unit_results(units: list[Unit], now) -> None:
+    """The batch's results in one `UPDATE … FROM (VALUES …)` statement.
+
+    On PostgreSQL the unit counters' statement trigger then runs once for the
+    batch, not once per unit as with an UPDATE per unit (8.8 → 2.6 ms for 64
+    units); bulk_update's CASE expression per field and unit cost a fifth of a
+    small batch's time (bench/RESULTS.md).
     """
     meta = Unit._meta
-    columns = [meta.get_field(name).column for name in _RESULT_FIELDS]
     quote = connection.ops.quote_name
-    sql = (
-        f"UPDATE {quote(meta.db_table)} SET "
-        + ", ".join(f"{quote(c)} = %s" for c in columns)
-        + f", {quote(meta.get_field('updated_at').column)} = %s WHERE {quote(meta.pk.column)} = %s"
+    pk = quote(meta.pk.column)
+    columns = [quote(meta.get_field(name).column) for name in _RESULT_FIELDS]
+    # PostgreSQL types a VALUES list from its first row, where a NULL size
+    # would be text: the integers say what they are.
+    integer = "CAST(%s AS bigint)" if connection.vendor == "postgresql" else "%s"
+    marks = [integer if name == "output_size" else "%s" for name in _RESULT_FIELDS]
+    row = f"({integer}, {', '.join(marks)})"
+    names = ", ".join(["id", *_RESULT_FIELDS])
+    table = quote(meta.db_table)
+    assignments = ", ".join(
+        f"{column} = v.{name}" for column, name in zip(columns, _RESULT_FIELDS, strict=True)
     )
     stamp = connection.ops.adapt_datetimefield_value(now)
-    rows = [[getattr(u, name) for name in _RESULT_FIELDS] + [stamp, u.pk] for u in units]
     with connection.cursor() as cursor:
-        cursor.executemany(sql, rows)
+        for start in range(0, len(units), _SAVE_ROWS):
+            chunk = units[start : start + _SAVE_ROWS]
+            cursor.execute(
+                f"WITH v({names}) AS (VALUES {', '.join([row] * len(chunk))}) "
+                f"UPDATE {table} SET {assignments}, "
+                f"{quote(meta.get_field('updated_at').column)} = %s "
+                f"FROM v WHERE {table}.{pk} = v.id",
+                [
+                    *(x for u in chunk for x in (u.pk, *(getattr(u, f) for f in _RESULT_FIELDS))),
+                    stamp,
+                ],
+            )
 
 
 _COLUMNS = ("real_tokens", "padded_tokens", "compute_seconds")

@@ -3,6 +3,7 @@ batches survive with appendonly, and the sweeper sends again those lost without 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import shutil
 import signal
@@ -144,8 +145,21 @@ def test_after_redis_restarts_the_worker_resumes_and_persisted_batches_all_run(
         # when: Redis is killed mid-run and comes back on the same port
         _run_through_a_restart(server, campaign, n, worker)
 
-        # then: every batch queued before the crash ran, once
-        wait_until(lambda: unfinished(campaign) == 0, timeout=120, worker=worker)
+        # then: every batch queued before the crash ran, once; all but at most
+        # the one whose message the worker was taking when Redis died: kombu
+        # pops a message, then files it among the unacknowledged, and a crash
+        # between the two leaves it in the worker's hands only (prefetch 1:
+        # never more than one). The lost-message sweep (beat, not running
+        # here) sends such a batch again; the test does that once.
+        wait_until(lambda: unfinished(campaign) <= 2, timeout=120, worker=worker)
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: unfinished(campaign) == 0, timeout=15, worker=worker)
+        if unfinished(campaign):
+            left = list(Batch.objects.filter(campaign=campaign).exclude(state=Batch.State.DONE))
+            assert [b.state for b in left] == [Batch.State.QUEUED], left
+            assert services.broker_queue_waiting(services.BATCH_QUEUE) == 0
+            assert services.batches_resend_lost(grace=0) == [left[0].pk]
+            wait_until(lambda: unfinished(campaign) == 0, timeout=60, worker=worker)
     assert_each_unit_succeeded_once(campaign, output_root, n)
     assert "Connection to broker lost" in worker.output()
     assert "sending again" not in worker.output()

@@ -56,28 +56,34 @@ class BatchPanels:
     memory_warning: str | None
 
 
-def batch_panels(*, campaign: Campaign) -> BatchPanels:
+_NOT_READ = object()
+
+
+def batch_panels(*, campaign: Campaign, newest_finished=_NOT_READ) -> BatchPanels:
     """The policy comparison, the memory chart (drawn) and its warning.
 
     The aggregate reads every finished batch of the campaign (20–46 ms at
     15,625 batches, bench/RESULTS.md "Pages at scale"), the chart the last 200
     and formats 800 points: all are computed again only when a batch finished
     since, which the newest finished_at tells from one index entry
-    (batch_done_finished), the key of the cached panels.
+    (batch_done_finished), the key of the cached panels. A caller that read
+    that finished_at already (the campaign page's header query) passes it.
     """
-    with connection.cursor() as cursor:
-        # Plain SQL: on a cache hit this is all the panels cost.
-        cursor.execute(
-            "SELECT finished_at FROM campaigns_batch WHERE campaign_id = %s AND state = %s "
-            "AND finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT 1",
-            [campaign.pk, Batch.State.DONE.value],
-        )
-        row = cursor.fetchone()
-    if row is None:  # nothing finished yet, or only rows without a time: no key
+    if newest_finished is _NOT_READ:
+        with connection.cursor() as cursor:
+            # Plain SQL: on a cache hit this is all the panels cost.
+            cursor.execute(
+                "SELECT finished_at FROM campaigns_batch WHERE campaign_id = %s AND state = %s "
+                "AND finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT 1",
+                [campaign.pk, Batch.State.DONE.value],
+            )
+            row = cursor.fetchone()
+        newest_finished = row[0] if row else None
+    if newest_finished is None:  # nothing finished yet, or only rows without a time: no key
         return _batch_panels(campaign)
     # The time as the database gives it (a datetime, or text on SQLite),
     # without the space memcached refuses in a key.
-    key = f"batch-panels:{campaign.pk}:{str(row[0]).replace(' ', 'T')}"
+    key = f"batch-panels:{campaign.pk}:{str(newest_finished).replace(' ', 'T')}"
     return cache.get_or_set(key, lambda: _batch_panels(campaign), timeout=POLICY_CACHE_SECONDS)
 
 
@@ -89,6 +95,37 @@ def _batch_panels(campaign: Campaign) -> BatchPanels:
     return BatchPanels(
         policies=_policy_rows(campaign), memory_chart=chart, memory_warning=memory_creep(chart)
     )
+
+
+class PanelsOnDemand:
+    """The panels for a template that caches their markup per newest finished
+    batch (`{% cache panels.cache_seconds ... panels.key %}`): read only when
+    that fragment is rendered, so a page view on a cache hit neither reads nor
+    draws them."""
+
+    def __init__(self, *, campaign: Campaign, newest_finished) -> None:
+        self._campaign = campaign
+        self._newest_finished = newest_finished
+        # As batch_panels' key: the time as the database gives it, no spaces.
+        self.key = str(newest_finished).replace(" ", "T")
+        # No finished batch with a time: no key, drawn every time (0 = not kept).
+        self.cache_seconds = POLICY_CACHE_SECONDS if newest_finished is not None else 0
+
+    @cached_property
+    def _panels(self) -> BatchPanels:
+        return batch_panels(campaign=self._campaign, newest_finished=self._newest_finished)
+
+    @property
+    def policies(self) -> list[PolicyRow]:
+        return self._panels.policies
+
+    @property
+    def memory_chart(self) -> MemoryChart | None:
+        return self._panels.memory_chart
+
+    @property
+    def memory_warning(self) -> str | None:
+        return self._panels.memory_warning
 
 
 def policy_comparison(*, campaign: Campaign) -> list[PolicyRow]:

@@ -485,7 +485,9 @@ class Verification:
     checkpoint: Checkpoint | None = None
 
 
-def _verification(checkpoint: Checkpoint | None) -> Verification:
+def verification_of(checkpoint: Checkpoint | None) -> Verification:
+    """The status a checkpoint (of the current version; None: none yet) gives,
+    its decided_by loaded."""
     if checkpoint is None:
         return Verification("not verified")
     label = {
@@ -505,7 +507,7 @@ def verification_status(*, campaign: Campaign) -> Verification:
         .select_related("decided_by")
         .first()
     )
-    return _verification(checkpoint)
+    return verification_of(checkpoint)
 
 
 def verification_by_campaign(*, campaign_ids: list[int]) -> dict[int, Verification]:
@@ -516,4 +518,4 @@ def verification_by_campaign(*, campaign_ids: list[int]) -> dict[int, Verificati
             campaign_id__in=campaign_ids, version_id=F("campaign__current_version_id")
         ).select_related("decided_by")
     }
-    return {cid: _verification(checkpoints.get(cid)) for cid in campaign_ids}
+    return {cid: verification_of(checkpoints.get(cid)) for cid in campaign_ids}

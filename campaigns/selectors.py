@@ -8,20 +8,27 @@ COUNT over campaigns_unit on a page: a campaign may hold millions of units.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple
 
+from django.contrib.auth import get_user_model
 from django.db import connection
 from django.db.models import QuerySet
 
+from . import sql_rows
 from .models import (
     Attempt,
+    Batch,
     Campaign,
+    Checkpoint,
     ErrorClass,
+    ParameterVersion,
+    Profile,
+    Project,
     Reconciliation,
-    ReviewItem,
     Unit,
     UnitState,
 )
@@ -119,16 +126,20 @@ def _counts_from_rows(campaign_ids: list[int], rows) -> dict[int, Counts]:
     return result
 
 
-# The poll's one query: the campaign by name if the user may see it (the rule
-# of campaigns_for_user, which tests/campaigns/test_page_queries.py holds this
-# to), with its counters. An unknown name or an outsider gets no row at all.
-_COUNTS_FOR_USER_SQL = """
+# campaigns_for_user's rule in SQL, on a campaign `c` (members and staff; tests/
+# campaigns/test_page_queries.py holds the two together): for the queries that
+# read a campaign and more in one round trip.
+_MAY_SEE = """(%(staff)s OR EXISTS (
+    SELECT 1 FROM campaigns_project_members m
+    WHERE m.project_id = c.project_id AND m.user_id = %(user)s))"""
+
+# The poll's one query: the campaign by name if the user may see it, with its
+# counters. An unknown name or an outsider gets no row at all.
+_COUNTS_FOR_USER_SQL = f"""
 SELECT c.id, u.state, u.error_class, SUM(u.n), COUNT(u.n)
 FROM campaigns_campaign c
 LEFT JOIN campaigns_unitcount u ON u.campaign_id = c.id
-WHERE c.name = %(name)s AND (%(staff)s OR EXISTS (
-    SELECT 1 FROM campaigns_project_members m
-    WHERE m.project_id = c.project_id AND m.user_id = %(user)s))
+WHERE c.name = %(name)s AND {_MAY_SEE}
 GROUP BY c.id, u.state, u.error_class
 """
 
@@ -203,6 +214,99 @@ def last_reconciliation(*, campaign: Campaign) -> Reconciliation | None:
     return campaign.reconciliations.first()
 
 
+# --- the campaign page's header ------------------------------------------------
+
+# Only what the page shows of them: a profile's steps or a checkpoint's sample
+# can be long JSON documents.
+_RECONCILIATION_FIELDS = ("id", "created_at", "deep", "seconds", "counts", "samples")
+_PROFILE_FIELDS = ("id", "state", "chosen_batch_size")
+_CHECKPOINT_FIELDS = ("id", "state", "reason", "decided_by", "decided_at")
+_DECIDER_FIELDS = ("id", "username")
+
+
+@dataclass
+class CampaignPage:
+    """The campaign page's one-of-a-kind facts, read in one query."""
+
+    campaign: Campaign
+    reconciliation: Reconciliation | None
+    latest_profile: Profile | None
+    checkpoint: Checkpoint | None  # of the current version, decided_by loaded
+    open_review_items: int
+    # The newest finished batch's finished_at, as the database gives it: the
+    # batch panels' cache key (batch_stats.batch_panels).
+    newest_finished_batch: object
+
+
+@functools.cache
+def _campaign_page_sql() -> str:
+    user_model = get_user_model()
+    latest = "SELECT id FROM {} WHERE campaign_id = c.id ORDER BY created_at DESC, id DESC LIMIT 1"
+    return f"""
+SELECT {sql_rows.columns(Campaign, "c")}, {sql_rows.columns(Project, "p")},
+    {sql_rows.columns(ParameterVersion, "v")},
+    {sql_rows.columns(Reconciliation, "r", _RECONCILIATION_FIELDS)},
+    {sql_rows.columns(Profile, "pr", _PROFILE_FIELDS)},
+    {sql_rows.columns(Checkpoint, "ck", _CHECKPOINT_FIELDS)},
+    {sql_rows.columns(user_model, "d", _DECIDER_FIELDS)},
+    (SELECT COALESCE(SUM(rc.n), 0) FROM campaigns_reviewcount rc WHERE rc.campaign_id = c.id),
+    (SELECT b.finished_at FROM campaigns_batch b
+     WHERE b.campaign_id = c.id AND b.state = %(done)s AND b.finished_at IS NOT NULL
+     ORDER BY b.finished_at DESC LIMIT 1)
+FROM campaigns_campaign c
+JOIN campaigns_project p ON p.id = c.project_id
+LEFT JOIN campaigns_parameterversion v ON v.id = c.current_version_id
+LEFT JOIN campaigns_reconciliation r
+    ON r.id = ({latest.format("campaigns_reconciliation")})
+LEFT JOIN campaigns_profile pr
+    ON pr.id = ({latest.format("campaigns_profile")})
+LEFT JOIN campaigns_checkpoint ck
+    ON ck.campaign_id = c.id AND ck.version_id = c.current_version_id
+LEFT JOIN {user_model._meta.db_table} d ON d.id = ck.decided_by_id
+WHERE c.name = %(name)s AND {_MAY_SEE}
+"""
+
+
+def campaign_page_for_user(*, user, name: str) -> CampaignPage | None:
+    """The named campaign if the user may see it, with its project, current
+    version, last verify, latest profile, the current version's checkpoint,
+    the open review count and the newest finished batch: one round trip where
+    the ORM took six (bench/RESULTS.md, "Pages at scale")."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _campaign_page_sql(),
+            {
+                "name": name,
+                "staff": bool(user.is_staff),
+                "user": user.pk,
+                "done": Batch.State.DONE.value,
+            },
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    values = iter(row)
+    campaign = sql_rows.instance(Campaign, values)
+    campaign.project = sql_rows.instance(Project, values)
+    campaign.current_version = sql_rows.instance(ParameterVersion, values)
+    reconciliation = sql_rows.instance(Reconciliation, values, _RECONCILIATION_FIELDS)
+    profile = sql_rows.instance(Profile, values, _PROFILE_FIELDS)
+    checkpoint = sql_rows.instance(Checkpoint, values, _CHECKPOINT_FIELDS)
+    decider = sql_rows.instance(get_user_model(), values, _DECIDER_FIELDS)
+    if checkpoint is not None:
+        checkpoint.campaign = campaign
+        checkpoint.decided_by = decider
+    open_review_items, newest_finished_batch = values
+    return CampaignPage(
+        campaign=campaign,
+        reconciliation=reconciliation,
+        latest_profile=profile,
+        checkpoint=checkpoint,
+        open_review_items=int(open_review_items),  # SUM(bigint) is numeric on PostgreSQL
+        newest_finished_batch=newest_finished_batch,
+    )
+
+
 def unit_lineage(*, campaign: Campaign, pk: int) -> tuple[Unit, list[Attempt]] | None:
     unit = Unit.objects.filter(campaign=campaign, pk=pk).select_related("batch").first()
     if unit is None:
@@ -231,14 +335,15 @@ def failure_reasons(*, campaign: Campaign, limit: int = 50) -> list[tuple[str, s
 
 
 def open_review_items(*, campaign: Campaign) -> int:
-    """How many review items of the campaign wait for a decision: an index-only
-    count on review_queue (about 1 ms of PostgreSQL at 30,000 open items)."""
+    """How many review items of the campaign wait for a decision, from the
+    counters the triggers of migration 0016 keep (campaign_page_for_user reads
+    them in its query)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT COUNT(*) FROM campaigns_reviewitem WHERE campaign_id = %s AND state = %s",
-            [campaign.pk, ReviewItem.State.OPEN.value],
+            "SELECT COALESCE(SUM(n), 0) FROM campaigns_reviewcount WHERE campaign_id = %s",
+            [campaign.pk],
         )
-        return cursor.fetchone()[0]
+        return int(cursor.fetchone()[0])
 
 
 # --- the unit table ------------------------------------------------------------

@@ -72,33 +72,34 @@ def campaign_list(request: HttpRequest) -> HttpResponse:
 def campaign_detail(request: HttpRequest, name: str) -> HttpResponse:
     if request.htmx and request.htmx.target == "counts":
         return _counts_fragment(request, name)
-    campaign = _get_campaign_for_user(request, name)
     if request.htmx and request.htmx.target == UNIT_TABLE:
         # Filtering and paging swap the table only: no counts, no charts.
+        campaign = _get_campaign_for_user(request, name)
         context = {"campaign": campaign, **_unit_table(request, campaign)}
         return render(request, f"campaigns/campaign_detail.html#{UNIT_TABLE}", context)
 
-    counts = selectors.campaign_counts(campaign=campaign)
-    context = {"campaign": campaign, "counts": counts}
-    panels = batch_stats.batch_panels(campaign=campaign)
-    context.update(
-        {
-            **_unit_table(request, campaign),
-            "failures": selectors.failure_reasons(campaign=campaign),
-            "reconciliation": selectors.last_reconciliation(campaign=campaign),
-            "policies": panels.policies,
-            "memory_chart": panels.memory_chart,
-            "memory_warning": panels.memory_warning,
-            "export_files": list(inventory.FILES),
-            "latest_profile": profiling.latest_profile(campaign=campaign),
-            "verification": review.verification_status(campaign=campaign),
-            "open_review_items": selectors.open_review_items(campaign=campaign),
-            "is_adaptation": adaptation.is_adaptation(campaign),
-            "lineage": adaptation.lineage(campaign.current_version)
-            if campaign.current_version
-            else None,
-        }
-    )
+    page = selectors.campaign_page_for_user(user=request.user, name=name)
+    if page is None:
+        raise Http404("No such campaign.")
+    campaign = page.campaign
+    context = {
+        "campaign": campaign,
+        "counts": selectors.campaign_counts(campaign=campaign),
+        **_unit_table(request, campaign),
+        "failures": selectors.failure_reasons(campaign=campaign),
+        "reconciliation": page.reconciliation,
+        "panels": batch_stats.PanelsOnDemand(
+            campaign=campaign, newest_finished=page.newest_finished_batch
+        ),
+        "export_files": list(inventory.FILES),
+        "latest_profile": page.latest_profile,
+        "verification": review.verification_of(page.checkpoint),
+        "open_review_items": page.open_review_items,
+        "is_adaptation": adaptation.is_adaptation(campaign),
+        "lineage": adaptation.lineage(campaign.current_version)
+        if campaign.current_version
+        else None,
+    }
     return render(request, "campaigns/campaign_detail.html", context)
 
 

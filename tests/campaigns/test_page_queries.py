@@ -8,7 +8,15 @@ from django.urls import reverse
 from django.utils import timezone
 
 from campaigns import batch_stats, selectors
-from campaigns.models import Batch, Campaign, Unit, UnitState
+from campaigns.models import (
+    Batch,
+    Campaign,
+    Checkpoint,
+    Profile,
+    Reconciliation,
+    Unit,
+    UnitState,
+)
 from tests.campaigns.test_views import HTMX_COUNTS, _detail
 
 
@@ -116,6 +124,17 @@ def test_the_memory_chart_and_its_warning_follow_each_finished_batch(client, own
     assert 'id="memory-warning"' in html
 
 
+def test_batches_without_a_finish_time_are_drawn_every_time(client, owner, campaign):
+    """No finish time, no cache key: the panels are not kept, so they cannot go stale."""
+    client.force_login(owner)
+    assert "No batch finished yet." in client.get(_detail(campaign)).content.decode()
+    _finish_batches(campaign, [500 << 20])
+    Batch.objects.filter(campaign=campaign).update(finished_at=None)
+    html = client.get(_detail(campaign)).content.decode()
+    assert "No batch finished yet." not in html
+    assert '<tr data-policy="original">' in html
+
+
 # --- the unit table --------------------------------------------------------------
 
 
@@ -129,3 +148,57 @@ def test_the_unit_table_rows_show_each_units_fields(client, owner, campaign):
     row = html.split(f'href="{_detail(campaign)}units/{unit.pk}/"')[1].split("</tr>")[0]
     assert f">{unit.uid}</a>" in row
     assert "<td>failed</td><td>input_invalid</td><td>empty file</td><td>—</td>" in row
+
+
+# --- the page's header -------------------------------------------------------------
+
+
+def test_the_page_reads_its_header_in_one_query(client, owner, campaign, django_assert_num_queries):
+    """The campaign, its project and version, the newest verify and profile, the
+    checkpoint with who decided it, the open review count and the panels' key."""
+    version = campaign.current_version
+    older = Reconciliation.objects.create(campaign=campaign, seconds=1.0, counts={"valid": 1})
+    Reconciliation.objects.filter(pk=older.pk).update(
+        created_at=timezone.now() - timezone.timedelta(hours=1)
+    )
+    Reconciliation.objects.create(
+        campaign=campaign, seconds=2.5, deep=True, counts={"valid": 30, "output_missing": 9}
+    )
+    Profile.objects.create(campaign=campaign, version=version, state="failed")
+    Profile.objects.create(
+        campaign=campaign, version=version, state="done", chosen_batch_size=48, steps=[{}] * 50
+    )
+    Checkpoint.objects.create(
+        campaign=campaign,
+        version=version,
+        after_units=10,
+        state="passed",
+        decided_by=owner,
+        decided_at=timezone.now(),
+    )
+    _finish_batches(campaign, [500 << 20] * 2)
+    client.force_login(owner)
+    client.get(_detail(campaign))  # the session's first use; the panels cached
+    # Session, user, the header, counts, the unit page, the failures.
+    with django_assert_num_queries(6):
+        html = client.get(_detail(campaign)).content.decode()
+    assert "Project acme" in html and f"parameters {version.label}" in html
+    assert "deep check, 2.50 s" in html and 'data-verdict="output_missing">9<' in html
+    assert "Latest profile (done, batch 48)" in html
+    assert '<strong data-verification="passed">passed</strong> by owner' in html
+    assert "Memory after each of the last 2 batches" in html
+
+
+def test_the_page_header_follows_the_access_rule_of_campaigns_for_user(
+    owner, outsider, staff, campaign
+):
+    for user in (owner, outsider, staff):
+        visible = selectors.campaigns_for_user(user).filter(name=campaign.name).exists()
+        page = selectors.campaign_page_for_user(user=user, name=campaign.name)
+        assert (page is not None) == visible, user
+        if page is not None:
+            assert page.campaign == campaign
+            assert page.campaign.current_version == campaign.current_version
+            assert (page.reconciliation, page.latest_profile, page.checkpoint) == (None,) * 3
+            assert page.open_review_items == 0 and page.newest_finished_batch is None
+    assert selectors.campaign_page_for_user(user=staff, name="no-such-campaign") is None

@@ -185,7 +185,8 @@ def review_queue(request: HttpRequest) -> HttpResponse:
     ).values_list("pk", flat=True)
     categories = selectors.unit_categories(campaign_ids=list(shown))
     counts = review.reason_counts(items=without_reason)
-    total = items.count()
+    # The reason counts cover the same items: no second count over them.
+    total = counts.get(filters.reason, 0) if filters.reason else sum(counts.values())
     context = {
         **pane,
         "rows": items.select_related("campaign", "unit")[:ITEMS_SHOWN],

@@ -550,6 +550,7 @@ def test_the_queue_filters_by_category_and_state_and_counts_each_reason(client, 
 
     html = client.get(QUEUE, {"campaign": "texts"}).content.decode()
     assert (_reason_count(html, "manual"), _reason_count(html, "truncated")) == (2, 1)
+    assert "<h2>3 items open</h2>" in html
     for shown in (solar, rail, bread):
         assert f'id="row-{shown.pk}"' in html
     assert f'id="row-{pancakes.pk}"' not in html  # decided: not in the open queue
@@ -569,6 +570,7 @@ def test_the_queue_filters_by_category_and_state_and_counts_each_reason(client, 
     assert f'id="row-{solar.pk}"' in html and f'id="row-{bread.pk}"' in html
     assert f'id="row-{rail.pk}"' not in html and f'id="row-{pancakes.pk}"' not in html
     assert _reason_count(html, "truncated") == 2  # the counts ignore the reason filter
+    assert "<h2>2 items</h2>" in html  # the heading counts the reason shown
 
 
 def test_an_embedding_item_shows_the_nearest_vector_of_its_batch(

@@ -210,10 +210,6 @@ def unit_categories(*, campaign_ids: list[int]) -> list[str]:
     return sorted(found)
 
 
-def last_reconciliation(*, campaign: Campaign) -> Reconciliation | None:
-    return campaign.reconciliations.first()
-
-
 # --- the campaign page's header ------------------------------------------------
 
 # Only what the page shows of them: a profile's steps or a checkpoint's sample
@@ -221,7 +217,10 @@ def last_reconciliation(*, campaign: Campaign) -> Reconciliation | None:
 _RECONCILIATION_FIELDS = ("id", "created_at", "deep", "seconds", "counts", "samples")
 _PROFILE_FIELDS = ("id", "state", "chosen_batch_size")
 _CHECKPOINT_FIELDS = ("id", "state", "reason", "decided_by", "decided_at")
-_DECIDER_FIELDS = ("id", "username")
+
+
+def _decider_fields() -> tuple[str, str]:
+    return ("id", get_user_model().USERNAME_FIELD)  # for get_username()
 
 
 @dataclass
@@ -248,7 +247,7 @@ SELECT {sql_rows.columns(Campaign, "c")}, {sql_rows.columns(Project, "p")},
     {sql_rows.columns(Reconciliation, "r", _RECONCILIATION_FIELDS)},
     {sql_rows.columns(Profile, "pr", _PROFILE_FIELDS)},
     {sql_rows.columns(Checkpoint, "ck", _CHECKPOINT_FIELDS)},
-    {sql_rows.columns(user_model, "d", _DECIDER_FIELDS)},
+    {sql_rows.columns(user_model, "d", _decider_fields())},
     (SELECT COALESCE(SUM(rc.n), 0) FROM campaigns_reviewcount rc WHERE rc.campaign_id = c.id),
     (SELECT b.finished_at FROM campaigns_batch b
      WHERE b.campaign_id = c.id AND b.state = %(done)s AND b.finished_at IS NOT NULL
@@ -292,7 +291,7 @@ def campaign_page_for_user(*, user, name: str) -> CampaignPage | None:
     reconciliation = sql_rows.instance(Reconciliation, values, _RECONCILIATION_FIELDS)
     profile = sql_rows.instance(Profile, values, _PROFILE_FIELDS)
     checkpoint = sql_rows.instance(Checkpoint, values, _CHECKPOINT_FIELDS)
-    decider = sql_rows.instance(get_user_model(), values, _DECIDER_FIELDS)
+    decider = sql_rows.instance(get_user_model(), values, _decider_fields())
     if checkpoint is not None:
         checkpoint.campaign = campaign
         checkpoint.decided_by = decider

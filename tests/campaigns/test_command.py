@@ -6,6 +6,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
+from campaigns import review
 from campaigns.models import Campaign, Unit, UnitState
 
 
@@ -48,6 +49,16 @@ def test_create_then_status_as_json(corpus):
         "needs_review": 0,
         "by_error": {"input_invalid": 1},
     }
+
+
+def test_status_says_how_many_review_items_are_open(make_campaign, owner):
+    campaign = make_campaign("texts")
+    assert "review" not in _call("status", "texts")
+    units = Unit.objects.filter(campaign=campaign).order_by("pk")[:2]
+    items = [review.unit_flag(unit=unit, user=owner, note="looks wrong") for unit in units]
+    assert "2 open review items" in _call("status", "texts")
+    review.review_decide(item=items[0], decision="accepted", user=owner)
+    assert "1 open review item\n" in _call("status", "texts")
 
 
 @pytest.mark.django_db

@@ -458,6 +458,8 @@ class Command(BaseCommand):
         )
         for error_class, n in sorted(counts.by_error.items()):
             self.stdout.write(f"  {error_class}: {n}")
+        if open_items := selectors.open_review_items(campaign=campaign):
+            self.stdout.write(f"{open_items} open review item{'s' if open_items != 1 else ''}")
 
     # --- adaptation campaigns -------------------------------------------------
 

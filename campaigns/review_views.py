@@ -634,7 +634,7 @@ def checkpoint_decide(request: HttpRequest, pk: int) -> HttpResponse:
 def holdout_panel(request: HttpRequest, name: str) -> HttpResponse:
     """The holdout report as a fragment: the campaign page loads it after the page,
     since scoring reads every processed holdout output."""
-    campaign = selectors.campaigns_for_user(request.user).filter(name=name).first()
+    campaign = selectors.campaign_for_user(user=request.user, name=name)
     if campaign is None:
         raise Http404("No such campaign.")
     return render(request, "campaigns/checkpoint_detail.html#holdout", _holdout_context(campaign))

@@ -237,13 +237,53 @@ class CampaignPage:
     newest_finished_batch: object
 
 
+# A campaign with its project and current version, as the pages show it.
+_CAMPAIGN_JOINS = """FROM campaigns_campaign c
+JOIN campaigns_project p ON p.id = c.project_id
+LEFT JOIN campaigns_parameterversion v ON v.id = c.current_version_id"""
+
+
+def _campaign_columns() -> str:
+    return ", ".join(
+        sql_rows.columns(model, alias)
+        for model, alias in ((Campaign, "c"), (Project, "p"), (ParameterVersion, "v"))
+    )
+
+
+def _campaign_from(values) -> Campaign:
+    """The campaign whose _campaign_columns() lead `values`, project and version set."""
+    campaign = sql_rows.instance(Campaign, values)
+    campaign.project = sql_rows.instance(Project, values)
+    campaign.current_version = sql_rows.instance(ParameterVersion, values)
+    return campaign
+
+
+@functools.cache
+def _campaign_for_user_sql() -> str:
+    return (
+        f"SELECT {_campaign_columns()}\n{_CAMPAIGN_JOINS}\nWHERE c.name = %(name)s AND {_MAY_SEE}"
+    )
+
+
+def campaign_for_user(*, user, name: str) -> Campaign | None:
+    """The named campaign if the user may see it (project and current version
+    loaded), in plain SQL: every campaign view starts with it, and the ORM spent
+    more building this query than PostgreSQL answering it (bench/RESULTS.md)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _campaign_for_user_sql(),
+            {"name": name, "staff": bool(user.is_staff), "user": user.pk},
+        )
+        row = cursor.fetchone()
+    return None if row is None else _campaign_from(iter(row))
+
+
 @functools.cache
 def _campaign_page_sql() -> str:
     user_model = get_user_model()
     latest = "SELECT id FROM {} WHERE campaign_id = c.id ORDER BY created_at DESC, id DESC LIMIT 1"
     return f"""
-SELECT {sql_rows.columns(Campaign, "c")}, {sql_rows.columns(Project, "p")},
-    {sql_rows.columns(ParameterVersion, "v")},
+SELECT {_campaign_columns()},
     {sql_rows.columns(Reconciliation, "r", _RECONCILIATION_FIELDS)},
     {sql_rows.columns(Profile, "pr", _PROFILE_FIELDS)},
     {sql_rows.columns(Checkpoint, "ck", _CHECKPOINT_FIELDS)},
@@ -252,9 +292,7 @@ SELECT {sql_rows.columns(Campaign, "c")}, {sql_rows.columns(Project, "p")},
     (SELECT b.finished_at FROM campaigns_batch b
      WHERE b.campaign_id = c.id AND b.state = %(done)s AND b.finished_at IS NOT NULL
      ORDER BY b.finished_at DESC LIMIT 1)
-FROM campaigns_campaign c
-JOIN campaigns_project p ON p.id = c.project_id
-LEFT JOIN campaigns_parameterversion v ON v.id = c.current_version_id
+{_CAMPAIGN_JOINS}
 LEFT JOIN campaigns_reconciliation r
     ON r.id = ({latest.format("campaigns_reconciliation")})
 LEFT JOIN campaigns_profile pr
@@ -285,9 +323,7 @@ def campaign_page_for_user(*, user, name: str) -> CampaignPage | None:
     if row is None:
         return None
     values = iter(row)
-    campaign = sql_rows.instance(Campaign, values)
-    campaign.project = sql_rows.instance(Project, values)
-    campaign.current_version = sql_rows.instance(ParameterVersion, values)
+    campaign = _campaign_from(values)
     reconciliation = sql_rows.instance(Reconciliation, values, _RECONCILIATION_FIELDS)
     profile = sql_rows.instance(Profile, values, _PROFILE_FIELDS)
     checkpoint = sql_rows.instance(Checkpoint, values, _CHECKPOINT_FIELDS)

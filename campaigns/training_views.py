@@ -18,7 +18,7 @@ TARGET_PROCESSOR = {"text-adaptation": "text-embedding", "image-adaptation": "im
 
 
 def _adaptation_campaign(request: HttpRequest, name: str) -> Campaign:
-    campaign = selectors.campaigns_for_user(request.user).filter(name=name).first()
+    campaign = selectors.campaign_for_user(user=request.user, name=name)
     if campaign is None or not adaptation.is_adaptation(campaign):
         raise Http404("No such adaptation campaign.")
     return campaign

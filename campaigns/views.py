@@ -48,9 +48,7 @@ TIME = "%Y-%m-%d %H:%M"
 
 def _get_campaign_for_user(request: HttpRequest, name: str) -> Campaign:
     """The campaign if the user may see it; outsiders get the same 404 as a wrong name."""
-    # The name is unique: no ORDER BY (first() would sort by created_at).
-    found = selectors.campaigns_for_user(request.user).filter(name=name).order_by()[:1]
-    campaign = next(iter(found), None)
+    campaign = selectors.campaign_for_user(user=request.user, name=name)
     if campaign is None:
         raise Http404("No such campaign.")
     return campaign

@@ -189,16 +189,26 @@ def test_the_page_reads_its_header_in_one_query(client, owner, campaign, django_
     assert "Memory after each of the last 2 batches" in html
 
 
-def test_the_page_header_follows_the_access_rule_of_campaigns_for_user(
+def test_the_page_header_and_campaign_lookup_follow_the_access_rule_of_campaigns_for_user(
     owner, outsider, staff, campaign
 ):
     for user in (owner, outsider, staff):
         visible = selectors.campaigns_for_user(user).filter(name=campaign.name).exists()
         page = selectors.campaign_page_for_user(user=user, name=campaign.name)
         assert (page is not None) == visible, user
+        found = selectors.campaign_for_user(user=user, name=campaign.name)
+        assert (found is not None) == visible, user
+        if found is not None:  # what every campaign view starts from
+            assert (found, found.project, found.current_version) == (
+                campaign,
+                campaign.project,
+                campaign.current_version,
+            )
+            assert found.current_version.params == campaign.current_version.params
         if page is not None:
             assert page.campaign == campaign
             assert page.campaign.current_version == campaign.current_version
             assert (page.reconciliation, page.latest_profile, page.checkpoint) == (None,) * 3
             assert page.open_review_items == 0 and page.newest_finished_batch is None
     assert selectors.campaign_page_for_user(user=staff, name="no-such-campaign") is None
+    assert selectors.campaign_for_user(user=staff, name="no-such-campaign") is None

@@ -70,21 +70,6 @@ def test_the_counts_poll_is_not_found_for_an_outsider_or_an_unknown_name(
     assert client.get(missing, **HTMX_COUNTS).status_code == 404
 
 
-def test_counts_for_user_follows_the_access_rule_of_campaigns_for_user(
-    owner, outsider, staff, campaign
-):
-    """The poll's SQL repeats campaigns_for_user's rule: members and staff, no one else."""
-    for user in (owner, outsider, staff):
-        visible = selectors.campaigns_for_user(user).filter(name=campaign.name).exists()
-        found = selectors.campaign_counts_for_user(user=user, name=campaign.name)
-        assert (found is not None) == visible, user
-        if found is not None:
-            campaign_id, counts = found
-            assert campaign_id == campaign.pk
-            assert counts == selectors.campaign_counts(campaign=campaign)
-    assert selectors.campaign_counts_for_user(user=staff, name="no-such-campaign") is None
-
-
 def test_a_campaign_without_units_polls_zero_counts_and_stops(client, owner, project):
     empty = Campaign.objects.create(
         project=project, name="empty", processor="text-embedding", input_root="/nowhere"
@@ -189,26 +174,41 @@ def test_the_page_reads_its_header_in_one_query(client, owner, campaign, django_
     assert "Memory after each of the last 2 batches" in html
 
 
-def test_the_page_header_and_campaign_lookup_follow_the_access_rule_of_campaigns_for_user(
-    owner, outsider, staff, campaign
+# --- the plain SQL lookups ------------------------------------------------------
+
+_SQL_LOOKUPS = {
+    "counts poll": selectors.campaign_counts_for_user,
+    "page header": selectors.campaign_page_for_user,
+    "campaign views": selectors.campaign_for_user,
+}
+
+
+@pytest.mark.parametrize("lookup", _SQL_LOOKUPS.values(), ids=_SQL_LOOKUPS.keys())
+def test_each_sql_lookup_follows_the_access_rule_of_campaigns_for_user(
+    lookup, owner, outsider, staff, campaign
 ):
+    """The plain SQL repeats campaigns_for_user's rule: members and staff, no one else."""
     for user in (owner, outsider, staff):
         visible = selectors.campaigns_for_user(user).filter(name=campaign.name).exists()
-        page = selectors.campaign_page_for_user(user=user, name=campaign.name)
-        assert (page is not None) == visible, user
-        found = selectors.campaign_for_user(user=user, name=campaign.name)
-        assert (found is not None) == visible, user
-        if found is not None:  # what every campaign view starts from
-            assert (found, found.project, found.current_version) == (
-                campaign,
-                campaign.project,
-                campaign.current_version,
-            )
-            assert found.current_version.params == campaign.current_version.params
-        if page is not None:
-            assert page.campaign == campaign
-            assert page.campaign.current_version == campaign.current_version
-            assert (page.reconciliation, page.latest_profile, page.checkpoint) == (None,) * 3
-            assert page.open_review_items == 0 and page.newest_finished_batch is None
-    assert selectors.campaign_page_for_user(user=staff, name="no-such-campaign") is None
-    assert selectors.campaign_for_user(user=staff, name="no-such-campaign") is None
+        assert (lookup(user=user, name=campaign.name) is not None) == visible, user
+    assert lookup(user=staff, name="no-such-campaign") is None
+
+
+def test_the_sql_lookups_read_what_the_orm_reads(owner, campaign):
+    campaign_id, counts = selectors.campaign_counts_for_user(user=owner, name=campaign.name)
+    assert campaign_id == campaign.pk
+    assert counts == selectors.campaign_counts(campaign=campaign)
+
+    found = selectors.campaign_for_user(user=owner, name=campaign.name)
+    assert (found, found.project, found.current_version) == (
+        campaign,
+        campaign.project,
+        campaign.current_version,
+    )
+    assert found.current_version.params == campaign.current_version.params
+
+    page = selectors.campaign_page_for_user(user=owner, name=campaign.name)
+    assert page.campaign == campaign
+    assert page.campaign.current_version == campaign.current_version
+    assert (page.reconciliation, page.latest_profile, page.checkpoint) == (None,) * 3
+    assert page.open_review_items == 0 and page.newest_finished_batch is None

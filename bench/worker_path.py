@@ -12,7 +12,10 @@ Three more rows run campaigns through a real Celery worker process
 included) to the last unit recorded: length_grouped and token_budget with the
 batch pipeline (settings.BATCH_PIPELINE: a batch's writes and recording
 overlap the next batch's model), and token_budget without it.
-sentence-transformers' encode runs on the same texts at the same batch size.
+sentence-transformers' encode runs on the same texts at the same batch size,
+in a process of its own. Peak RSS: the largest resident size any batch
+recorded (this process for the in-process rows, the worker's pool process for
+the Celery rows), and sentence-transformers' process peak.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import multiprocessing
 import os
 import resource
 import subprocess
@@ -68,9 +72,11 @@ def main() -> None:
     import django
 
     django.setup()
+    import logging
+
+    logging.getLogger("gpuworker").setLevel(logging.WARNING)  # a line per batch otherwise
     import torch
     from django.core.management import call_command
-    from sentence_transformers import SentenceTransformer
 
     from campaigns import selectors, services
     from campaigns.builtin_processors import TEXT_EMBEDDING, resolve_model_path
@@ -138,6 +144,8 @@ def main() -> None:
                 "real": real,
                 "padded": padded,
                 "batches": batches.count(),
+                # This process's RSS after each batch (the model, the database, Django).
+                "rss": max(b.rss or 0 for b in batches),
             }
         )
 
@@ -211,29 +219,28 @@ def main() -> None:
             "real": sum(b.real_tokens or 0 for b in batches),
             "padded": sum(b.padded_tokens or 0 for b in batches),
             "batches": batches.count(),
+            # The worker's pool process, after each batch.
+            "rss": max(b.rss or 0 for b in batches),
         }
 
     # sentence-transformers before the Celery rows, so the table can be
     # printed row by row: a run cut short by a time limit keeps what it measured.
+    # In a fresh process of its own, so its peak RSS is its own.
     params = TEXT_EMBEDDING.clean({})
     device = "cuda" if torch.cuda.is_available() else "cpu"  # where our worker ran
-    reference = SentenceTransformer(
-        str(resolve_model_path(params["model"])), device=device, local_files_only=True
-    )
-    reference.max_seq_length = 256  # our max_tokens
-    reference.encode(texts[:32])
-    started = time.perf_counter()
-    reference.encode(
-        texts, batch_size=args.batch_size, normalize_embeddings=True, show_progress_bar=False
-    )
-    st_rate = len(texts) / (time.perf_counter() - started)
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        st_rate, st_rss = pool.apply(
+            sentence_transformers_encode,
+            (str(resolve_model_path(params["model"])), texts, args.batch_size, device),
+        )
 
     def print_row(r: dict) -> None:
         rate = r["docs"] / r["seconds"]
         print(
             f"| {r['name']} | {rate:.1f} | {rate / st_rate:.2f} | "
             f"{r['real'] / r['seconds']:.0f} | ×{r['padded'] / max(1, r['real']):.2f} | "
-            f"{r['batches']} | {100 * r['model_s'] / r['seconds']:.0f}% | {r['plan_s']:.1f} |",
+            f"{r['batches']} | {100 * r['model_s'] / r['seconds']:.0f}% | {r['plan_s']:.1f} | "
+            f"{r['rss'] / 2**20:.0f} |",
             flush=True,
         )
 
@@ -242,11 +249,14 @@ def main() -> None:
         f"truncation 256, torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"{os.cpu_count()} cores, {device}"
     )
-    print("| path | docs/s | × ST | tokens/s | padding | batches | model share | plan s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| path | docs/s | × ST | tokens/s | padding | batches | model share | plan s "
+        "| peak RSS MiB |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     print(
         f"| sentence-transformers encode (sorts by length) | {st_rate:.1f} | 1.00 | — | — | "
-        f"{-(-len(texts) // args.batch_size)} | — | — |"
+        f"{-(-len(texts) // args.batch_size)} | — | — | {st_rss / 2**20:.0f} |"
     )
     for r in rows:
         print_row(r)
@@ -262,6 +272,25 @@ def main() -> None:
         "# peak RSS of this process "
         f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB"
     )
+
+
+def sentence_transformers_encode(
+    model_path: str, texts: list[str], batch_size: int, device: str
+) -> tuple[float, int]:
+    """(docs/s, peak RSS in bytes) of SentenceTransformer.encode on these texts."""
+    import resource
+
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(model_path, device=device, local_files_only=True)
+    reference.max_seq_length = 256  # our max_tokens
+    reference.encode(texts[:32])
+    started = time.perf_counter()
+    reference.encode(
+        texts, batch_size=batch_size, normalize_embeddings=True, show_progress_bar=False
+    )
+    rate = len(texts) / (time.perf_counter() - started)
+    return rate, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 if __name__ == "__main__":

@@ -6,6 +6,40 @@ from django.db.models import F, Q
 from django.db.models.fields.json import KT
 
 
+class AsInIndex(models.Expression):
+    """`expression` with its parameters written into the SQL, as in CREATE INDEX.
+
+    SQLite uses an expression index only where a query repeats the index's
+    very text, and the index's DDL holds KT's JSON path as a literal where a
+    query sends it as a parameter: without this, the duplicate-vector lookup
+    read every successful attempt of the version, each batch (measured:
+    EXPLAIN QUERY PLAN shows `version_id=? AND <expr>=?` with it, `version_id=?`
+    without). PostgreSQL gets the parameters as they are.
+    """
+
+    def __init__(self, expression, output_field):
+        super().__init__(output_field=output_field)
+        self.expression = expression
+
+    def get_source_expressions(self):
+        return [self.expression]
+
+    def set_source_expressions(self, exprs):
+        (self.expression,) = exprs
+
+    def as_sql(self, compiler, connection):
+        sql, params = compiler.compile(self.expression)
+        if connection.vendor != "sqlite":
+            return sql, params
+        if not all(isinstance(p, str) for p in params):
+            raise TypeError("only text parameters are written into the SQL")
+        return sql % tuple("'{}'".format(p.replace("'", "''")) for p in params), ()
+
+
+# The duplicate-vector check's key: one definition for the index and the query.
+VECTOR_HASH = KT("metrics__vector_hash")
+
+
 class Project(models.Model):
     name = models.CharField(max_length=200, unique=True)
     members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="projects", blank=True)
@@ -320,7 +354,7 @@ class Attempt(models.Model):
             # every attempt of the version (a million at a million units).
             models.Index(
                 F("version"),
-                KT("metrics__vector_hash"),
+                VECTOR_HASH,
                 condition=Q(outcome="succeeded"),
                 name="attempt_version_vector_hash",
             ),

@@ -6,7 +6,7 @@ import functools
 import hashlib
 import io
 import os
-import tempfile
+import secrets
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -28,8 +28,7 @@ def write_atomic(path: Path, data: bytes | Iterable[bytes]) -> WrittenFile:
     A reader (or verify after a crash) sees either no file or the whole file.
     `data` may be an iterable of chunks, so large files stream.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _create_temp(path)
     digest, size = hashlib.sha256(), 0
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -49,6 +48,24 @@ def write_atomic(path: Path, data: bytes | Iterable[bytes]) -> WrittenFile:
     finally:
         os.close(dir_fd)
     return WrittenFile(size=size, sha256=digest.hexdigest())
+
+
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+
+
+def _create_temp(path: Path) -> tuple[int, str]:
+    """A new file beside `path` that no other writer has (O_EXCL, a random name),
+    mode 0600 like mkstemp's; the folder is made when it is missing.
+
+    Cheaper than mkstemp plus a mkdir each time: a worker writes thousands of
+    small outputs a minute (bench/RESULTS.md, 0.47 → 0.34 ms a file).
+    """
+    tmp = f"{path.parent}/.{path.name}.{secrets.token_hex(6)}.tmp"
+    try:
+        return os.open(tmp, _TEMP_FLAGS, 0o600), tmp
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(tmp, _TEMP_FLAGS, 0o600), tmp
 
 
 def vector_to_npy(vector: np.ndarray) -> bytes:

@@ -24,13 +24,14 @@ import torch
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import DatabaseError, connections, transaction
-from django.db.models import CharField, ExpressionWrapper, F
-from django.db.models.fields.json import KT
+from django.db.models import CharField, F
 from django.utils import timezone
 
 from campaigns.flags import DRIFT_MIN_BATCH, FlagReason, drifting_categories
 from campaigns.inputs import InputError, read_bytes
 from campaigns.models import (
+    VECTOR_HASH,
+    AsInIndex,
     Attempt,
     Batch,
     Checkpoint,
@@ -410,20 +411,9 @@ def _flag_duplicates(batch: Batch, outcomes: list[Outcome]) -> None:
             by_hash.setdefault(digest, []).append(o)
     if not by_hash:
         return
-    # KT: the expression of the index attempt_version_vector_hash. Wrapped, so
-    # `__in` compares text (on SQLite the JSON key lookup would parse each
-    # hash as JSON); the SQL stays the index's expression.
-    vector_hash = ExpressionWrapper(KT("metrics__vector_hash"), output_field=CharField())
     earlier = {
         digest: (uid, sha)
-        for digest, uid, sha in Attempt.objects.annotate(vector_hash=vector_hash)
-        .filter(
-            version=batch.version,
-            outcome=Attempt.Outcome.SUCCEEDED,
-            vector_hash__in=list(by_hash),
-        )
-        .order_by()
-        .values_list("vector_hash", "unit__uid", "input_sha256")
+        for digest, uid, sha in earlier_outputs_with_hashes(batch.version_id, list(by_hash))
     }
     for digest, group in by_hash.items():
         for o in group:
@@ -434,6 +424,21 @@ def _flag_duplicates(batch: Batch, outcomes: list[Outcome]) -> None:
                 o.flags.append(
                     (FlagReason.DUPLICATE_VECTOR, f"same vector as {', '.join(sorted(twins)[:3])}")
                 )
+
+
+def earlier_outputs_with_hashes(version_id: int, digests: list[str]):
+    """(vector hash, unit id, input sha256) of the version's successful
+    attempts with one of these hashes: a probe of the index
+    attempt_version_vector_hash, whose expression it repeats in its very text."""
+    # As text, so `__in` compares strings (on SQLite the JSON key lookup
+    # would parse each hash as JSON).
+    vector_hash = AsInIndex(VECTOR_HASH, output_field=CharField())
+    return (
+        Attempt.objects.annotate(vector_hash=vector_hash)
+        .filter(version_id=version_id, outcome=Attempt.Outcome.SUCCEEDED, vector_hash__in=digests)
+        .order_by()
+        .values_list("vector_hash", "unit__uid", "input_sha256")
+    )
 
 
 def _flag_drift(batch: Batch, outcomes: list[Outcome]) -> None:

@@ -23,3 +23,13 @@ def _load(processor: str, params_json: str):
 def get_processor(processor: str, params: dict):
     """The loaded processor for these parameters; the model loads on first use only."""
     return _load(processor, json.dumps(params, sort_keys=True))
+
+
+def forget_loaded() -> None:
+    """Drop every loaded processor and model, as a fresh worker process starts."""
+    from .image_classification import load_classifier
+    from .text_embedding import load_encoder
+
+    _load.cache_clear()
+    load_encoder.cache_clear()
+    load_classifier.cache_clear()

@@ -9,6 +9,7 @@ features the logits are exported as the feature vector.
 
 from __future__ import annotations
 
+import functools
 import io
 import time
 from dataclasses import dataclass
@@ -42,6 +43,19 @@ def load_checkpoint_weights(folder: Path) -> dict:
     return load_file(str(folder / "model.safetensors"))
 
 
+@functools.lru_cache(maxsize=2)
+def load_classifier(path: str, _stamp: tuple, weights: str, device, dtype):
+    """A user's model (with fine-tuned weights), once per worker process, file
+    version and precision: parameter versions that differ in a flag or the
+    preprocessing share one copy in device memory."""
+    model = load_model_file(Path(path), device)
+    if weights:
+        model.load_state_dict(load_checkpoint_weights(Path(weights)))
+    if dtype != torch.float32:
+        model = model.to(dtype)
+    return model
+
+
 @dataclass
 class ClassificationBatch:
     probs: np.ndarray  # (n, classes)
@@ -58,11 +72,15 @@ class ImageClassificationProcessor:
     def __init__(self, params: dict):
         self.params = params
         self.device, self.dtype = device_and_dtype(params["dtype"])
-        self.model = load_model_file(Path(params["model"]), self.device)
-        if params.get("weights"):
-            self.model.load_state_dict(load_checkpoint_weights(Path(params["weights"])))
-        if self.dtype != torch.float32:
-            self.model = self.model.to(self.dtype)
+        model = Path(params["model"])
+        stat = model.stat()  # a file replaced in place is a new model
+        self.model = load_classifier(
+            str(model),
+            (stat.st_mtime_ns, stat.st_size),
+            params.get("weights") or "",
+            self.device,
+            self.dtype,
+        )
         self.labels = [
             line.strip()
             for line in Path(params["labels"]).read_text(encoding="utf-8").splitlines()

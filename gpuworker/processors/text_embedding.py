@@ -8,6 +8,7 @@ depending on it at run time.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from dataclasses import dataclass
@@ -40,6 +41,24 @@ class EmbeddingBatch:
     memory: dict
 
 
+@functools.lru_cache(maxsize=2)
+def load_encoder(path: str, device: torch.device, dtype: torch.dtype):
+    """(tokenizer, model) of a folder, once per worker process and precision.
+
+    Shared by every parameter version that names them: a new version that
+    changes a flag or the batch policy must not put a second copy of the
+    weights in device memory (the processors' own cache is per version).
+    """
+    folder = Path(path)
+    if (folder / checkpoints.SIDECAR).exists():
+        # A fine-tuned checkpoint: loaded only if every file is as written.
+        checkpoints.verified(folder)
+    # local_files_only: weights come from this folder, never from a hub.
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    model = AutoModel.from_pretrained(folder, local_files_only=True, dtype=dtype)
+    return tokenizer, model.to(device).eval()
+
+
 class TextEmbeddingProcessor:
     suffix = ".npy"
 
@@ -47,14 +66,9 @@ class TextEmbeddingProcessor:
         self.params = params
         self.max_tokens = int(params["max_tokens"])
         self.device, dtype = device_and_dtype(params["dtype"])
-        path = resolve_model_path(params["model"])
-        if (path / checkpoints.SIDECAR).exists():
-            # A fine-tuned checkpoint: loaded only if every file is as written.
-            checkpoints.verified(path)
-        # local_files_only: weights come from this folder, never from a hub.
-        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        self.model = AutoModel.from_pretrained(path, local_files_only=True, dtype=dtype)
-        self.model.to(self.device).eval()
+        self.tokenizer, self.model = load_encoder(
+            str(resolve_model_path(params["model"])), self.device, dtype
+        )
         self.dimension = int(self.model.config.hidden_size)
         if self.dimension != int(params["dimension"]):
             raise ValueError(
@@ -121,20 +135,26 @@ class TextEmbeddingProcessor:
     def embed(self, texts: list[str]) -> EmbeddingBatch:
         started = time.perf_counter()
         self.probe.reset_peak()
-        # Length before truncation, so a truncated input is visible in the record.
-        input_tokens = [
-            len(ids)
-            for ids in self.tokenizer(
-                texts, add_special_tokens=True, truncation=False, verbose=False
-            )["input_ids"]
-        ]
         encoded = self.tokenizer(
             texts,
             padding=True,
             truncation=True,
             max_length=self.max_tokens,
             return_tensors="pt",
-        ).to(self.device)
+        )
+        # Length before truncation, so a truncated input is visible in the
+        # record. Only a text that fills max_tokens can have been cut: those
+        # alone are tokenised again, whole (a second pass over every text
+        # cost ~1% of the worker's time, bench/RESULTS.md).
+        input_tokens = encoded["attention_mask"].sum(dim=1).tolist()
+        cut = [i for i, n in enumerate(input_tokens) if n >= self.max_tokens]
+        if cut:
+            whole = self.tokenizer(
+                [texts[i] for i in cut], add_special_tokens=True, truncation=False, verbose=False
+            )["input_ids"]
+            for i, ids in zip(cut, whole, strict=True):
+                input_tokens[i] = len(ids)
+        encoded = encoded.to(self.device)
         hidden = self.model(**encoded).last_hidden_state.float()
         pooled = self._pool(hidden, encoded["attention_mask"])
         norms = pooled.norm(dim=1).cpu().numpy()

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
 
 import numpy as np
 import pytest
@@ -15,6 +16,29 @@ def test_atomic_write_leaves_the_file_and_no_temp_file(tmp_path):
     assert written.size == 7
     assert written.sha256 == hashlib.sha256(b"payload").hexdigest()
     assert [p.name for p in target.parent.iterdir()] == ["out.bin"]
+
+
+def test_a_write_that_fails_midway_keeps_the_old_file_and_leaves_no_temp_file(tmp_path):
+    target = tmp_path / "shard" / "out.bin"
+    write_atomic(target, b"first")
+
+    def chunks():
+        yield b"half of the second"
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        write_atomic(target, chunks())
+    assert target.read_bytes() == b"first"
+    assert [p.name for p in target.parent.iterdir()] == ["out.bin"]
+    assert oct(target.stat().st_mode & 0o777) == "0o600"  # like mkstemp's files
+
+
+def test_a_folder_removed_after_a_write_is_made_again(tmp_path):
+    target = tmp_path / "shard" / "out.bin"
+    write_atomic(target, b"first")
+    shutil.rmtree(target.parent)
+    write_atomic(target, b"again")
+    assert target.read_bytes() == b"again"
 
 
 def test_a_unit_vector_passes_the_check(tmp_path):

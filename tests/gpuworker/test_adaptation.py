@@ -11,7 +11,7 @@ import pytest
 from campaigns import adaptation, services
 from campaigns.models import Batch, ModelCheckpoint, Training, Unit, UnitState
 from campaigns.reconcile import campaign_verify
-from gpuworker.processors import _load
+from gpuworker.processors import forget_loaded
 from gpuworker.training_tasks import run_training
 
 # user_model and shapes are fixtures: the tiny CNN trained once, and its images.
@@ -135,7 +135,7 @@ def test_an_adaptation_campaign_trains_checkpoints_and_its_checkpoint_embeds_wit
         adaptation.checkpoint_use(checkpoint=last, target=texts)
     # a campaign whose model is that folder fails its batch, saying why (a
     # fresh worker: this process still holds the model it verified and loaded)
-    _load.cache_clear()
+    forget_loaded()
     again, _ = services.campaign_create(
         name="texts-again",
         processor="text-embedding",

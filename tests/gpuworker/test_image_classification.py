@@ -202,3 +202,34 @@ def test_a_torch_export_program_works_like_a_torchscript_file(
     assert done.count() == 10
     right = sum(Attempt.objects.get(unit=u).metrics["category"] == "square" for u in done)
     assert right >= 9
+
+
+def test_versions_that_differ_in_a_flag_share_one_model_and_a_replaced_file_is_reloaded(
+    user_model, tmp_path
+):
+    from campaigns.builtin_processors import IMAGE_CLASSIFICATION
+    from gpuworker.processors import get_processor
+
+    model_file, labels = tmp_path / "user.pt", user_model[1]
+    model_file.write_bytes(user_model[0].read_bytes())
+    first = get_processor(
+        "image-classification", IMAGE_CLASSIFICATION.clean(_params((model_file, labels)))
+    )
+    flagged = get_processor(
+        "image-classification",
+        IMAGE_CLASSIFICATION.clean(_params((model_file, labels), flag_min_confidence=0.9)),
+    )
+    assert flagged is not first  # a processor per parameter version...
+    assert flagged.model is first.model  # ...one copy of the weights in memory
+
+    # The user saves another model over the file: a new version gets the new one.
+    other = TinyCNN()
+    torch.jit.script(other.eval()).save(str(model_file))
+    replaced = get_processor(
+        "image-classification",
+        IMAGE_CLASSIFICATION.clean(_params((model_file, labels), flag_min_confidence=0.8)),
+    )
+    assert replaced.model is not first.model
+    x = torch.from_numpy(_tensor(Image.new("RGB", (SIZE, SIZE), (200, 30, 30)))[None])
+    assert torch.allclose(replaced.model(x)[0], other(x)[0])
+    assert not torch.allclose(first.model(x)[0], other(x)[0])

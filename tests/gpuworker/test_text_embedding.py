@@ -56,6 +56,9 @@ def test_batch_composition_does_not_change_a_vector(processor):
 def test_long_inputs_are_truncated_at_256_tokens_and_say_so(processor):
     result = processor.embed(TEXTS)
     long_index = len(TEXTS) - 1
+    # Counted before truncation, each text as the tokenizer sees it alone.
+    whole = processor.tokenizer(TEXTS, truncation=False, verbose=False)["input_ids"]
+    assert result.input_tokens == [len(ids) for ids in whole]
     assert result.input_tokens[long_index] > 256
     assert processor.unit_metrics(result, long_index)["truncated"] is True
     assert processor.unit_metrics(result, 1)["truncated"] is False
@@ -123,3 +126,13 @@ def test_the_token_cost_used_for_grouping_matches_the_model_tokenizer(processor,
         path.write_text(text)
         expected = min(len(processor.tokenizer(text)["input_ids"]), 256)
         assert text_token_cost(path, params) == expected
+
+
+def test_versions_that_differ_in_a_flag_or_the_batching_share_one_copy_of_the_model(processor):
+    for changed in ({"flag_norm_max": 2.0}, {"batch_policy": "token_budget"}, {"pooling": "cls"}):
+        other = get_processor("text-embedding", TEXT_EMBEDDING.clean(changed))
+        assert other is not processor and other.params != processor.params
+        assert other.model is processor.model and other.tokenizer is processor.tokenizer
+    # Pooling is the processor's own: the shared model gives a different vector.
+    cls = get_processor("text-embedding", TEXT_EMBEDDING.clean({"pooling": "cls"}))
+    assert float(cls.embed([TEXTS[0]]).vectors[0] @ processor.embed([TEXTS[0]]).vectors[0]) < 0.999

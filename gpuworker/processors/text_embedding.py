@@ -41,9 +41,16 @@ class EmbeddingBatch:
     memory: dict
 
 
+def folder_stamp(folder: Path) -> tuple:
+    """Name, size and modification time of the folder's files: a model
+    saved over the same folder is a new model."""
+    return tuple(sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()))
+
+
 @functools.lru_cache(maxsize=2)
-def load_encoder(path: str, device: torch.device, dtype: torch.dtype):
-    """(tokenizer, model) of a folder, once per worker process and precision.
+def load_encoder(path: str, _stamp: tuple, device: torch.device, dtype: torch.dtype):
+    """(tokenizer, model) of a folder, once per worker process, folder
+    contents (`folder_stamp`) and precision.
 
     Shared by every parameter version that names them: a new version that
     changes a flag or the batch policy must not put a second copy of the
@@ -66,8 +73,9 @@ class TextEmbeddingProcessor:
         self.params = params
         self.max_tokens = int(params["max_tokens"])
         self.device, dtype = device_and_dtype(params["dtype"])
+        folder = resolve_model_path(params["model"])
         self.tokenizer, self.model = load_encoder(
-            str(resolve_model_path(params["model"])), self.device, dtype
+            str(folder), folder_stamp(folder), self.device, dtype
         )
         self.dimension = int(self.model.config.hidden_size)
         if self.dimension != int(params["dimension"]):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -136,3 +138,16 @@ def test_versions_that_differ_in_a_flag_or_the_batching_share_one_copy_of_the_mo
     # Pooling is the processor's own: the shared model gives a different vector.
     cls = get_processor("text-embedding", TEXT_EMBEDDING.clean({"pooling": "cls"}))
     assert float(cls.embed([TEXTS[0]]).vectors[0] @ processor.embed([TEXTS[0]]).vectors[0]) < 0.999
+
+
+def test_a_model_folder_saved_over_is_loaded_again_for_a_new_version(processor, tmp_path):
+    folder = tmp_path / "encoder"
+    shutil.copytree(resolve_model_path(TEXT_EMBEDDING.params["model"].default), folder)
+    first = get_processor("text-embedding", TEXT_EMBEDDING.clean({"model": str(folder)}))
+    assert first.model is not processor.model  # another folder, another model
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes())  # saved again: a new modification time
+    again = get_processor(
+        "text-embedding", TEXT_EMBEDDING.clean({"model": str(folder), "flag_norm_max": 2.0})
+    )
+    assert again.model is not first.model

@@ -1,6 +1,8 @@
 """Our end-to-end worker path against SentenceTransformer.encode, same texts and model.
 
     .venv/bin/python bench/worker_path.py --limit 3000
+    .venv/bin/python bench/worker_path.py --limit 3000 --broker-url redis://127.0.0.1:6379/15 \
+        --database-url postgres://postgres@127.0.0.1:5432/bench_workers   # the production pair
 
 For each batch policy (original, length_grouped, token_budget) a campaign is
 created over the texts (one file each), its batches planned (token costs
@@ -53,6 +55,13 @@ def main() -> None:
         "batch ids start at 1 again, so a message left by an earlier run would make "
         "the worker run one of this run's batches",
     )
+    parser.add_argument(
+        "--database-url",
+        default="",
+        help="run every row on this database (e.g. postgres://postgres@127.0.0.1:5432/"
+        "bench_workers) instead of a fresh SQLite file. It is EMPTIED first (flush): "
+        "give one of its own",
+    )
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-worker-"))
@@ -65,8 +74,11 @@ def main() -> None:
     }
     if args.broker_url:
         env["CELERY_BROKER_URL"] = args.broker_url
+    if args.database_url:
+        env["DATABASE_URL"] = args.database_url
     os.environ.update(env)
-    os.environ.pop("DATABASE_URL", None)
+    if not args.database_url:
+        os.environ.pop("DATABASE_URL", None)
     if not args.broker_url:
         os.environ.pop("CELERY_BROKER_URL", None)
     import django
@@ -84,6 +96,8 @@ def main() -> None:
     from gpuworker.batch_runner import run_batch
 
     call_command("migrate", verbosity=0)
+    if args.database_url:
+        call_command("flush", interactive=False, verbosity=0)  # an earlier run's campaigns
     corpus = work / "corpus"
     corpus.mkdir()
     with gzip.open(args.corpus, "rt", encoding="utf-8") as fh:
@@ -248,8 +262,11 @@ def main() -> None:
             flush=True,
         )
 
+    from django.db import connection
+
     print(
-        f"# {len(texts)} texts, batch {args.batch_size}, token budget {args.token_budget}, "
+        f"# database {connection.vendor}, broker {broker}; "
+        f"{len(texts)} texts, batch {args.batch_size}, token budget {args.token_budget}, "
         f"truncation 256, torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"{os.cpu_count()} cores, {device}"
     )

@@ -259,8 +259,8 @@ class Unit(models.Model):
         # The unit table pages by keyset (pk > last shown) within each filter,
         # so every filter has an index ending in id: a page is an index range
         # read of 51 entries, never an OFFSET or a sort of the campaign.
-        # The id prefix search uses unit_uid_unique (PostgreSQL) or scans the
-        # campaign's ids (SQLite, the small embedded case).
+        # The id prefix search reads unit_uid_unique as a range, in id order
+        # (campaigns/id_order.py), on both databases.
         indexes = [
             # The unit table, unfiltered: a campaign's units in import order.
             models.Index(fields=["campaign", "id"], name="unit_campaign_id"),

@@ -9,16 +9,16 @@ COUNT over campaigns_unit on a page: a campaign may hold millions of units.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple
 
 from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
-from . import sql_rows
+from . import id_order, sql_rows
 from .models import (
     Attempt,
     Batch,
@@ -400,8 +400,9 @@ class UnitFilter:
         return cls(
             state=state if state in UnitState.values else "",
             error=error if error in ErrorClass.values else "",
-            category=data.get("category", "").strip()[:200],
-            prefix=data.get("q", "").strip()[:1000],
+            # No unit holds a NUL, and PostgreSQL refuses one in a query.
+            category=data.get("category", "").replace("\x00", "").strip()[:200],
+            prefix=data.get("q", "").replace("\x00", "").strip()[:1000],
         )
 
     def params(self) -> dict[str, str]:
@@ -439,11 +440,13 @@ def unit_page(
     before: int | None = None,
     size: int = UNIT_PAGE_SIZE,
 ) -> UnitPage:
-    """One page of a campaign's units in import (pk) order, by keyset.
+    """One page of a campaign's units by keyset: in import (pk) order, or in
+    id order when searching by id prefix (campaigns/id_order.py says why).
 
-    A page is `pk > after` (or `pk < before`, read backwards) LIMIT size + 1 on
-    an index that ends in id, one per filter (Unit.Meta.indexes): its cost does
-    not grow with the campaign, unlike OFFSET, and there is no COUNT(*).
+    A page is `key > cursor` (or `key < cursor`, read backwards) LIMIT size + 1
+    on an index that ends in that key, one per filter (Unit.Meta.indexes): its
+    cost does not grow with the campaign, unlike OFFSET, and there is no
+    COUNT(*). Cursors are pks in either order, so links look the same.
     """
     units = Unit.objects.filter(campaign=campaign)
     if unit_filter.state:
@@ -452,28 +455,70 @@ def unit_page(
         units = units.filter(state=UnitState.FAILED, error_class=unit_filter.error)
     if unit_filter.category:
         units = units.filter(category=unit_filter.category)
+    order = _PK_ORDER
     if unit_filter.prefix:
-        units = units.filter(uid__startswith=unit_filter.prefix)
+        units = units.filter(id_order.prefix_range(unit_filter.prefix))
+        order = _ID_ORDER
     # Tuples, not model instances: cheaper to build and to render.
     columns = units.values_list(*UnitRow._fields)
-    if before is not None:
-        found = list(columns.filter(pk__lt=before).order_by("-pk")[: size + 1])
+    if before is not None and (key := order.key(campaign, before)) is not None:
+        found = list(columns.filter(order.below(key)).order_by(order.descending)[: size + 1])
         more_before = len(found) > size
         found = found[:size][::-1]
-        more_after = _nearest(units.filter(pk__gte=before).order_by("pk"))
+        more_after = _nearest(units.filter(order.at_or_above(key)).order_by(order.ascending))
     else:
-        if after is not None:
-            columns = columns.filter(pk__gt=after)
-        found = list(columns.order_by("pk")[: size + 1])
+        key = order.key(campaign, after) if after is not None else None
+        if key is not None:
+            columns = columns.filter(order.above(key))
+        found = list(columns.order_by(order.ascending)[: size + 1])
         more_after = len(found) > size
         found = found[:size]
-        more_before = after is not None and _nearest(units.filter(pk__lte=after).order_by("-pk"))
+        more_before = key is not None and _nearest(
+            units.filter(order.at_or_below(key)).order_by(order.descending)
+        )
     rows = [UnitRow(*row) for row in found]
     return UnitPage(
         rows=rows,
         next_after=rows[-1].pk if rows and more_after else None,
         previous_before=rows[0].pk if rows and more_before else None,
     )
+
+
+@dataclass(frozen=True)
+class _KeysetOrder:
+    """How the unit table pages: the key a cursor pk stands for, the
+    conditions on either side of it, and the orderings."""
+
+    key: Callable[[Campaign, int], object]
+    above: Callable[[object], Q]
+    below: Callable[[object], Q]
+    at_or_above: Callable[[object], Q]
+    at_or_below: Callable[[object], Q]
+    ascending: object
+    descending: object
+
+
+_PK_ORDER = _KeysetOrder(
+    key=lambda campaign, pk: pk,
+    above=lambda pk: Q(pk__gt=pk),
+    below=lambda pk: Q(pk__lt=pk),
+    at_or_above=lambda pk: Q(pk__gte=pk),
+    at_or_below=lambda pk: Q(pk__lte=pk),
+    ascending="pk",
+    descending="-pk",
+)
+_ID_ORDER = _KeysetOrder(
+    # A cursor from another campaign or a deleted unit: the first page.
+    key=lambda campaign, pk: (
+        Unit.objects.filter(campaign=campaign, pk=pk).values_list("uid", flat=True).first()
+    ),
+    above=lambda uid: id_order.compare(">", uid),
+    below=lambda uid: id_order.compare("<", uid),
+    at_or_above=lambda uid: id_order.compare(">=", uid),
+    at_or_below=lambda uid: id_order.compare("<=", uid),
+    ascending=id_order.InIdOrder(),
+    descending=id_order.InIdOrder(descending=True),
+)
 
 
 def _nearest(units: QuerySet[Unit]) -> bool:

@@ -147,3 +147,99 @@ def test_htmx_swaps_only_the_table_without_reading_the_counts(client, owner, cam
 def test_an_outsider_gets_no_table(client, outsider, campaign):
     client.force_login(outsider)
     assert client.get(_url(campaign), **TABLE).status_code == 404
+
+
+@pytest.fixture
+def shuffled(project) -> Campaign:
+    """Ids imported out of id order, with characters LIKE would read as wildcards."""
+    campaign = Campaign.objects.create(
+        project=project, name="shuffled", processor="text-embedding", input_root="/nowhere"
+    )
+    uids = [f"scan/{(i * 37) % 120:03d}.png" for i in range(120)]
+    uids += ["Scan/upper.png", "a_b.txt", "axb.txt", "100%.txt", "1000.txt"]
+    Unit.objects.bulk_create(
+        Unit(campaign=campaign, uid=uid, source_path=uid, state=UnitState.PENDING) for uid in uids
+    )
+    return campaign
+
+
+def test_an_id_prefix_search_pages_in_id_order_both_ways(client, owner, shuffled):
+    client.force_login(owner)
+    pages = _walk(client, f"{_url(shuffled)}?q=scan/")
+    assert [len(p) for p in pages] == [PAGE, PAGE, 120 - 2 * PAGE]
+    # Ids in order, not in import order, each once; "Scan/" is another prefix.
+    assert [uid for page in pages for uid in page] == [f"scan/{i:03d}.png" for i in range(120)]
+
+    first = client.get(f"{_url(shuffled)}?q=scan/").content.decode()
+    second = client.get(_link(first, "next")).content.decode()
+    third = client.get(_link(second, "next")).content.decode()
+    back = client.get(_link(third, "prev")).content.decode()
+    assert _uids(back) == _uids(second)
+    back = client.get(_link(back, "prev")).content.decode()
+    assert _uids(back) == _uids(first) and _link(back, "prev") is None
+
+
+@pytest.mark.parametrize(
+    ("prefix", "found"),
+    [
+        ("a_", ["a_b.txt"]),  # "_" is a character, not LIKE's any-one wildcard
+        ("100%", ["100%.txt"]),
+        ("Scan/", ["Scan/upper.png"]),  # case-sensitive on SQLite as on PostgreSQL
+        ("scan/11", [f"scan/{i}.png" for i in range(110, 120)]),
+        ("scan/119.png", ["scan/119.png"]),
+        ("zzz", []),
+    ],
+)
+def test_the_id_prefix_is_matched_as_written(client, owner, shuffled, prefix, found):
+    client.force_login(owner)
+    page = client.get(_url(shuffled), {"q": prefix}).content.decode()
+    assert _uids(page) == found
+
+
+def test_a_cursor_from_another_campaign_or_a_nul_in_the_search_shows_the_first_page(
+    client, owner, shuffled, campaign
+):
+    client.force_login(owner)
+    elsewhere = Unit.objects.filter(campaign=campaign).first().pk
+    page = client.get(_url(shuffled), {"q": "scan/", "after": elsewhere})
+    assert _uids(page.content.decode())[:2] == ["scan/000.png", "scan/001.png"]
+    page = client.get(_url(shuffled), {"q": "scan/\x0011", "category": "\x00"})
+    assert page.status_code == 200
+    assert _uids(page.content.decode())[0] == "scan/110.png"
+
+
+def test_an_id_prefix_page_reads_the_id_index_in_order(owner, shuffled):
+    """The page is a range of unit_uid_unique read in order: no sort of every
+    match, and no scan of the campaign in import order (bench/RESULTS.md)."""
+    unit_filter = selectors.UnitFilter.parse({"q": "scan/1"})
+    with CaptureQueriesContext(connection) as queries:
+        selectors.unit_page(campaign=shuffled, unit_filter=unit_filter)
+    (page_sql,) = [q["sql"] for q in queries.captured_queries if "LIMIT" in q["sql"]]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            # A hundred rows: the planner would rather sort them all. With a
+            # full sort priced out, it finds the order in the index, or fails.
+            cursor.execute("SET LOCAL enable_seqscan = off")
+            cursor.execute("SET LOCAL enable_bitmapscan = off")
+            cursor.execute("SET LOCAL enable_sort = off")
+            cursor.execute(f"EXPLAIN {page_sql}")
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+            assert "Index Scan using unit_uid_unique" in plan, plan
+            assert "Presorted Key: uid" in plan or "Sort" not in plan, plan
+            assert "Disabled" not in plan and "cost=10000000" not in plan, plan
+        else:
+            cursor.execute(f"EXPLAIN QUERY PLAN {page_sql}")
+            plan = "\n".join(str(row[-1]) for row in cursor.fetchall())
+            # The unique constraint's index (SQLite names it itself), read as a range.
+            assert "(campaign_id=? AND uid>? AND uid<?)" in plan, plan
+            assert "TEMP B-TREE" not in plan, plan
+
+
+@pytest.mark.parametrize(
+    ("prefix", "upper"),
+    [("ab", "ac"), ("a\U0010ffff", "b"), ("\U0010ffff", None), ("x\ud7ff", "x\ue000")],
+)
+def test_the_prefix_range_ends_at_the_next_string(prefix, upper):
+    from campaigns.id_order import _next_string
+
+    assert _next_string(prefix) == upper

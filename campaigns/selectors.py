@@ -352,11 +352,12 @@ def unit_lineage(*, campaign: Campaign, pk: int) -> tuple[Unit, list[Attempt]] |
     return unit, attempts
 
 
-def failure_reasons(*, campaign: Campaign, limit: int = 50) -> list[tuple[str, str, str]]:
+def failure_reasons(*, campaign: Campaign, limit: int = 10) -> list[tuple[str, str, str]]:
     """(uid, error class, message) of the first failures, by class.
 
-    (error_class, pk): the order of the partial failed-units index, so the
-    first 50 are an index read however many units failed.
+    (error_class, pk): the order of the partial failed-units index, so they
+    are an index read however many units failed. The page shows a few and
+    links to the unit table filtered to failed units for the rest.
     """
     # Plain SQL, as the counts: building it through the ORM cost more than
     # PostgreSQL spends answering it.

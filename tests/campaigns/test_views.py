@@ -77,6 +77,22 @@ def test_failures_show_their_readable_reason_and_the_state_filter_works(client, 
     assert "news/harbour-reopens.txt" not in html
 
 
+def test_the_page_lists_the_first_failures_and_links_to_all_of_them(client, owner, campaign):
+    failed = list(Unit.objects.filter(campaign=campaign).order_by("pk")[:14])
+    for i, unit in enumerate(failed):
+        unit.state, unit.error_class = UnitState.FAILED, "input_invalid"
+        unit.error_message = f"reason number {i}"
+    Unit.objects.bulk_update(failed, ["state", "error_class", "error_message"])
+    client.force_login(owner)
+    html = client.get(_detail(campaign)).content.decode()
+    listed = html.split('class="grid failures"', 1)[1].split("</table>", 1)[0]
+    assert listed.count("reason number") == 10
+    assert 'href="?state=failed#unit-table" id="all-failures">all 14 failed units<' in html
+    table = client.get(_detail(campaign), {"state": "failed"}).content.decode()
+    table = table.split('id="units"', 1)[1]
+    assert all(f"reason number {i}<" in table for i in range(14))
+
+
 def test_a_tampered_state_filter_shows_all_units(client, owner, campaign):
     client.force_login(owner)
     response = client.get(_detail(campaign), {"state": "'; DROP TABLE"})

@@ -179,6 +179,10 @@ def test_accept_reject_and_requeue_move_the_unit_and_a_later_decision_undoes_an_
     page = client.get(QUEUE, {"item": rejected.pk, "state": "all"}).content.decode()
     assert "the text is a table of numbers" in page and "fine after all" in page
     assert "rejected → open" in page
+    # the pane names who decided (the reviewer loads with the decided item only)
+    decision = re.search(r'data-item-state="accepted">([^<]*)<', page).group(1)
+    assert decision.startswith(f"accepted by {owner.get_username()}, ")
+    assert decision.endswith(": fine after all")
 
 
 def test_after_a_decision_the_next_open_item_of_the_filter_is_shown_with_an_undo(

@@ -202,6 +202,10 @@ def memory_chart(*, campaign: Campaign) -> MemoryChart | None:
         name: [row[i] for row in recent if row[i] is not None] for i, name in enumerate(names)
     }
     series = {name: values for name, values in series.items() if values}
+    if "allocated" in series:
+        # A CUDA run: the chart is the device's memory. The host's RSS stays
+        # on each batch's row; on one axis it would flatten the device lines.
+        series.pop("RSS", None)
     return MemoryChart(series=series) if series else None
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 import hashlib
 import io
@@ -42,12 +44,101 @@ def write_atomic(path: Path, data: bytes | Iterable[bytes]) -> WrittenFile:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    _fsync_folder(path.parent)
     return WrittenFile(size=size, sha256=digest.hexdigest())
+
+
+def write_atomic_group(files: Iterable[tuple[Path, bytes]]) -> list[WrittenFile | OSError]:
+    """`write_atomic` for a batch's outputs, with one flush to disk for all.
+
+    Each file goes to a temp file beside its target; then one `syncfs` of
+    their filesystem puts every temp file's data on disk; only then is each
+    renamed into place, and each folder fsynced once. A reader (or verify
+    after a crash) still sees no file or the whole file, as with
+    `write_atomic`, at one journal commit a batch instead of two a file
+    (bench/RESULTS.md: 0.59 → 0.19 ms a file at 41 files). Where libc has no
+    syncfs (not Linux), each temp file is fsynced instead.
+
+    One result per file, in order: its WrittenFile, or the OSError that
+    stopped it (no partial file left); the others go on.
+    """
+    results: list[WrittenFile | OSError] = []
+    pending: list[tuple[int, str, Path]] = []  # (index in results, temp, target)
+    for path, data in files:
+        tmp = None
+        try:
+            fd, tmp = _create_temp(path)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                if _syncfs is None:
+                    fh.flush()
+                    os.fsync(fh.fileno())
+        except OSError as exc:
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
+            results.append(exc)
+            continue
+        pending.append((len(results), tmp, path))
+        results.append(WrittenFile(size=len(data), sha256=hashlib.sha256(data).hexdigest()))
+    folders = {path.parent for _, _, path in pending}
+    if _syncfs is not None and pending:
+        try:
+            _sync_filesystems(folders)
+        except OSError as exc:
+            # Nothing renamed yet: no output of this batch counts.
+            for index, tmp, _ in pending:
+                Path(tmp).unlink(missing_ok=True)
+                results[index] = exc
+            return results
+    for index, tmp, path in pending:
+        try:
+            os.replace(tmp, path)
+        except OSError as exc:
+            Path(tmp).unlink(missing_ok=True)
+            results[index] = exc
+    for folder in folders:
+        try:
+            _fsync_folder(folder)
+        except OSError as exc:
+            for index, _, path in pending:
+                if path.parent == folder:
+                    results[index] = exc
+    return results
+
+
+def _load_syncfs():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return libc.syncfs
+    except (OSError, AttributeError):
+        return None
+
+
+_syncfs = _load_syncfs()
+
+
+def _sync_filesystems(folders: Iterable[Path]) -> None:
+    """One syncfs per filesystem the folders are on."""
+    done: set[int] = set()
+    for folder in folders:
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            device = os.fstat(fd).st_dev
+            if device not in done:
+                done.add(device)
+                if _syncfs(fd) != 0:
+                    errno = ctypes.get_errno()
+                    raise OSError(errno, f"syncfs: {os.strerror(errno)}")
+        finally:
+            os.close(fd)
+
+
+def _fsync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)

@@ -40,7 +40,7 @@ from campaigns.models import (
     Unit,
     UnitState,
 )
-from campaigns.outputs import InvalidOutput, write_atomic
+from campaigns.outputs import InvalidOutput, WrittenFile, write_atomic_group
 from campaigns.paths import output_relpath
 from campaigns.review import (
     campaign_finished_snapshot,
@@ -300,8 +300,15 @@ def _complete(batch: Batch, processor, parts: list) -> dict:
             jobs.append((outcome, data))
     _flag_duplicates(batch, [o for o, _ in jobs])
     _flag_drift(batch, [o for o, _ in jobs])
-    # Writes and checks in threads: each waits on its own fsync.
-    list(_io_pool().map(lambda job: _write_and_check(processor, *job), jobs))
+    root = Path(settings.OUTPUT_ROOT)
+    written = write_atomic_group((root / o.target, data) for o, data in jobs)
+    # Checks in threads: each reads its file back and decodes it.
+    list(
+        _io_pool().map(
+            lambda job: _check(processor, *job),
+            [(o, w) for (o, _), w in zip(jobs, written, strict=True)],
+        )
+    )
     return merge_batch_metrics([processor.batch_metrics(result) for _, result in parts])
 
 
@@ -318,10 +325,15 @@ def _io_pool() -> ThreadPoolExecutor:
     return _pool
 
 
-def _write_and_check(processor, outcome: Outcome, data: bytes) -> None:
+def _check(processor, outcome: Outcome, written: WrittenFile | OSError) -> None:
+    """A written output counts once it loads back and holds; a write error fails the unit."""
+    if isinstance(written, OSError):
+        # Disk full, permissions, a storage outage: no partial file was left,
+        # and resume puts the unit back once the storage is fixed.
+        outcome.fail(ErrorClass.OUTPUT_WRITE_ERROR, f"cannot write output: {written}")
+        return
     path = Path(settings.OUTPUT_ROOT) / outcome.target
     try:
-        written = write_atomic(path, data)
         processor.validate(path)
     except InvalidOutput as exc:
         # A failure (a corrupt output never counts) that a person sees too: it
@@ -330,9 +342,8 @@ def _write_and_check(processor, outcome: Outcome, data: bytes) -> None:
         outcome.flags.append((exc.reason, str(exc)))
         return
     except OSError as exc:
-        # Disk full, permissions, a storage outage: write_atomic left no partial
-        # file, and resume puts the unit back once the storage is fixed.
-        outcome.fail(ErrorClass.OUTPUT_WRITE_ERROR, f"cannot write output: {exc}")
+        # Written, then unreadable: the storage failed under it.
+        outcome.fail(ErrorClass.OUTPUT_WRITE_ERROR, f"cannot read the output back: {exc}")
         return
     outcome.succeed(outcome.target, written.size, written.sha256)
 

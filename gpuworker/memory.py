@@ -45,6 +45,14 @@ class MemoryProbe:
             torch.cuda.reset_peak_memory_stats(self.device)
 
     def snapshot(self) -> dict:
+        # The host process's RSS on every device: on CUDA, decoding and
+        # tokenising still live in host memory, and a host leak kills the
+        # worker as surely as a device one.
+        # ru_maxrss is the process peak in KiB on Linux; the kernel updates it
+        # lazily, so it can lag the current RSS by a little.
+        rss = _rss_bytes()
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        host = {"rss": rss, "peak_rss": max(rss, peak)}
         if self.device.type == "cuda":
             return {
                 "device": torch.cuda.get_device_name(self.device),
@@ -52,12 +60,9 @@ class MemoryProbe:
                 "reserved": torch.cuda.memory_reserved(self.device),
                 "peak_allocated": torch.cuda.max_memory_allocated(self.device),
                 "peak_reserved": torch.cuda.max_memory_reserved(self.device),
+                **host,
             }
-        # ru_maxrss is the process peak in KiB on Linux; the kernel updates it
-        # lazily, so it can lag the current RSS by a little.
-        rss = _rss_bytes()
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        return {"device": "cpu", "rss": rss, "peak_rss": max(rss, peak)}
+        return {"device": "cpu", **host}
 
 
 @functools.cache

@@ -1,12 +1,22 @@
 from __future__ import annotations
 
+import errno
 import hashlib
 import shutil
+from unittest import mock
 
 import numpy as np
 import pytest
 
-from campaigns.outputs import InvalidOutput, validate_embedding_file, vector_to_npy, write_atomic
+from campaigns import outputs
+from campaigns.outputs import (
+    InvalidOutput,
+    WrittenFile,
+    validate_embedding_file,
+    vector_to_npy,
+    write_atomic,
+    write_atomic_group,
+)
 
 
 def test_atomic_write_leaves_the_file_and_no_temp_file(tmp_path):
@@ -39,6 +49,70 @@ def test_a_folder_removed_after_a_write_is_made_again(tmp_path):
     shutil.rmtree(target.parent)
     write_atomic(target, b"again")
     assert target.read_bytes() == b"again"
+
+
+def test_a_group_write_puts_every_file_in_place_and_one_bad_path_fails_alone(tmp_path):
+    (tmp_path / "blocker").write_bytes(b"a file where a folder should be")
+    files = [
+        (tmp_path / "a" / "one.npy", b"one"),
+        (tmp_path / "blocker" / "two.npy", b"two"),  # its folder cannot be made
+        (tmp_path / "b" / "three.npy", b"three"),
+    ]
+    results = write_atomic_group(files)
+    assert results[0] == WrittenFile(size=3, sha256=hashlib.sha256(b"one").hexdigest())
+    assert isinstance(results[1], OSError)
+    assert results[2] == WrittenFile(size=5, sha256=hashlib.sha256(b"three").hexdigest())
+    assert (tmp_path / "a" / "one.npy").read_bytes() == b"one"
+    assert (tmp_path / "b" / "three.npy").read_bytes() == b"three"
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == [
+        "blocker",
+        "one.npy",
+        "three.npy",
+    ]
+
+
+def test_a_group_write_flushes_once_per_filesystem_before_any_file_appears(tmp_path):
+    files = [(tmp_path / f"d{i % 3}" / f"{i}.npy", b"x" * i) for i in range(12)]
+    seen_at_flush: list[list[str]] = []
+
+    def syncfs(fd):
+        seen_at_flush.append(sorted(p.name for p in tmp_path.rglob("*.npy")))
+        return 0
+
+    with mock.patch.object(outputs, "_syncfs", syncfs), mock.patch("os.fsync") as fsync:
+        results = write_atomic_group(files)
+    # One flush for the whole group, while only temp files existed.
+    assert seen_at_flush == [[]]
+    assert fsync.call_count == 3  # each folder once, not each file
+    assert all(isinstance(r, WrittenFile) for r in results)
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == sorted(
+        f"{i}.npy" for i in range(12)
+    )
+
+
+def test_a_failed_flush_leaves_no_output_of_the_group(tmp_path):
+    target = tmp_path / "shard" / "out.npy"
+    write_atomic(target, b"earlier")
+
+    def syncfs(fd):
+        outputs.ctypes.set_errno(errno.EIO)  # the disk failed under the flush
+        return -1
+
+    files = [(target, b"new"), (tmp_path / "shard" / "other.npy", b"other")]
+    with mock.patch.object(outputs, "_syncfs", syncfs):
+        results = write_atomic_group(files)
+    assert [r.errno for r in results] == [errno.EIO, errno.EIO]
+    assert target.read_bytes() == b"earlier"
+    assert [p.name for p in target.parent.iterdir()] == ["out.npy"]
+
+
+def test_without_syncfs_each_file_is_fsynced_before_it_is_renamed(tmp_path):
+    files = [(tmp_path / "d" / f"{i}.npy", b"y") for i in range(4)]
+    with mock.patch.object(outputs, "_syncfs", None), mock.patch("os.fsync") as fsync:
+        results = write_atomic_group(files)
+    assert fsync.call_count == 4 + 1  # each file, then the folder
+    assert all(isinstance(r, WrittenFile) for r in results)
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == [f"{i}.npy" for i in range(4)]
 
 
 def test_a_unit_vector_passes_the_check(tmp_path):

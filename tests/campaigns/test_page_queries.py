@@ -25,9 +25,14 @@ def campaign(make_campaign):
     return make_campaign("texts")
 
 
-def _finish_batches(campaign, rss_values, *, start=0):
+def _finish_batches(campaign, rss_values, *, start=0, allocated=None):
+    """Finished batches with these RSS figures; with `allocated`, CUDA batches
+    (device memory beside the host's RSS, as a CUDA worker records them)."""
     now = timezone.now()
     for i, rss in enumerate(rss_values, start=start):
+        cuda = {}
+        if allocated is not None:
+            cuda = {"mem_allocated": allocated[i - start], "mem_reserved": 2 << 30}
         Batch.objects.create(
             campaign=campaign,
             version=campaign.current_version,
@@ -39,6 +44,7 @@ def _finish_batches(campaign, rss_values, *, start=0):
             compute_seconds=1.0,
             rss=rss,
             finished_at=now + timezone.timedelta(seconds=i),
+            **cuda,
         )
 
 
@@ -107,6 +113,28 @@ def test_the_memory_chart_and_its_warning_follow_each_finished_batch(client, own
     html = client.get(_detail(campaign)).content.decode()
     assert "Memory after each of the last 17 batches" in html
     assert 'id="memory-warning"' in html
+
+
+def test_a_cuda_campaigns_chart_is_device_memory_and_warns_on_allocated_creep(
+    client, owner, campaign
+):
+    client.force_login(owner)
+    # Host RSS at 3 GiB beside 200 MiB allocated: on one axis the device
+    # lines would lie flat at the bottom.
+    _finish_batches(campaign, [3 << 30] * 9, allocated=[200 << 20] * 9)
+    html = client.get(_detail(campaign)).content.decode()
+    caption = html.split("<figcaption>")[1].split("</figcaption>")[0]
+    assert ">allocated</span>" in caption and ">reserved</span>" in caption
+    assert "RSS" not in caption
+    assert "top of chart: 2.0\xa0GB" in caption
+    assert 'id="memory-warning"' not in html
+    # Allocated memory after a batch rises batch after batch: kept-alive tensors.
+    _finish_batches(
+        campaign, [3 << 30] * 8, allocated=[(200 + 5 * i) << 20 for i in range(1, 9)], start=9
+    )
+    html = client.get(_detail(campaign)).content.decode()
+    warning = html.split('id="memory-warning">')[1].split("</p>")[0]
+    assert warning.startswith("allocated memory after a batch rose")
 
 
 def test_batches_without_a_finish_time_are_drawn_every_time(client, owner, campaign):

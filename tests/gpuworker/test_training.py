@@ -115,7 +115,8 @@ def test_the_classifier_head_learns_new_labels_and_the_body_stays_frozen(tmp_pat
     after = outcome.checkpoints[-1].heldout
     assert after["heldout_loss"] < before["heldout_loss"]
     for key, value in model.body.state_dict().items():
-        assert torch.equal(value, body_before[key]), key
+        # .cpu(): on a CUDA worker the trainer moved the model to the device.
+        assert torch.equal(value.cpu(), body_before[key]), key
     saved = checkpoints.verified(outcome.checkpoints[-1].folder)
     assert saved["step"] == outcome.total_steps == 18
     assert np.isfinite(after["heldout_accuracy"])
@@ -134,5 +135,7 @@ def test_training_the_whole_classifier_moves_its_body_too(tmp_path):
         train="all",
     )
     trainer.run(train, [], root=tmp_path / "ckpt", linkage=LINKAGE)
-    moved = [k for k, v in model.body.state_dict().items() if not torch.equal(v, body_before[k])]
+    moved = [
+        k for k, v in model.body.state_dict().items() if not torch.equal(v.cpu(), body_before[k])
+    ]
     assert moved, "every layer trains with train: all"

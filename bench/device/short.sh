@@ -1,0 +1,34 @@
+#!/bin/bash
+# A second, shorter device call (about 4 minutes) for what a first run showed:
+# the CUDA-only tests, precisions each after its own warm-up pass, and the
+# worker path at batch 16 in-process. Same preparation as run.sh:
+#   run(command="bash bench/device/short.sh", carry=[".gpu"], timeout_s=300)
+PY=${PY:-python3}
+OUT=${OUT:-/tmp/device-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+LIMIT=${LIMIT:-3000}
+CORPUS=.gpu/corpus_stdlib_docstrings_5000.jsonl.gz
+t0=$(date +%s)
+since() { echo "$1 at $(($(date +%s) - t0))s"; }
+
+$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .gpu/whl/*.whl || exit 3
+$PY bench/device/restore_model.py || exit 4
+export PYTHONPATH=/tmp/site:$PWD/.gpu/pkg
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$OUT/facts.txt"
+since setup
+
+VAR_DIR=var/test timeout "${T1:-60}" $PY -m pytest tests/gpuworker/test_batch_runner.py \
+  tests/gpuworker/test_training.py tests/campaigns/test_outputs.py -q -p no:cacheprovider \
+  -o addopts="" 2>&1 | tail -40 >"$OUT/pytest.log"
+tail -5 "$OUT/pytest.log"
+since pytest
+
+timeout "${T2:-100}" $PY bench/gpu_check.py --limit "$LIMIT" --corpus $CORPUS --out "$OUT" \
+  $GPU_CHECK_FLAGS 2>&1 | grep -v "Loading\|batch_runner" | tee "$OUT/gpu_check.log"
+since gpu_check
+
+timeout "${T3:-90}" $PY bench/worker_path.py --limit "$LIMIT" --corpus $CORPUS --skip-celery 2>&1 |
+  grep -v Loading | tee "$OUT/worker_path_b16.log"
+since "worker_path batch 16"

@@ -43,6 +43,14 @@ def main() -> None:
     args = parser.parse_args()
 
     work = setup("bench-profile-")
+    # Each step as it ends: on the first H200 run the whole profile outlasted
+    # its 90 s bound and, printing only at the end, left nothing.
+    import logging
+
+    steps = logging.StreamHandler(sys.stdout)
+    steps.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    logging.getLogger("gpuworker.profiler").addHandler(steps)
+    logging.getLogger("gpuworker.profiler").setLevel(logging.DEBUG)
     from campaigns import profiling, services
     from gpuworker.profiler import profile_run
 

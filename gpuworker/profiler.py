@@ -37,7 +37,7 @@ from django.utils import timezone
 from campaigns import profiling
 from campaigns.inputs import InputError, read_bytes
 from campaigns.models import ErrorClass, Profile, Unit, UnitState
-from campaigns.outputs import write_atomic
+from campaigns.outputs import write_atomic_group
 from campaigns.processor_specs import get_spec
 
 from . import training_profile
@@ -232,11 +232,18 @@ class _Stepper:
         size = len(costs)
         count = size if write_all else min(WRITES_PER_STEP, size)
         suffix = getattr(self.processor, "suffix", "") or ""
-        started, outputs = time.perf_counter(), []
-        for index in range(count):
-            data = self.processor.serialize(self.processor.output(result, index))
-            path = self.workdir / f"{phase}-{size}-{index}{suffix}"
-            outputs.append([costs[index], write_atomic(path, data).size])
+        started = time.perf_counter()
+        paths = [self.workdir / f"{phase}-{size}-{index}{suffix}" for index in range(count)]
+        # One group write, as the batch runner writes a batch's outputs.
+        written = write_atomic_group(
+            (path, self.processor.serialize(self.processor.output(result, index)))
+            for index, path in enumerate(paths)
+        )
+        outputs = []
+        for index, (path, file) in enumerate(zip(paths, written, strict=True)):
+            if isinstance(file, OSError):
+                raise file
+            outputs.append([costs[index], file.size])
             self.processor.validate(path)
         return {
             "write_s_per_item": round((time.perf_counter() - started) / count, 6),

@@ -32,3 +32,65 @@ def test_missing_and_escaping_inputs(tmp_path):
     with pytest.raises(InputError) as escape:
         read_bytes(tmp_path, "../outside.txt")
     assert escape.value.error_class == "input_invalid"
+
+
+def _outcome(root, source_path):
+    try:
+        return ("read", read_bytes(root, source_path))
+    except InputError as exc:
+        return (exc.error_class, exc.message.replace(str(root.resolve()), "<root>"))
+
+
+def test_the_fd_check_reads_and_refuses_exactly_as_resolving_the_path_does(tmp_path, monkeypatch):
+    """Linux checks the opened file's real path (/proc/self/fd); elsewhere the
+    path is resolved first. Same answer, same class, for every kind of path."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_bytes(b"not yours")
+    root = tmp_path / "corpus"
+    (root / "sub").mkdir(parents=True)
+    (root / "a.txt").write_bytes(b"inside")
+    (root / "sub" / "b.txt").write_bytes(b"deeper")
+    (root / "link-out.txt").symlink_to(outside / "secret.txt")
+    (root / "link-dir-out").symlink_to(outside)
+    (root / "link-in.txt").symlink_to(root / "a.txt")
+    (tmp_path / "alias").symlink_to(root)  # the corpus root itself reached by a symlink
+    cases = [
+        "a.txt",
+        "sub/b.txt",
+        "sub/../a.txt",
+        "../outside/secret.txt",
+        str(outside / "secret.txt"),
+        "link-out.txt",
+        "link-dir-out/secret.txt",
+        "link-in.txt",
+        "sub",
+        "",
+        "gone.txt",
+        "../outside/gone.txt",
+        "nul\x00.txt",
+    ]
+    import campaigns.inputs as inputs
+
+    for base in (root, tmp_path / "alias"):
+        monkeypatch.setattr(inputs, "_PROC_FD", True)
+        fast = [_outcome(base, case) for case in cases]
+        monkeypatch.setattr(inputs, "_PROC_FD", False)
+        slow = [_outcome(base, case) for case in cases]
+        assert fast == slow
+    assert [kind for kind, _ in fast] == [
+        "read",
+        "read",
+        "read",
+        "input_invalid",
+        "input_invalid",
+        "input_invalid",
+        "input_invalid",
+        "read",
+        "input_invalid",
+        "input_invalid",
+        "input_missing",
+        "input_invalid",
+        "input_invalid",
+    ]
+    assert fast[5][1] == "path 'link-out.txt' leaves the corpus folder <root>"

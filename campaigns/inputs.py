@@ -35,7 +35,10 @@ _PROC_FD = os.path.isdir("/proc/self/fd")
 
 
 def _real_path(path: str, flags: int = 0) -> tuple[int, str]:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | flags)
+    # Opened before its place is checked: O_NONBLOCK so that a FIFO (say, a
+    # symlink out of the corpus to one) cannot hang the worker on open, and
+    # O_NOCTTY so that no terminal becomes ours. Regular files read as usual.
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY | flags)
     try:
         return fd, os.readlink(f"/proc/self/fd/{fd}")
     except BaseException:

@@ -64,6 +64,17 @@ def write_atomic_group(files: Iterable[tuple[Path, bytes]]) -> list[WrittenFile 
     """
     results: list[WrittenFile | OSError] = []
     pending: list[tuple[int, str, Path]] = []  # (index in results, temp, target)
+    try:
+        return _write_group(files, results, pending)
+    except BaseException:
+        # A time limit or an interrupt mid-group: no temp file stays behind
+        # (the renamed ones are whole outputs, adopted on the next run).
+        for _, tmp, _ in pending:
+            Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _write_group(files, results: list, pending: list) -> list[WrittenFile | OSError]:
     for path, data in files:
         tmp = None
         try:
@@ -73,9 +84,11 @@ def write_atomic_group(files: Iterable[tuple[Path, bytes]]) -> list[WrittenFile 
                 if _syncfs is None:
                     fh.flush()
                     os.fsync(fh.fileno())
-        except OSError as exc:
+        except BaseException as exc:
             if tmp is not None:
                 Path(tmp).unlink(missing_ok=True)
+            if not isinstance(exc, OSError):
+                raise
             results.append(exc)
             continue
         pending.append((len(results), tmp, path))

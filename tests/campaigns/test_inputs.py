@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from campaigns.inputs import InputError, decode_text, read_bytes
@@ -55,6 +57,8 @@ def test_the_fd_check_reads_and_refuses_exactly_as_resolving_the_path_does(tmp_p
     (root / "link-dir-out").symlink_to(outside)
     (root / "link-in.txt").symlink_to(root / "a.txt")
     (tmp_path / "alias").symlink_to(root)  # the corpus root itself reached by a symlink
+    os.mkfifo(outside / "pipe")  # opened for a check, it must not hang the reader
+    (root / "link-pipe").symlink_to(outside / "pipe")
     cases = [
         "a.txt",
         "sub/b.txt",
@@ -69,6 +73,7 @@ def test_the_fd_check_reads_and_refuses_exactly_as_resolving_the_path_does(tmp_p
         "gone.txt",
         "../outside/gone.txt",
         "nul\x00.txt",
+        "link-pipe",
     ]
     import campaigns.inputs as inputs
 
@@ -90,6 +95,7 @@ def test_the_fd_check_reads_and_refuses_exactly_as_resolving_the_path_does(tmp_p
         "input_invalid",
         "input_invalid",
         "input_missing",
+        "input_invalid",
         "input_invalid",
         "input_invalid",
     ]

@@ -106,6 +106,20 @@ def test_a_failed_flush_leaves_no_output_of_the_group(tmp_path):
     assert [p.name for p in target.parent.iterdir()] == ["out.npy"]
 
 
+def test_a_time_limit_mid_group_leaves_no_temp_file(tmp_path):
+    class TimeLimit(BaseException):  # as Celery's SoftTimeLimitExceeded would arrive
+        pass
+
+    def files():
+        yield tmp_path / "d" / "0.npy", b"zero"
+        yield tmp_path / "d" / "1.npy", b"one"
+        raise TimeLimit
+
+    with pytest.raises(TimeLimit):
+        write_atomic_group(files())
+    assert list((tmp_path / "d").iterdir()) == []
+
+
 def test_without_syncfs_each_file_is_fsynced_before_it_is_renamed(tmp_path):
     files = [(tmp_path / "d" / f"{i}.npy", b"y") for i in range(4)]
     with mock.patch.object(outputs, "_syncfs", None), mock.patch("os.fsync") as fsync:

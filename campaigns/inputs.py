@@ -23,7 +23,8 @@ def read_bytes(root: Path, source_path: str) -> bytes:
         try:
             return _read_checked_by_fd(root, source_path)
         except (OSError, ValueError):
-            pass  # missing, unreadable, a NUL in the path: classified below, the slow way
+            # Missing, unreadable, a NUL in the path: classified the slow way.
+            return _read_resolved(root, source_path)
     return _read_resolved(root, source_path)
 
 

@@ -25,7 +25,6 @@ Prints Markdown tables and writes them, with the raw figures as JSON, to --out.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 import time
@@ -33,9 +32,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench.corpus import DEFAULT_CORPUS, corpus_folder, read_texts  # noqa: E402
 from bench.django_env import setup  # noqa: E402
 
-DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus_stdlib_docstrings_5000.jsonl.gz"
 MiB = 1024 * 1024
 
 
@@ -86,12 +85,8 @@ def main() -> None:
             (args.out / "gpu_check.json").write_text(json.dumps(raw, indent=1, default=str))
 
     say(f"# gpu_check: {json.dumps(raw['facts'])}")
-    corpus = work / "corpus"
-    corpus.mkdir()
-    with gzip.open(args.corpus, "rt", encoding="utf-8") as fh:
-        texts = [json.loads(line)["text"] for _, line in zip(range(args.limit), fh, strict=False)]
-    for i, text in enumerate(texts):
-        (corpus / f"doc-{i:05d}.txt").write_text(text, encoding="utf-8")
+    texts = read_texts(args.corpus, args.limit)
+    corpus = corpus_folder(work / "corpus", texts)
     project = services.project_for_user(name="gpu-check")
 
     def make(name: str, folder: Path, **params):

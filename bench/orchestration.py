@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import gzip
-import json
 import pstats
 import sys
 import time
@@ -24,9 +22,8 @@ from unittest import mock
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench.corpus import DEFAULT_CORPUS, corpus_folder, read_texts  # noqa: E402
 from bench.django_env import setup  # noqa: E402
-
-DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus_stdlib_docstrings_5000.jsonl.gz"
 
 
 def main() -> None:
@@ -48,12 +45,8 @@ def main() -> None:
     from gpuworker.processors import text_embedding
 
     logging.getLogger("gpuworker").setLevel(logging.WARNING)
-    corpus = work / "corpus"
-    corpus.mkdir()
-    with gzip.open(args.corpus, "rt", encoding="utf-8") as fh:
-        texts = [json.loads(line)["text"] for _, line in zip(range(args.limit), fh, strict=False)]
-    for i, text in enumerate(texts):
-        (corpus / f"doc-{i:05d}.txt").write_text(text, encoding="utf-8")
+    texts = read_texts(args.corpus, args.limit)
+    corpus = corpus_folder(work / "corpus", texts)
     project = services.project_for_user(name="bench")
     rng = np.random.default_rng(0)
 

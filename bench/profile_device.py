@@ -12,16 +12,14 @@ the chosen batch size with its margin, the leak check and the estimate, as
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench.corpus import DEFAULT_CORPUS, corpus_folder, read_texts  # noqa: E402
 from bench.django_env import setup  # noqa: E402
-
-DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus_stdlib_docstrings_5000.jsonl.gz"
 
 
 def main() -> None:
@@ -51,15 +49,12 @@ def main() -> None:
     steps.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
     logging.getLogger("gpuworker.profiler").addHandler(steps)
     logging.getLogger("gpuworker.profiler").setLevel(logging.DEBUG)
+    logging.getLogger("gpuworker.profiler").propagate = False  # once, not again as JSON
     from campaigns import profiling, services
     from gpuworker.profiler import profile_run
 
-    corpus = work / "corpus"
-    corpus.mkdir()
-    with gzip.open(args.corpus, "rt", encoding="utf-8") as fh:
-        texts = [json.loads(line)["text"] for _, line in zip(range(args.limit), fh, strict=False)]
-    for i, text in enumerate(texts):
-        (corpus / f"doc-{i:05d}.txt").write_text(text, encoding="utf-8")
+    texts = read_texts(args.corpus, args.limit)
+    corpus = corpus_folder(work / "corpus", texts)
     campaign, _ = services.campaign_create(
         checkpoint_after=0,  # measuring speed: no stop for a spot check
         name="profile-bench",

@@ -23,8 +23,6 @@ the Celery rows), and sentence-transformers' process peak.
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import multiprocessing
 import os
 import resource
@@ -36,7 +34,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus_stdlib_docstrings_5000.jsonl.gz"
+from bench.corpus import DEFAULT_CORPUS, corpus_folder, read_texts  # noqa: E402
 
 
 def main() -> None:
@@ -101,12 +99,8 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     if args.database_url:
         call_command("flush", interactive=False, verbosity=0)  # an earlier run's campaigns
-    corpus = work / "corpus"
-    corpus.mkdir()
-    with gzip.open(args.corpus, "rt", encoding="utf-8") as fh:
-        texts = [json.loads(line)["text"] for _, line in zip(range(args.limit), fh, strict=False)]
-    for i, text in enumerate(texts):
-        (corpus / f"doc-{i:05d}.txt").write_text(text, encoding="utf-8")
+    texts = read_texts(args.corpus, args.limit)
+    corpus = corpus_folder(work / "corpus", texts)
     project = services.project_for_user(name="bench")
 
     def campaign(policy: str, name: str):

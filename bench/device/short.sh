@@ -3,19 +3,8 @@
 # the CUDA-only tests, precisions each after its own warm-up pass, and the
 # worker path at batch 16 in-process. Same preparation as run.sh:
 #   run(command="bash bench/device/short.sh", carry=[".gpu"], timeout_s=300)
-PY=${PY:-python3}
-OUT=${OUT:-/tmp/device-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-LIMIT=${LIMIT:-3000}
-CORPUS=.gpu/corpus_stdlib_docstrings_5000.jsonl.gz
-t0=$(date +%s)
-since() { echo "$1 at $(($(date +%s) - t0))s"; }
-
-$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .gpu/whl/*.whl || exit 3
-$PY bench/device/restore_model.py || exit 4
-export PYTHONPATH=/tmp/site:$PWD/.gpu/pkg
+# shellcheck source=bench/device/setup.sh
+. "$(dirname "$0")/setup.sh"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$OUT/facts.txt"
 since setup
 

@@ -45,6 +45,16 @@ def main() -> None:
     parser.add_argument("--token-budget", type=int, default=2048)
     parser.add_argument("--skip-celery", action="store_true")
     parser.add_argument(
+        "--policies",
+        default="original,length_grouped,token_budget",
+        help="the in-process rows to run, comma-separated",
+    )
+    parser.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="each in-process row once more with the batch pipeline (BATCH_PIPELINE)",
+    )
+    parser.add_argument(
         "--broker-url",
         default="",
         help="run the Celery row on this broker (e.g. redis://127.0.0.1:6379/15) "
@@ -94,7 +104,7 @@ def main() -> None:
     from campaigns import selectors, services
     from campaigns.builtin_processors import TEXT_EMBEDDING, resolve_model_path
     from campaigns.models import Batch
-    from gpuworker.batch_runner import run_batch
+    from gpuworker.batch_runner import finisher, run_batch
 
     call_command("migrate", verbosity=0)
     if args.database_url:
@@ -131,14 +141,20 @@ def main() -> None:
     services.campaign_pause(campaign=warm)  # its other batches: cancelled, not left queued
 
     rows = []
-    for policy in ("original", "length_grouped", "token_budget"):
-        c = campaign(policy, f"path-{policy.replace('_', '-')}")
+    runs = [(p, False) for p in args.policies.split(",")]
+    if args.pipeline:
+        runs += [(p, True) for p in args.policies.split(",")]
+    for policy, pipelined in runs:
+        c = campaign(policy, f"path-{policy.replace('_', '-')}-{int(pipelined)}")
         started = time.perf_counter()
         services.campaign_run(campaign=c)
         plan_s = time.perf_counter() - started
         started = time.perf_counter()
         for pk in Batch.objects.filter(campaign=c).order_by("pk").values_list("pk", flat=True):
-            run_batch(pk)
+            # Pipelined as a worker with BATCH_PIPELINE: the finisher thread
+            # writes and records a batch while the next one reads and computes.
+            run_batch(pk, hand_off=pipelined)
+        finisher.drain()
         run_s = time.perf_counter() - started
         batches = Batch.objects.filter(campaign=c)
         model_s = sum(b.compute_seconds or 0 for b in batches)
@@ -147,7 +163,7 @@ def main() -> None:
         done = selectors.campaign_counts(campaign=c).succeeded
         rows.append(
             {
-                "name": f"worker path, {policy}",
+                "name": f"worker path, {policy}" + (", batch pipeline" if pipelined else ""),
                 "docs": done,
                 "seconds": run_s,
                 "plan_s": plan_s,

@@ -53,7 +53,8 @@ def write_atomic_group(files: Iterable[tuple[Path, bytes]]) -> list[WrittenFile 
 
     Each file goes to a temp file beside its target; then one `syncfs` of
     their filesystem puts every temp file's data on disk; only then is each
-    renamed into place, and each folder fsynced once. A reader (or verify
+    renamed into place, and each folder fsynced once (or, past a few
+    folders, the filesystem synced once more). A reader (or verify
     after a crash) still sees no file or the whole file, as with
     `write_atomic`, at one journal commit a batch instead of two a file
     (bench/RESULTS.md: 0.59 → 0.19 ms a file at 41 files). Where libc has no
@@ -109,6 +110,15 @@ def _write_group(files, results: list, pending: list) -> list[WrittenFile | OSEr
         except OSError as exc:
             Path(tmp).unlink(missing_ok=True)
             results[index] = exc
+    if _syncfs is not None and len(folders) > FSYNC_FOLDERS_UP_TO:
+        # A batch spread over many shard folders: one more syncfs puts every
+        # rename on disk, where an fsync a folder would cost a call each.
+        try:
+            _sync_filesystems(folders)
+        except OSError as exc:
+            for index, _, _ in pending:
+                results[index] = exc
+        return results
     for folder in folders:
         try:
             _fsync_folder(folder)
@@ -117,6 +127,11 @@ def _write_group(files, results: list, pending: list) -> list[WrittenFile | OSEr
                 if path.parent == folder:
                     results[index] = exc
     return results
+
+
+#: Up to this many folders a group's renames are made durable by an fsync of
+#: each folder, beyond it by one syncfs (bench/orchestration.py).
+FSYNC_FOLDERS_UP_TO = 4
 
 
 def _load_syncfs():
@@ -173,8 +188,12 @@ def _create_temp(path: Path) -> tuple[int, str]:
 
 
 def vector_to_npy(vector: np.ndarray) -> bytes:
+    """The bytes np.save writes for a float32 array; a vector's from its cached header."""
+    array = np.asarray(vector, dtype="<f4")
+    if array.ndim == 1:
+        return _npy_header(len(array)) + array.tobytes()
     buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(vector, dtype=np.float32), allow_pickle=False)
+    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
     return buf.getvalue()
 
 

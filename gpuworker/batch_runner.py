@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import logging
 import os
 import socket
@@ -47,6 +48,7 @@ from campaigns.review import (
     checkpoint_open_if_due,
     units_release_reviewed,
 )
+from campaigns.row_inserts import insert_rows
 from campaigns.row_updates import update_rows
 from portal.log_context import bound
 
@@ -77,6 +79,7 @@ class Outcome:
     input_sha256: str = ""
     traceback_digest: str = ""
     target: str = ""  # where this unit's output goes, relative to OUTPUT_ROOT
+    path: Path | None = None  # the same, absolute (made once: Path parsing adds up)
     # (reason, detail) of each flag rule the output tripped: it goes to review.
     flags: list = field(default_factory=list)
 
@@ -269,6 +272,7 @@ def _error_class(exc: BaseException) -> str:
 def _compute(batch: Batch, processor, outcomes: list[Outcome]) -> tuple[list, int, list[int]]:
     """Read and prepare the inputs, run the model: (parts, adopted, OOM splits)."""
     root = Path(batch.campaign.input_root)
+    output_root = Path(settings.OUTPUT_ROOT)
     for outcome in outcomes:
         outcome.target = str(
             output_relpath(
@@ -278,9 +282,10 @@ def _compute(batch: Batch, processor, outcomes: list[Outcome]) -> tuple[list, in
                 suffix=processor.suffix,
             )
         )
+        outcome.path = output_root / outcome.target
     # Reading and decoding in threads: file I/O and image decoding release
     # the GIL, so a slow disk or a large image does not serialise the batch.
-    prepared = list(_io_pool().map(lambda o: _prepare(processor, root, o), outcomes))
+    prepared = in_threads(lambda o: _prepare(processor, root, o), outcomes)
     ready = [(o, item) for o, item in zip(outcomes, prepared, strict=True) if item is not _SKIP]
     adopted = sum(1 for o in outcomes if o.metrics.get("adopted"))
     splits: list[int] = []
@@ -300,14 +305,11 @@ def _complete(batch: Batch, processor, parts: list) -> dict:
             jobs.append((outcome, data))
     _flag_duplicates(batch, [o for o, _ in jobs])
     _flag_drift(batch, [o for o, _ in jobs])
-    root = Path(settings.OUTPUT_ROOT)
-    written = write_atomic_group((root / o.target, data) for o, data in jobs)
+    written = write_atomic_group((o.path, data) for o, data in jobs)
     # Checks in threads: each reads its file back and decodes it.
-    list(
-        _io_pool().map(
-            lambda job: _check(processor, *job),
-            [(o, w) for (o, _), w in zip(jobs, written, strict=True)],
-        )
+    in_threads(
+        lambda job: _check(processor, *job),
+        [(o, w) for (o, _), w in zip(jobs, written, strict=True)],
     )
     return merge_batch_metrics([processor.batch_metrics(result) for _, result in parts])
 
@@ -321,8 +323,39 @@ def _io_pool() -> ThreadPoolExecutor:
     """One pool per worker process, made on first use (after the prefork fork)."""
     global _pool
     if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=IO_THREADS, thread_name_prefix="unit-io")
+        _pool = ThreadPoolExecutor(max_workers=IO_THREADS - 1, thread_name_prefix="unit-io")
     return _pool
+
+
+def in_threads(fn, items: list) -> list:
+    """[fn(item) for item in items], by IO_THREADS threads (this one included)
+    that each take the next item as they finish one.
+
+    One task per thread, not per item: a future per item costs more than
+    reading and checking a short text (bench/orchestration.py), and taking the
+    next item keeps a few large images from holding up one thread's share.
+    The first exception is raised once every thread has stopped.
+    """
+    results: list = [None] * len(items)
+    # next() on a count is atomic under the GIL: no item is taken twice.
+    taken = itertools.count()
+
+    def work() -> None:
+        for index in taken:
+            if index >= len(items):
+                return
+            results[index] = fn(items[index])
+
+    helpers = min(IO_THREADS, len(items)) - 1
+    futures = [_io_pool().submit(work) for _ in range(helpers)]
+    try:
+        work()
+    finally:
+        for future in futures:
+            future.exception()  # waits
+    for future in futures:
+        future.result()
+    return results
 
 
 def _check(processor, outcome: Outcome, written: WrittenFile | OSError) -> None:
@@ -332,9 +365,8 @@ def _check(processor, outcome: Outcome, written: WrittenFile | OSError) -> None:
         # and resume puts the unit back once the storage is fixed.
         outcome.fail(ErrorClass.OUTPUT_WRITE_ERROR, f"cannot write output: {written}")
         return
-    path = Path(settings.OUTPUT_ROOT) / outcome.target
     try:
-        processor.validate(path)
+        processor.validate(outcome.path)
     except InvalidOutput as exc:
         # A failure (a corrupt output never counts) that a person sees too: it
         # goes to the queue with its reason and counts at the checkpoint.
@@ -488,7 +520,7 @@ def _flag_drift(batch: Batch, outcomes: list[Outcome]) -> None:
 def _adopt(processor, outcome: Outcome) -> bool:
     """A valid output already at the unit's path (a worker died after writing it,
     before recording it) is recorded, not recomputed."""
-    path = Path(settings.OUTPUT_ROOT) / outcome.target
+    path = outcome.path
     if not path.is_file():
         return False
     try:
@@ -522,6 +554,26 @@ def _save_unit_results(units: list[Unit], now) -> None:
         also={"updated_at": now},
     )
 
+
+# In the order _record builds an attempt's row.
+_ATTEMPT_FIELDS = (
+    "unit_id",
+    "batch_id",
+    "version_id",
+    "outcome",
+    "error_class",
+    "error_message",
+    "traceback_digest",
+    "input_sha256",
+    "output_path",
+    "output_size",
+    "output_sha256",
+    "worker",
+    "started_at",
+    "finished_at",
+    "duration_ms",
+    "metrics",
+)
 
 _COLUMNS = ("real_tokens", "padded_tokens", "compute_seconds")
 _COLUMNS_SAVED = (
@@ -559,23 +611,23 @@ def _record(batch: Batch, token: str, outcomes: list[Outcome], metrics: dict, er
         unit.updated_at = now
         finished = o.finished or time.time()
         attempts.append(
-            Attempt(
-                unit=unit,
-                batch=batch,
-                version_id=batch.version_id,
-                outcome=Attempt.Outcome.SUCCEEDED if ok else Attempt.Outcome.FAILED,
-                error_class=o.error_class,
-                error_message=o.message,
-                traceback_digest=o.traceback_digest,
-                input_sha256=o.input_sha256,
-                output_path=o.output_path,
-                output_size=o.output_size,
-                output_sha256=o.output_sha256,
-                worker=worker,
-                started_at=datetime.fromtimestamp(o.started, tz=UTC),
-                finished_at=datetime.fromtimestamp(finished, tz=UTC),
-                duration_ms=max(0, int((finished - o.started) * 1000)),
-                metrics=o.metrics,
+            (
+                unit.pk,
+                batch.pk,
+                batch.version_id,
+                Attempt.Outcome.SUCCEEDED if ok else Attempt.Outcome.FAILED,
+                o.error_class,
+                o.message,
+                o.traceback_digest,
+                o.input_sha256,
+                o.output_path,
+                o.output_size,
+                o.output_sha256,
+                worker,
+                datetime.fromtimestamp(o.started, tz=UTC),
+                datetime.fromtimestamp(finished, tz=UTC),
+                max(0, int((finished - o.started) * 1000)),
+                o.metrics,
             )
         )
     flagged = [o for o in outcomes if o.flags and o.unit.state == UnitState.SUCCEEDED]
@@ -593,13 +645,13 @@ def _record(batch: Batch, token: str, outcomes: list[Outcome], metrics: dict, er
             return False
         _save_unit_results([o.unit for o in outcomes], now)
         # With their ids (RETURNING, on SQLite and PostgreSQL): each item names its attempt.
-        Attempt.objects.bulk_create(attempts)
-        attempt_of = {id(o): a for o, a in zip(outcomes, attempts, strict=True)}
+        attempt_ids = insert_rows(Attempt, _ATTEMPT_FIELDS, attempts)
+        attempt_of = {id(o): pk for o, pk in zip(outcomes, attempt_ids, strict=True)}
         ReviewItem.objects.bulk_create(
             ReviewItem(
                 campaign_id=batch.campaign_id,
                 unit=o.unit,
-                attempt=attempt_of[id(o)],
+                attempt_id=attempt_of[id(o)],
                 version_id=batch.version_id,
                 reason=reason,
                 detail=detail[:2000],

@@ -54,4 +54,10 @@ half = {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in w
 save_file(half, ".gpu/model16.safetensors", metadata={"format": "pt"})
 PY
 cp ../shared/data/corpus_stdlib_docstrings_5000.jsonl.gz .gpu/
+# BEFORE=<commit>: that commit's code too (≈1 MB), for host.sh's side-by-side
+# rows: each call gets a fresh machine, so only figures of one call compare.
+if [ -n "${BEFORE:-}" ]; then
+  mkdir -p .gpu/before
+  git archive "$BEFORE" bench campaigns gpuworker portal templates manage.py | tar -x -C .gpu/before
+fi
 du -sh .gpu

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import shutil
 from unittest import mock
 
@@ -90,6 +91,40 @@ def test_a_group_write_flushes_once_per_filesystem_before_any_file_appears(tmp_p
     )
 
 
+def test_renames_over_many_folders_are_flushed_by_a_second_filesystem_sync(tmp_path):
+    folders = outputs.FSYNC_FOLDERS_UP_TO + 3
+    files = [(tmp_path / f"d{i}" / "out.npy", b"z" * i) for i in range(folders)]
+    seen_at_flush: list[int] = []
+
+    def syncfs(fd):
+        seen_at_flush.append(len(list(tmp_path.rglob("*.npy"))))
+        return 0
+
+    with mock.patch.object(outputs, "_syncfs", syncfs), mock.patch("os.fsync") as fsync:
+        results = write_atomic_group(files)
+    # Data first, while no output existed; then once more after every rename.
+    assert seen_at_flush == [0, folders]
+    assert fsync.call_count == 0
+    assert all(isinstance(r, WrittenFile) for r in results)
+
+
+def test_a_failed_flush_after_the_renames_fails_the_group(tmp_path):
+    files = [(tmp_path / f"d{i}" / "out.npy", b"v") for i in range(outputs.FSYNC_FOLDERS_UP_TO + 1)]
+    calls = []
+
+    def syncfs(fd):
+        calls.append(fd)
+        if len(calls) > 1:
+            outputs.ctypes.set_errno(errno.EIO)
+            return -1
+        return 0
+
+    with mock.patch.object(outputs, "_syncfs", syncfs):
+        results = write_atomic_group(files)
+    # Not known to be on disk: the units fail (output_write_error) and are rerun.
+    assert [getattr(r, "errno", None) for r in results] == [errno.EIO] * len(files)
+
+
 def test_a_failed_flush_leaves_no_output_of_the_group(tmp_path):
     target = tmp_path / "shard" / "out.npy"
     write_atomic(target, b"earlier")
@@ -149,6 +184,22 @@ def test_bad_vectors_fail_the_check_with_a_reason(tmp_path, vector, message):
     write_atomic(path, vector_to_npy(vector))
     with pytest.raises(InvalidOutput, match=message):
         validate_embedding_file(path, dimension=384, normalized=True)
+
+
+@pytest.mark.parametrize(
+    "vector",
+    [
+        np.arange(384, dtype=np.float32),
+        np.arange(768, dtype=np.float64)[::2],  # another dtype, not contiguous
+        np.arange(12, dtype=np.float32).reshape(3, 4),
+    ],
+)
+def test_vector_bytes_are_what_numpy_writes_and_reads_back(vector):
+    expected = io.BytesIO()
+    np.save(expected, np.ascontiguousarray(vector, dtype=np.float32), allow_pickle=False)
+    data = vector_to_npy(vector)
+    assert data == expected.getvalue()
+    np.testing.assert_array_equal(np.load(io.BytesIO(data)), vector.astype(np.float32))
 
 
 def test_a_truncated_file_fails_the_check(tmp_path):

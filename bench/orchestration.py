@@ -32,6 +32,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=3000)
     parser.add_argument("--budgets", default="2048,32768", help="token budgets, comma-separated")
     parser.add_argument("--profile", type=int, default=0, help="cProfile the run at this budget")
+    parser.add_argument("--profile-out", type=Path, help="and save those stats here (pstats)")
     args = parser.parse_args()
 
     work = setup("bench-orchestration-")
@@ -101,6 +102,8 @@ def main() -> None:
             )
             if profile:
                 pstats.Stats(profile).sort_stats("cumulative").print_stats(40)
+                if args.profile_out:
+                    profile.dump_stats(args.profile_out)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from datetime import datetime
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import Count, F, Max, Q, QuerySet
+from django.db.models import Count, Exists, F, Max, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from . import holdout, selectors
@@ -161,6 +161,17 @@ def units_runnable(*, campaign: Campaign, version: ParameterVersion) -> QuerySet
     """Pending units a run of this version may take: not those reviewed out under it."""
     return Unit.objects.filter(campaign=campaign, state=UnitState.PENDING).exclude(
         pk__in=units_reviewed_out(campaign_id=campaign.pk, version_id=version.pk)
+    )
+
+
+def reviewed_out_under(version_id: int) -> Exists:
+    """Whether a unit (the outer row) was rejected or requeued under this
+    version: the worker reads it with its batch's units, so the check below
+    costs a query only for a batch that holds one."""
+    return Exists(
+        ReviewItem.objects.filter(
+            unit_id=OuterRef("pk"), version_id=version_id, state__in=REVIEWED_OUT
+        )
     )
 
 

@@ -46,6 +46,7 @@ from campaigns.paths import output_relpath
 from campaigns.review import (
     campaign_finished_snapshot,
     checkpoint_open_if_due,
+    reviewed_out_under,
     units_release_reviewed,
 )
 from campaigns.row_inserts import insert_rows
@@ -127,10 +128,19 @@ def _run_claimed(batch: Batch, *, hand_off: bool = False) -> str:
     if not claimed:
         return "not runnable"
     Unit.objects.filter(batch=batch, state=UnitState.QUEUED).update(state=UnitState.RUNNING)
-    units = list(Unit.objects.filter(batch=batch, state=UnitState.RUNNING).order_by("pk"))
+    units = list(
+        Unit.objects.filter(batch=batch, state=UnitState.RUNNING)
+        .annotate(reviewed_out=reviewed_out_under(batch.version_id))
+        .order_by("pk")
+    )
     # A unit a reviewer rejected or requeued under this version is neither run
     # nor adopted under it again: its output here is the one reviewed.
-    released = units_release_reviewed(unit_ids=[u.pk for u in units], version_id=batch.version_id)
+    suspects = [u.pk for u in units if u.reviewed_out]
+    released = (
+        units_release_reviewed(unit_ids=suspects, version_id=batch.version_id)
+        if suspects
+        else set()
+    )
     if released:
         log.warning(
             "batch %s: %d unit(s) reviewed out under this version, not run", batch_id, len(released)
@@ -576,16 +586,6 @@ _ATTEMPT_FIELDS = (
 )
 
 _COLUMNS = ("real_tokens", "padded_tokens", "compute_seconds")
-_COLUMNS_SAVED = (
-    "real_tokens",
-    "padded_tokens",
-    "compute_seconds",
-    "mem_allocated",
-    "mem_reserved",
-    "mem_peak_allocated",
-    "mem_peak_reserved",
-    "rss",
-)
 
 
 def _record(batch: Batch, token: str, outcomes: list[Outcome], metrics: dict, error: str) -> bool:
@@ -636,13 +636,32 @@ def _record(batch: Batch, token: str, outcomes: list[Outcome], metrics: dict, er
         o.unit.state = UnitState.NEEDS_REVIEW
     # Outputs their check refused stay failed, and are reviewed all the same.
     refused = [o for o in outcomes if o.flags and o.error_class == ErrorClass.OUTPUT_INVALID]
+    memory = metrics.get("memory", {})
+    results = {
+        "state": Batch.State.FAILED if error else Batch.State.DONE,
+        "finished_at": now,
+        "metrics": {k: v for k, v in metrics.items() if k not in _COLUMNS},
+        "error": error,
+        "lease_expires_at": None,
+        "real_tokens": metrics.get("real_tokens"),
+        "padded_tokens": metrics.get("padded_tokens"),
+        "compute_seconds": metrics.get("compute_seconds"),
+        "mem_allocated": memory.get("allocated"),
+        "mem_reserved": memory.get("reserved"),
+        "mem_peak_allocated": memory.get("peak_allocated"),
+        "mem_peak_reserved": memory.get("peak_reserved"),
+        "rss": memory.get("rss"),
+    }
     with transaction.atomic():
+        # The lease check and the batch's own results in one statement.
         owned = Batch.objects.filter(
             pk=batch.pk, state=Batch.State.RUNNING, lease_token=token
-        ).update(state=Batch.State.FAILED if error else Batch.State.DONE)
+        ).update(**results)
         if not owned:
             log.warning("batch %s: lease lost before recording; results dropped", batch.pk)
             return False
+        for name, value in results.items():
+            setattr(batch, name, value)
         _save_unit_results([o.unit for o in outcomes], now)
         # With their ids (RETURNING, on SQLite and PostgreSQL): each item names its attempt.
         attempt_ids = insert_rows(Attempt, _ATTEMPT_FIELDS, attempts)
@@ -658,22 +677,6 @@ def _record(batch: Batch, token: str, outcomes: list[Outcome], metrics: dict, er
             )
             for o in flagged + refused
             for reason, detail in o.flags
-        )
-        memory = metrics.get("memory", {})
-        batch.finished_at = now
-        batch.metrics = {k: v for k, v in metrics.items() if k not in _COLUMNS}
-        batch.error = error
-        batch.lease_expires_at = None
-        batch.real_tokens = metrics.get("real_tokens")
-        batch.padded_tokens = metrics.get("padded_tokens")
-        batch.compute_seconds = metrics.get("compute_seconds")
-        batch.mem_allocated = memory.get("allocated")
-        batch.mem_reserved = memory.get("reserved")
-        batch.mem_peak_allocated = memory.get("peak_allocated")
-        batch.mem_peak_reserved = memory.get("peak_reserved")
-        batch.rss = memory.get("rss")
-        batch.save(
-            update_fields=["finished_at", "metrics", "error", "lease_expires_at", *_COLUMNS_SAVED]
         )
     for o in outcomes:
         if o.error_class:

@@ -351,7 +351,23 @@ def _measured_relative(device: str) -> tuple[float, str, str | None]:
         if gpu.name.lower().replace(" sxm", "") in device.lower():
             return float(gpu.relative_throughput), f"catalog figure of {gpu.name}", gpu.name
     assumed = settings.PROFILE_DEVICE_RELATIVE_THROUGHPUT
-    return assumed, f"assumed {assumed} × an A40 (PROFILE_DEVICE_RELATIVE_THROUGHPUT)", None
+    if assumed is not None:
+        return assumed, f"assumed {assumed} × an A40 (PROFILE_DEVICE_RELATIVE_THROUGHPUT)", None
+    if device.startswith("CPU"):
+        return CPU_RELATIVE, f"assumed {CPU_RELATIVE} × an A40 for a CPU", None
+    # An unlisted GPU: a CPU's figure would make every card look 30 times
+    # faster than it (an H200 measured this way did); an A40's is the middle of
+    # the range, from a T4 (~0.25) to an H200 (~3), and the reasons say so.
+    return (
+        1.0,
+        f"{device} is not in the catalog: assumed as fast as an A40 "
+        "(set PROFILE_DEVICE_RELATIVE_THROUGHPUT for a better projection)",
+        None,
+    )
+
+
+#: A CPU's throughput relative to an A40 on the packaged encoder (bench/RESULTS.md).
+CPU_RELATIVE = 0.03
 
 
 def memory_tier(peak: int, margin: float) -> int | None:

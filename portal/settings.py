@@ -193,9 +193,10 @@ BATCH_PIPELINE = env.str("BATCH_PIPELINE", default="auto").strip().lower()
 # On CPU a profile measures against this memory budget (process RSS), as it
 # measures against device memory on CUDA.
 PROFILE_CPU_MEMORY_BUDGET_MB = env.int("PROFILE_CPU_MEMORY_BUDGET_MB", default=8192)
-# Speed of a device missing from the catalog (a CPU, say) relative to an A40,
-# used to project its measured hours onto the catalog's cards.
-PROFILE_DEVICE_RELATIVE_THROUGHPUT = env.float("PROFILE_DEVICE_RELATIVE_THROUGHPUT", default=0.03)
+# Speed relative to an A40 of a measuring device missing from the catalog, used
+# to project its measured hours onto the catalog's cards. Unset: 0.03 for a CPU,
+# 1.0 for an unlisted GPU (campaigns/profiling.py says which in the estimate).
+PROFILE_DEVICE_RELATIVE_THROUGHPUT = env.float("PROFILE_DEVICE_RELATIVE_THROUGHPUT", default=None)
 # Hours of an estimate × this = the rental's working time (corrections, review).
 PROFILE_SAFETY_FACTOR = env.float("PROFILE_SAFETY_FACTOR", default=1.5)
 

@@ -507,6 +507,27 @@ def test_projections_scale_the_compute_not_the_reading_and_writing(make_campaign
     assert a100["hours"] == pytest.approx(a40["compute_hours"] / 2.2 + a40["io_hours"])
 
 
+@pytest.mark.parametrize(
+    ("device", "setting", "relative", "said"),
+    [
+        ("NVIDIA A40", None, 1.0, "catalog figure of A40"),
+        ("CPU (2 threads)", None, 0.03, "for a CPU"),
+        # Not in the catalog: not a CPU's pace, which made an L4 look 25 × faster.
+        ("NVIDIA H200", None, 1.0, "NVIDIA H200 is not in the catalog"),
+        ("NVIDIA H200", 3.2, 3.2, "PROFILE_DEVICE_RELATIVE_THROUGHPUT"),
+    ],
+)
+def test_an_unlisted_device_is_projected_from_a_figure_the_estimate_names(
+    make_campaign, catalog, settings, device, setting, relative, said
+):
+    settings.PROFILE_DEVICE_RELATIVE_THROUGHPUT = setting
+    estimate = _measured(make_campaign(), device=device, chosen=64, peaks_gb={64: 10}).estimate
+    a100 = {row["gpu"]: row for row in estimate.projections}["A100 SXM"]
+    measured_compute = estimate.hours_measured_device - a100["io_hours"]
+    assert a100["compute_hours"] == pytest.approx(measured_compute * relative / 2.2)
+    assert any(said in line for line in estimate.reasoning), estimate.reasoning
+
+
 def test_the_disk_estimate_weighs_outputs_by_the_corpus_cost_buckets():
     # outputs grow with the input; the heaviest steps wrote only large ones
     steps = [

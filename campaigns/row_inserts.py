@@ -31,7 +31,9 @@ def insert_rows(
     model: type[models.Model], fields: Sequence[str], rows: Sequence[Sequence]
 ) -> list[int]:
     """Insert one row per tuple (values in `fields` order, attribute names as
-    `unit_id` for a foreign key); returns the new primary keys in row order."""
+    `unit_id` for a foreign key); returns the new primary keys in row order.
+    Every other column takes its field's default, as `bulk_create` would give
+    it (no `auto_now`: name such a field with its value)."""
     if not rows:
         return []
     meta = model._meta
@@ -42,12 +44,13 @@ def insert_rows(
         for f in columns
     ]
     converted = [i for i, p in enumerate(prepare) if p is not None]
-    head = (
-        f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in columns)}) "
-        "VALUES "
-    )
-    row_marks = f"({', '.join(['%s'] * len(columns))})"
-    per_chunk = max(1, MAX_PARAMS // len(columns))
+    given = {f.attname for f in columns}
+    defaulted = [f for f in meta.concrete_fields if not f.primary_key and f.attname not in given]
+    defaults = [f.get_db_prep_save(f.get_default(), connection) for f in defaulted]
+    names = ", ".join(quote(f.column) for f in [*columns, *defaulted])
+    head = f"INSERT INTO {quote(meta.db_table)} ({names}) VALUES "
+    row_marks = f"({', '.join(['%s'] * (len(columns) + len(defaulted)))})"
+    per_chunk = max(1, MAX_PARAMS // (len(columns) + len(defaulted)))
     ids: list[int] = []
     with connection.cursor() as cursor:
         for start in range(0, len(rows), per_chunk):
@@ -59,6 +62,7 @@ def insert_rows(
                     for i in converted:
                         row[i] = prepare[i](row[i])
                 params.extend(row)
+                params.extend(defaults)
             cursor.execute(
                 f"{head}{', '.join([row_marks] * len(chunk))} RETURNING {quote(meta.pk.column)}",
                 params,

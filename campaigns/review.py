@@ -468,13 +468,26 @@ def _snapshot_holdout(
     return report
 
 
+def after_batch(*, campaign: Campaign, version: ParameterVersion) -> None:
+    """The checkpoint's work after each recorded batch: open it once due, keep
+    its finished report once the campaign is done. The checkpoint is read once
+    for both (two statements a batch once it exists, where each asking alone
+    took four)."""
+    checkpoint = Checkpoint.objects.filter(campaign=campaign, version=version).first()
+    if checkpoint is None:
+        checkpoint = checkpoint_open_if_due(campaign=campaign, version=version)
+    if checkpoint is not None:
+        campaign_finished_snapshot(campaign=campaign, version=version, checkpoint=checkpoint)
+
+
 def campaign_finished_snapshot(
-    *, campaign: Campaign, version: ParameterVersion
+    *, campaign: Campaign, version: ParameterVersion, checkpoint: Checkpoint | None = None
 ) -> Checkpoint | None:
     """After a batch: when nothing of the campaign is queued, running or left
     to run under this version, keep the holdout report on its checkpoint
     ("finished"; again after each later end, a resume after new imports say)."""
-    checkpoint = Checkpoint.objects.filter(campaign=campaign, version=version).first()
+    if checkpoint is None:
+        checkpoint = Checkpoint.objects.filter(campaign=campaign, version=version).first()
     if checkpoint is None:
         return None  # no checkpoint (checkpoint_after 0), or not reached: the live report only
     # Units left to run mean the campaign waits (at a pending or failed checkpoint) or goes on.

@@ -44,8 +44,7 @@ from campaigns.models import (
 from campaigns.outputs import InvalidOutput, WrittenFile, write_atomic_group
 from campaigns.paths import output_relpath
 from campaigns.review import (
-    campaign_finished_snapshot,
-    checkpoint_open_if_due,
+    after_batch,
     reviewed_out_under,
     units_release_reviewed,
 )
@@ -207,8 +206,7 @@ class _BatchRun:
             self.lease.stop()
         if recorded:
             try:
-                checkpoint_open_if_due(campaign=self.batch.campaign, version=self.batch.version)
-                campaign_finished_snapshot(campaign=self.batch.campaign, version=self.batch.version)
+                after_batch(campaign=self.batch.campaign, version=self.batch.version)
             except Exception:  # the batch is recorded; the next batch or resume tries again
                 log.exception("batch %s: could not open the checkpoint", self.batch.pk)
         return "done" if recorded else "lease lost"

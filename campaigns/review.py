@@ -481,15 +481,13 @@ def after_batch(*, campaign: Campaign, version: ParameterVersion) -> None:
 
 
 def campaign_finished_snapshot(
-    *, campaign: Campaign, version: ParameterVersion, checkpoint: Checkpoint | None = None
+    *, campaign: Campaign, version: ParameterVersion, checkpoint: Checkpoint
 ) -> Checkpoint | None:
     """After a batch: when nothing of the campaign is queued, running or left
     to run under this version, keep the holdout report on its checkpoint
-    ("finished"; again after each later end, a resume after new imports say)."""
-    if checkpoint is None:
-        checkpoint = Checkpoint.objects.filter(campaign=campaign, version=version).first()
-    if checkpoint is None:
-        return None  # no checkpoint (checkpoint_after 0), or not reached: the live report only
+    ("finished"; again after each later end, a resume after new imports say).
+    Without a checkpoint (checkpoint_after 0, or not reached) there is only
+    the live report: after_batch does not call this."""
     # Units left to run mean the campaign waits (at a pending or failed checkpoint) or goes on.
     busy = Unit.objects.filter(
         campaign=campaign, state__in=(UnitState.QUEUED, UnitState.RUNNING)

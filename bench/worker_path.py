@@ -13,7 +13,11 @@ Three more rows run campaigns through a real Celery worker process
 (filesystem broker, or --broker-url), from `campaign run` (its planning
 included) to the last unit recorded: length_grouped and token_budget with the
 batch pipeline (settings.BATCH_PIPELINE: a batch's writes and recording
-overlap the next batch's model), and token_budget without it.
+overlap the next batch's model), and token_budget without it. With
+--processes 1,2 they run once per count: `celery worker -c N` with
+WORKERS_PER_DEVICE=N, N processes feeding the one device (their host work on
+N cores, not under one GIL); the orchestration column is then the processes'
+time outside the model (N × wall − the model's time) over the model's time.
 sentence-transformers' encode runs on the same texts at the same batch size,
 in a process of its own. Peak RSS: the largest resident size any batch
 recorded (this process for the in-process rows, the worker's pool process for
@@ -44,6 +48,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--token-budget", type=int, default=2048)
     parser.add_argument("--skip-celery", action="store_true")
+    parser.add_argument(
+        "--processes",
+        default="1",
+        help="worker processes for the Celery rows, comma-separated (e.g. 1,2): "
+        "`celery worker -c N` with WORKERS_PER_DEVICE=N, each row once per N",
+    )
     parser.add_argument(
         "--policies",
         default="original,length_grouped,token_budget",
@@ -179,8 +189,9 @@ def main() -> None:
     quiet.stop()
     broker = "Redis" if args.broker_url else "filesystem broker"
 
-    def celery_row(policy: str, pipeline: bool) -> dict:
-        """`campaign run` to the last unit recorded, through a real worker process."""
+    def celery_row(policy: str, pipeline: bool, processes: int) -> dict:
+        """`campaign run` to the last unit recorded, through a real worker's
+        `processes` pool processes sharing this machine's device."""
         # Only this run's batches in the queue.
         if args.broker_url.startswith("redis"):
             import redis
@@ -190,7 +201,8 @@ def main() -> None:
             redis.Redis.from_url(args.broker_url).flushdb()
         with services.celery_app.connection_for_write() as conn:
             conn.default_channel.queue_purge("gpu")
-        c = campaign(policy, f"celery-{policy.replace('_', '-')}-{int(pipeline)}")
+        tag = f"{policy.replace('_', '-')}-{int(pipeline)}-{processes}"
+        c = campaign(policy, f"celery-{tag}")
         worker = subprocess.Popen(
             [
                 sys.executable,
@@ -202,7 +214,7 @@ def main() -> None:
                 "-Q",
                 "gpu",
                 "-c",
-                "1",
+                str(processes),
                 "--without-gossip",
                 "--without-mingle",
                 "--without-heartbeat",
@@ -210,18 +222,25 @@ def main() -> None:
                 "WARNING",
             ],
             cwd=REPO,
-            env={**os.environ, **env, "BATCH_PIPELINE": "1" if pipeline else "0"},
+            env={
+                **os.environ,
+                **env,
+                "BATCH_PIPELINE": "1" if pipeline else "0",
+                "WORKERS_PER_DEVICE": str(processes),
+            },
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         try:
-            # Let the worker load torch and the model on a one-batch campaign first.
+            # Let the pool processes load torch and the model first: a batch a
+            # text, more batches than processes.
             probe, _ = services.campaign_create(
                 checkpoint_after=0,  # measuring speed: no stop for a spot check
-                name=f"celery-warm-{policy.replace('_', '-')}-{int(pipeline)}",
+                name=f"celery-warm-{tag}",
                 processor="text-embedding",
                 project=project,
                 input_folder=REPO / "campaigns" / "demo_corpus" / "news",
+                params={"batch_size": 1},
             )
             services.campaign_run(campaign=probe)
             while selectors.campaign_counts(campaign=probe).active:
@@ -237,8 +256,10 @@ def main() -> None:
             worker.wait()
         batches = Batch.objects.filter(campaign=c)
         handing = "batch pipeline" if pipeline else "no pipeline"
+        pool = "worker process" if processes == 1 else f"worker, {processes} processes"
         return {
-            "name": f"Celery worker process ({broker}, {handing}), {policy}",
+            "name": f"Celery {pool} ({broker}, {handing}), {policy}",
+            "processes": processes,
             "docs": selectors.campaign_counts(campaign=c).succeeded,
             "seconds": run_s,
             "plan_s": 0.0,
@@ -263,14 +284,18 @@ def main() -> None:
 
     def print_row(r: dict) -> None:
         rate = r["docs"] / r["seconds"]
+        # Several processes: the model times add up over processes, so the
+        # time outside the model is the processes' wall time less the model's.
+        worker_s = r.get("processes", 1) * r["seconds"]
+        model_wall = r["model_s"] / r.get("processes", 1)
         print(
             f"| {r['name']} | {rate:.1f} | {rate / st_rate:.2f} | "
             f"{r['real'] / r['seconds']:.0f} | ×{r['padded'] / max(1, r['real']):.2f} | "
-            f"{r['batches']} | {100 * r['model_s'] / r['seconds']:.0f}% | "
+            f"{r['batches']} | {100 * r['model_s'] / worker_s:.0f}% | "
             # The issue's measure: time outside the model over the model's time.
-            f"{100 * (r['seconds'] - r['model_s']) / r['model_s']:.0f}% | "
+            f"{100 * (worker_s - r['model_s']) / r['model_s']:.0f}% | "
             # The ceiling: this row with no orchestration at all.
-            f"{r['docs'] / r['model_s'] / st_rate:.2f} | "
+            f"{r['docs'] / model_wall / st_rate:.2f} | "
             f"{r['plan_s']:.1f} | {r['rss'] / 2**20:.0f} |",
             flush=True,
         )
@@ -295,13 +320,14 @@ def main() -> None:
     for r in rows:
         print_row(r)
     if not args.skip_celery:
-        # Most telling first.
-        for policy, pipeline in (
-            ("token_budget", True),
-            ("token_budget", False),
-            ("length_grouped", True),
-        ):
-            print_row(celery_row(policy, pipeline))
+        for processes in [int(n) for n in args.processes.split(",")]:
+            # Most telling first.
+            for policy, pipeline in (
+                ("token_budget", True),
+                ("token_budget", False),
+                ("length_grouped", True),
+            ):
+                print_row(celery_row(policy, pipeline, processes))
     print(
         "# peak RSS of this process "
         f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB"

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import functools
+import os
 import resource
 import subprocess
 
 import torch
+from django.conf import settings
 
 
 def _rss_bytes() -> int:
@@ -24,9 +26,37 @@ def cpu() -> torch.device:
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+def workers_per_device() -> int:
+    return settings.WORKERS_PER_DEVICE
+
+
+@functools.cache
+def work_device() -> torch.device:
+    """The device this process computes on (CUDA when there is one), its share taken.
+
+    WORKERS_PER_DEVICE processes may feed one device: a batch's host work
+    (reads, tokenising, writes, recording) runs under its process's GIL, and on
+    a fast GPU it takes longer than the model (bench/RESULTS.md), so a second
+    process keeps the device busy meanwhile. Each keeps to its share: on CUDA
+    the caching allocator refuses past 1/N of the memory, so a big batch in one
+    process meets an out-of-memory split in that process instead of crashing
+    the other; on the CPU each takes 1/N of the cores for torch's threads
+    (unless OMP_NUM_THREADS says), as two processes with all the cores each
+    run slower than one.
+    """
+    share = workers_per_device()
+    if torch.cuda.is_available():
+        if share > 1:
+            torch.cuda.set_per_process_memory_fraction(1 / share)
+        return torch.device("cuda")
+    if share > 1 and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // share))
+    return torch.device("cpu")
+
+
 def device_and_dtype(dtype_name: str) -> tuple[torch.device, torch.dtype]:
     """The CUDA device when there is one; half precision only there."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = work_device()
     dtype = _DTYPES[dtype_name]
     if dtype != torch.float32 and device.type != "cuda":
         raise ValueError(
@@ -83,6 +113,7 @@ def _driver_version() -> str:
 
 @functools.cache
 def runtime_facts() -> dict:
+    work_device()  # its thread count, on the CPU
     facts = {"torch": torch.__version__, "cuda_available": torch.cuda.is_available()}
     if torch.cuda.is_available():
         facts["cuda"] = torch.version.cuda
@@ -91,6 +122,7 @@ def runtime_facts() -> dict:
         facts["capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
         facts["driver"] = _driver_version()
     facts["threads"] = torch.get_num_threads()
+    facts["workers_per_device"] = workers_per_device()
     return facts
 
 
@@ -159,6 +191,7 @@ def allocated_now(device: torch.device) -> int:
 
 
 def device_memory(device: torch.device) -> int | None:
+    """This process's share of the device's memory (None on the CPU)."""
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
+        return torch.cuda.get_device_properties(device).total_memory // workers_per_device()
     return None

@@ -41,7 +41,14 @@ from campaigns.outputs import write_atomic_group
 from campaigns.processor_specs import get_spec
 
 from . import training_profile
-from .memory import StepMemory, allocated_now, device_memory, release_cached, runtime_facts
+from .memory import (
+    StepMemory,
+    allocated_now,
+    device_memory,
+    release_cached,
+    runtime_facts,
+    workers_per_device,
+)
 from .processors import get_processor
 
 log = logging.getLogger(__name__)
@@ -435,8 +442,10 @@ def record_device(profile: Profile, device: torch.device) -> int:
     elif memory := device_memory(device):
         budget, source = memory, "device memory"
     else:
-        budget = settings.PROFILE_CPU_MEMORY_BUDGET_MB * MiB
+        budget = settings.PROFILE_CPU_MEMORY_BUDGET_MB * MiB // workers_per_device()
         source = "PROFILE_CPU_MEMORY_BUDGET_MB"
+    if source != "given" and workers_per_device() > 1:
+        source += f" ÷ {workers_per_device()} (WORKERS_PER_DEVICE)"
     # Where the budget came from: a re-run keeps a given one, and reads a
     # device's memory again on its own device.
     facts = {**runtime_facts(), "budget_source": source}

@@ -71,6 +71,23 @@ def _finish_handed_off_batches(**_) -> None:
     finisher.drain()
 
 
+@signals.worker_init.connect
+def _warn_unshared_device(sender=None, **_) -> None:
+    """`-c N` pool processes that each think the device is theirs: each profile
+    measures against all of its memory, and on a CPU each takes all the cores."""
+    concurrency = getattr(sender, "concurrency", 1) or 1
+    prefork = "prefork" in str(getattr(sender, "pool_cls", "prefork"))
+    if prefork and concurrency > settings.WORKERS_PER_DEVICE:
+        log.warning(
+            "%s pool processes share this worker's device but WORKERS_PER_DEVICE is %s: "
+            "set WORKERS_PER_DEVICE=%s so each keeps to its share of the device "
+            "(docs/deployment.md)",
+            concurrency,
+            settings.WORKERS_PER_DEVICE,
+            concurrency,
+        )
+
+
 @shared_task(name="gpuworker.tasks.run_profile", acks_late=True)
 def run_profile(profile_id: int) -> str:
     # Claimed by update like a batch: a redelivered message finds it running.

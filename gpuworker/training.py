@@ -23,6 +23,8 @@ import torch.nn.functional as F
 
 from campaigns import checkpoint_files as checkpoints
 
+from .memory import work_device
+
 OPTIMIZER_FILE = "optimizer.pt"
 
 
@@ -268,7 +270,7 @@ class ContrastiveTrainer(Trainer):
         from transformers import AutoModel, AutoTokenizer
 
         super().__init__(params)
-        self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = device or work_device()
         self.tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True)
         self.model = AutoModel.from_pretrained(base, local_files_only=True).to(self.device)
 
@@ -346,7 +348,7 @@ class ClassifierTrainer(Trainer):
         device: torch.device | None = None,
     ):
         super().__init__(params)
-        self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = device or work_device()
         self.model = model.to(self.device)
         self.to_tensor = to_tensor
         self.train_what = train

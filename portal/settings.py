@@ -188,10 +188,17 @@ BATCH_TIME_LIMIT = env.int("BATCH_TIME_LIMIT", default=3600)
 # "auto" where the model runs on a CUDA device (on the CPU the thread competes
 # with the model for the cores: bench/RESULTS.md), "1" always, "0" never.
 BATCH_PIPELINE = env.str("BATCH_PIPELINE", default="auto").strip().lower()
+# Worker processes that share one device (`celery worker -c N` on one GPU, or N
+# workers with the same CUDA_VISIBLE_DEVICES): each takes 1/N of the GPU's
+# memory (profiles measure against it, the allocator refuses past it), or 1/N
+# of the cores for torch on a CPU node (gpuworker.memory.work_device).
+WORKERS_PER_DEVICE = env.int("WORKERS_PER_DEVICE", default=1)
+if WORKERS_PER_DEVICE < 1:
+    raise ImproperlyConfigured("WORKERS_PER_DEVICE counts worker processes: 1 or more.")
 
 # --- Profiles and estimates ------------------------------------------------------
 # On CPU a profile measures against this memory budget (process RSS), as it
-# measures against device memory on CUDA.
+# measures against device memory on CUDA; WORKERS_PER_DEVICE processes split it.
 PROFILE_CPU_MEMORY_BUDGET_MB = env.int("PROFILE_CPU_MEMORY_BUDGET_MB", default=8192)
 # Speed relative to an A40 of a measuring device missing from the catalog, used
 # to project its measured hours onto the catalog's cards. Unset: 0.03 for a CPU,

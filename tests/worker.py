@@ -98,11 +98,13 @@ class Worker:
         beat: bool = False,
         env_extra: dict | None = None,
         name: str | None = None,
+        concurrency: int = 1,
     ):
         """A `celery worker -Q gpu,portal -c 1` on this test's database and on the broker
         this process sends to (use_broker changes it); env_extra wins over both.
 
         name: the Celery node name (`-n NAME@%h`), when several run at once.
+        concurrency: its pool processes (`-c`).
         """
         env = dict(os.environ)
         env.update(
@@ -129,7 +131,7 @@ class Worker:
                 "-Q",
                 ",".join(QUEUES),
                 "-c",
-                "1",
+                str(concurrency),
                 "--without-gossip",
                 "--without-mingle",
                 "--without-heartbeat",

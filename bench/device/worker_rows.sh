@@ -1,9 +1,10 @@
 #!/bin/bash
-# The whole worker path on the device machine: bench/worker_path.py with its
-# Celery rows (a real worker process, batch pipeline on and off) at batch 16,
-# then batch 128 with and without the pipeline, then the host work alone.
+# Several worker processes feeding one GPU (WORKERS_PER_DEVICE): the CUDA test
+# of the per-process memory share, then bench/worker_path.py's Celery rows
+# (`celery worker -c N`, batch pipeline on and off) for N = 1, 2, 4 at batch 16
+# and N = 1, 2 at batch 128, then the host work alone.
 # Same preparation as run.sh:
-#   run(command="bash bench/device/worker_rows.sh", carry=[".gpu"], timeout_s=330)
+#   run(command="bash bench/device/worker_rows.sh", carry=[".gpu"], timeout_s=540)
 # shellcheck source=bench/device/setup.sh
 . "$(dirname "$0")/setup.sh"
 {
@@ -12,12 +13,18 @@
 } 2>&1 | tee "$OUT/facts.txt"
 since setup
 
-DEBUG=0 timeout "${T1:-150}" $PY bench/worker_path.py --limit "$LIMIT" --corpus $CORPUS 2>&1 |
+VAR_DIR=var/test timeout "${T0:-60}" $PY -m pytest tests/gpuworker/test_device_share.py -q \
+  -p no:cacheprovider -o addopts="" 2>&1 | tail -20 >"$OUT/pytest.log"
+tail -3 "$OUT/pytest.log"
+since pytest
+
+DEBUG=0 timeout "${T1:-240}" $PY bench/worker_path.py --limit "$LIMIT" --corpus $CORPUS \
+  --policies token_budget --processes "${PROCESSES:-1,2,4}" 2>&1 |
   grep -v Loading | tee "$OUT/worker_path_b16.log"
 since "worker_path batch 16"
 
-DEBUG=0 timeout "${T2:-100}" $PY bench/worker_path.py --limit "$LIMIT" --corpus $CORPUS \
-  --batch-size 128 --token-budget 32768 --policies token_budget --pipeline 2>&1 |
+DEBUG=0 timeout "${T2:-150}" $PY bench/worker_path.py --limit "$LIMIT" --corpus $CORPUS \
+  --batch-size 128 --token-budget 32768 --policies token_budget --processes 1,2 2>&1 |
   grep -v Loading | tee "$OUT/worker_path_b128.log"
 since "worker_path batch 128"
 

@@ -84,7 +84,11 @@ def build_done_profile(campaign: Campaign, *, leak: bool = False) -> Profile:
         memory_budget=BUDGET,
         max_batch_size=64,
         device="CPU (2 threads)",
-        runtime={"torch": "2.13.0+cpu", "threads": 2},
+        runtime={
+            "torch": "2.13.0+cpu",
+            "threads": 2,
+            "budget_source": "PROFILE_CPU_MEMORY_BUDGET_MB",
+        },
         steps=STEPS,
         chosen_batch_size=12,
         chosen_peak_reserved=5900 * MiB,
@@ -261,6 +265,7 @@ def test_the_report_shows_the_chosen_size_and_the_margin_it_keeps(client, owner,
     assert _text(html, "profile-device") == "CPU (2 threads)"
     assert "torch 2.13.0+cpu" in _text(html, "profile-runtime")
     assert _text(html, "profile-budget") == "8.0 GB"
+    assert _text(html, "profile-budget-source") == "(PROFILE_CPU_MEMORY_BUDGET_MB)"
     assert "20% kept free" in _text(html, "profile-margin")
     chosen = _text(html, "chosen")
     assert "Chosen batch size 12" in chosen

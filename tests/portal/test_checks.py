@@ -118,6 +118,13 @@ def test_settings_refuse_an_unusable_client_address_source():
     assert _settings_with(RATELIMIT_TRUSTED_PROXIES="0").returncode != 0
 
 
+def test_settings_refuse_no_worker_process_per_device():
+    refused = _settings_with(WORKERS_PER_DEVICE="0")
+    assert refused.returncode != 0
+    assert "WORKERS_PER_DEVICE counts worker processes: 1 or more." in refused.stderr
+    assert _settings_with(WORKERS_PER_DEVICE="2").returncode == 0
+
+
 def test_the_order_sweeps_have_their_own_queue_and_the_workers_consume_it():
     # Beat's order sweeps must not wait behind hour-long batches on the gpu queue.
     from django.conf import settings

@@ -18,18 +18,6 @@ MiB = 1024 * 1024
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def fresh_device():
-    """work_device() and runtime_facts() computed again, torch's threads put back."""
-    threads = torch.get_num_threads()
-    work_device.cache_clear()
-    runtime_facts.cache_clear()
-    yield
-    torch.set_num_threads(threads)
-    work_device.cache_clear()
-    runtime_facts.cache_clear()
-
-
 def test_processes_sharing_the_cpu_take_their_share_of_the_cores(
     settings, monkeypatch, fresh_device
 ):

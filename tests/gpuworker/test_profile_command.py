@@ -162,3 +162,13 @@ def test_rerun_as_json_carries_the_comparison(paced, output_root, catalog):
 def test_rerun_of_an_unknown_profile_fails_with_a_reason(paced, output_root, catalog):
     with pytest.raises(CommandError, match="paced has no profile 999"):
         _profile("--rerun", "999")
+
+
+def test_a_worker_sharing_its_device_profiles_against_its_share(
+    paced, output_root, catalog, settings, monkeypatch, fresh_device
+):
+    settings.WORKERS_PER_DEVICE = 2
+    settings.PROFILE_CPU_MEMORY_BUDGET_MB = 65536
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    text = _profile("--max-batch", "2", "--sample", "4", "--heavy", "2")
+    assert "budget 32768 MiB (PROFILE_CPU_MEMORY_BUDGET_MB ÷ 2 (WORKERS_PER_DEVICE))" in text

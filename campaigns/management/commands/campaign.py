@@ -126,7 +126,7 @@ class Command(BaseCommand):
             type=int,
             default=None,
             help="memory budget in MiB (default: the CUDA device's memory; on CPU "
-            "PROFILE_CPU_MEMORY_BUDGET_MB)",
+            "PROFILE_CPU_MEMORY_BUDGET_MB; either ÷ WORKERS_PER_DEVICE)",
         )
         profile.add_argument("--max-batch", type=int, default=1024)
         profile.add_argument("--sample", type=int, default=48, help="ordinary units at random")
@@ -392,7 +392,11 @@ class Command(BaseCommand):
         mib = 1024 * 1024
         out = self.stdout.write
         out(f"profile {report['profile']} of {report['campaign']} on {report['device']}")
-        out(f"  budget {report['memory_budget'] / mib:.0f} MiB, margin {report['margin']:.0%}")
+        source = f" ({report['budget_source']})" if report.get("budget_source") else ""
+        out(
+            f"  budget {report['memory_budget'] / mib:.0f} MiB{source}, "
+            f"margin {report['margin']:.0%}"
+        )
         out(
             f"  {'phase':<20} {'batch':>6}  prepare s  compute s    write s  items/s  "
             "peak alloc MiB  peak reserved MiB  fits"

@@ -11,7 +11,9 @@ import tempfile
 from pathlib import Path
 
 
-def setup(prefix: str) -> Path:
+def setup(prefix: str, database_url: str = "") -> Path:
+    """database_url: run on this database instead of a fresh SQLite file; it is
+    EMPTIED first (flush): give one of its own."""
     work = Path(tempfile.mkdtemp(prefix=prefix))
     os.environ.update(
         {
@@ -27,6 +29,8 @@ def setup(prefix: str) -> Path:
     os.environ.setdefault("DEBUG", "0")
     # The embedded default: a benchmark never writes to a configured database.
     os.environ.pop("DATABASE_URL", None)
+    if database_url:
+        os.environ["DATABASE_URL"] = database_url
     os.environ.pop("CELERY_BROKER_URL", None)
     import django
 
@@ -34,4 +38,6 @@ def setup(prefix: str) -> Path:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
+    if database_url:
+        call_command("flush", interactive=False, verbosity=0)
     return work

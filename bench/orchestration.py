@@ -2,18 +2,24 @@
 
     DEBUG=0 .venv/bin/python bench/orchestration.py --limit 3000
     DEBUG=0 .venv/bin/python bench/orchestration.py --limit 3000 --profile 32768
+    DEBUG=0 .venv/bin/python bench/orchestration.py --limit 3000 --processes 2
 
 On a GPU the model is a fraction of a batch's time (bench/RESULTS.md, the H200
 figures): what a worker does around it — claim, read and check inputs, write
 and check one file a unit, record — sets the speed. This measures that part on
 any machine, ms a unit, for a small and a large token budget; `--profile` adds a
 cProfile of the run at that budget. Not a model benchmark: the vectors are random.
+`--processes N` runs the batches in N forked processes at once, as N pool
+processes of one worker would (WORKERS_PER_DEVICE): how far the host work
+spreads over cores, with the database's own locking in the way.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import multiprocessing
+import os
 import pstats
 import sys
 import time
@@ -33,15 +39,27 @@ def main() -> None:
     parser.add_argument("--budgets", default="2048,32768", help="token budgets, comma-separated")
     parser.add_argument("--profile", type=int, default=0, help="cProfile the run at this budget")
     parser.add_argument("--profile-out", type=Path, help="and save those stats here (pstats)")
+    parser.add_argument(
+        "--processes", type=int, default=1, help="run the batches in N processes at once"
+    )
+    parser.add_argument(
+        "--database-url",
+        default="",
+        help="run on this database (e.g. postgres://postgres@127.0.0.1:5432/bench_workers) "
+        "instead of a fresh SQLite file. It is EMPTIED first (flush): give one of its own",
+    )
     args = parser.parse_args()
+    if args.profile and args.processes > 1:
+        parser.error("--profile measures one process: leave --processes at 1")
 
-    work = setup("bench-orchestration-")
+    work = setup("bench-orchestration-", args.database_url)
     import logging
 
     import numpy as np
+    from django.db import connections
 
     from campaigns import services
-    from campaigns.models import Batch
+    from campaigns.models import Batch, Unit, UnitState
     from gpuworker.batch_runner import run_batch
     from gpuworker.processors import text_embedding
 
@@ -78,6 +96,34 @@ def main() -> None:
             Batch.objects.filter(campaign=created).order_by("pk").values_list("pk", flat=True)
         )
 
+    def run_share(pks: list[int]) -> None:
+        if args.processes > 1:
+            # Forked processes would draw the same "vectors": the duplicate
+            # check would send half the units to review.
+            rng.bit_generator.state = np.random.default_rng(os.getpid()).bit_generator.state
+        for pk in pks:
+            run_batch(pk)
+        connections.close_all()
+
+    def run_all(pks: list[int]) -> None:
+        """The batches in turn, or spread over forked processes (each its own
+        database connection), which take them as a worker's pool would."""
+        if args.processes == 1:
+            run_share(pks)
+            return
+        connections.close_all()  # not shared across the fork
+        fork = multiprocessing.get_context("fork")
+        shares = [
+            fork.Process(target=run_share, args=(pks[i :: args.processes],))
+            for i in range(args.processes)
+        ]
+        for proc in shares:
+            proc.start()
+        for proc in shares:
+            proc.join()
+        if any(proc.exitcode for proc in shares):
+            raise SystemExit(f"a process failed: exit codes {[p.exitcode for p in shares]}")
+
     with (
         mock.patch.object(services.celery_app, "send_task"),
         mock.patch.object(text_embedding.TextEmbeddingProcessor, "embed", instant_embed),
@@ -90,13 +136,16 @@ def main() -> None:
             started = time.perf_counter()
             if profile:
                 profile.enable()
-            for pk in batches:
-                run_batch(pk)
+            run_all(batches)
             if profile:
                 profile.disable()
             seconds = time.perf_counter() - started
+            done = Unit.objects.filter(
+                campaign__name=f"budget-{budget}", state=UnitState.SUCCEEDED
+            ).count()
             print(
-                f"token budget {budget}: {len(batches)} batches, {len(texts)} units, "
+                f"token budget {budget}: {len(batches)} batches, {done} of {len(texts)} units "
+                f"done, {args.processes} process{'es' if args.processes > 1 else ''}, "
                 f"{seconds:.2f} s, {1000 * seconds / len(texts):.3f} ms a unit, "
                 f"{1000 * seconds / len(batches):.1f} ms a batch"
             )

@@ -231,6 +231,12 @@ class _Finisher:
     WAITING = 1
 
     def __init__(self):
+        self._forget()
+        # A process forked from this one (a pool child) has none of its
+        # threads: its own pool is made on its first batch.
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
         self._pending: list = []
         self._lock = threading.Lock()
@@ -333,6 +339,16 @@ def _io_pool() -> ThreadPoolExecutor:
     if _pool is None:
         _pool = ThreadPoolExecutor(max_workers=IO_THREADS - 1, thread_name_prefix="unit-io")
     return _pool
+
+
+def _forget_io_pool() -> None:
+    # A forked child has none of the parent's threads: a pool it inherited
+    # would take work that no thread ever runs.
+    global _pool
+    _pool = None
+
+
+os.register_at_fork(after_in_child=_forget_io_pool)
 
 
 def in_threads(fn, items: list) -> list:

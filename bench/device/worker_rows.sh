@@ -2,9 +2,9 @@
 # Several worker processes feeding one GPU (WORKERS_PER_DEVICE): the CUDA test
 # of the per-process memory share, then bench/worker_path.py's Celery rows
 # (`celery worker -c N`, batch pipeline on and off) for N = 1, 2, 4 at batch 16
-# and N = 1, 2 at batch 128, then the host work alone.
+# and N = 1, 2 at batch 128, then the host work alone in 1, 2 and 4 processes.
 # Same preparation as run.sh:
-#   run(command="bash bench/device/worker_rows.sh", carry=[".gpu"], timeout_s=540)
+#   run(command="bash bench/device/worker_rows.sh", carry=[".gpu"], timeout_s=580)
 # shellcheck source=bench/device/setup.sh
 . "$(dirname "$0")/setup.sh"
 {
@@ -28,6 +28,8 @@ DEBUG=0 timeout "${T2:-150}" $PY bench/worker_path.py --limit "$LIMIT" --corpus 
   grep -v Loading | tee "$OUT/worker_path_b128.log"
 since "worker_path batch 128"
 
-DEBUG=0 timeout "${T3:-40}" $PY bench/orchestration.py --limit "$LIMIT" --corpus $CORPUS 2>&1 |
-  grep "token budget" | tee "$OUT/orchestration.log"
+for n in 1 2 4; do
+  DEBUG=0 timeout "${T3:-30}" $PY bench/orchestration.py --limit "$LIMIT" --corpus $CORPUS \
+    --processes $n 2>&1 | grep "token budget" | tee -a "$OUT/orchestration.log"
+done
 since orchestration

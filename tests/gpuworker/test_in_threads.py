@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 import time
 
@@ -47,3 +48,30 @@ def test_a_failing_item_raises_once_every_thread_has_stopped_and_the_rest_ran():
 def test_no_items_and_one_item():
     assert in_threads(lambda n: n + 1, []) == []
     assert in_threads(lambda n: n + 1, [41]) == [42]
+
+
+def _in_a_forked_child(queue) -> None:
+    from gpuworker.batch_runner import finisher
+
+    queue.put((in_threads(lambda n: n + 1, list(range(20))), finisher._pool is None))
+
+
+def test_a_process_forked_after_the_threads_ran_gets_threads_of_its_own():
+    # given: this process's pools have threads (a worker that ran batches)
+    # (slow enough items that every helper thread starts)
+    assert in_threads(lambda n: time.sleep(0.01) or n, list(range(20))) == list(range(20))
+    time.sleep(0.2)  # its threads back to idle, as between a worker's batches
+    fork = multiprocessing.get_context("fork")
+    queue = fork.Queue()
+
+    # when: a process forked from it runs its own batch's reads
+    child = fork.Process(target=_in_a_forked_child, args=(queue,))
+    child.start()
+    child.join(timeout=30)
+
+    # then: it finishes (an inherited pool would take work no thread runs)
+    if child.is_alive():
+        child.kill()
+        pytest.fail("the forked process hung on the threads it did not inherit")
+    assert child.exitcode == 0
+    assert queue.get(timeout=5) == (list(range(1, 21)), True)

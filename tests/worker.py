@@ -100,8 +100,8 @@ class Worker:
         name: str | None = None,
         concurrency: int = 1,
     ):
-        """A `celery worker -Q gpu,portal -c 1` on this test's database and on the broker
-        this process sends to (use_broker changes it); env_extra wins over both.
+        """A `celery worker -Q gpu,portal -c CONCURRENCY` on this test's database and on
+        the broker this process sends to (use_broker changes it); env_extra wins over both.
 
         name: the Celery node name (`-n NAME@%h`), when several run at once.
         concurrency: its pool processes (`-c`).

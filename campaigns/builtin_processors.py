@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import flags as flag_params
 from .images import MAX_ASPECT, MAX_PIXELS, decode_image
-from .inputs import decode_text
+from .inputs import InputError, decode_text, read_bytes
 from .outputs import (
     NON_FINITE,
     WRONG_OUTPUT,
@@ -51,6 +53,57 @@ def text_token_cost(path: Path, params: dict) -> int:
     text = path.read_bytes().decode("utf-8", errors="replace")
     tokens = len(_tokenizer(params["model"]).encode(text).ids)
     return max(1, min(tokens, int(params["max_tokens"])))
+
+
+#: How many bytes of text a thread reads before it tokenizes them, so a chunk
+#: of large files is never all in memory at once.
+COST_READ_BYTES = 8 << 20
+
+
+def text_token_costs(root: Path, source_paths: list[str], params: dict) -> list[int | None]:
+    """text_token_cost of many files under the corpus root, None for one that
+    cannot be read or is not under it.
+
+    The tokenizer's batch call lets go of the GIL, so a thread per core each
+    weighs its share of the files, read the worker's way (read_bytes: one
+    readlink checks each file's place): planning a token-budget campaign is
+    tokenizing every text once (bench/plan_costs.py). TOKENIZERS_PARALLELISM
+    can stay off: these are our threads.
+    """
+    tokenizer = _tokenizer(params["model"])
+    encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+    cap = int(params["max_tokens"])
+
+    def weigh(share: list[str]) -> list[int | None]:
+        weights: list[int | None] = [None] * len(share)
+        held: list[tuple[int, str]] = []
+        held_bytes = 0
+
+        def count() -> None:
+            for (at, _), encoding in zip(held, encode([text for _, text in held]), strict=True):
+                weights[at] = max(1, min(len(encoding.ids), cap))
+            held.clear()
+
+        for at, source_path in enumerate(share):
+            try:
+                data = read_bytes(root, source_path)
+            except InputError:
+                continue
+            held.append((at, data.decode("utf-8", errors="replace")))
+            held_bytes += len(data)
+            if held_bytes >= COST_READ_BYTES:
+                count()
+                held_bytes = 0
+        count()
+        return weights
+
+    threads = max(1, min(os.cpu_count() or 1, len(source_paths) // 64))
+    if threads == 1:
+        return weigh(source_paths)
+    step = -(-len(source_paths) // threads)
+    shares = [source_paths[i : i + step] for i in range(0, len(source_paths), step)]
+    with ThreadPoolExecutor(threads, thread_name_prefix="token-cost") as pool:
+        return [weight for share in pool.map(weigh, shares) for weight in share]
 
 
 def _embedding_quick_check(path: Path, expected_size: int | None, params: dict) -> None:
@@ -117,6 +170,7 @@ TEXT_EMBEDDING = ProcessorSpec(
     quick_check=_embedding_quick_check,
     deep_check=_embedding_deep_check,
     cost=text_token_cost,
+    costs=text_token_costs,
     check_input=lambda data, _params: decode_text(data),
 )
 

@@ -21,6 +21,8 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.utils.module_loading import import_string
 
+from .paths import resolve_input
+
 
 @dataclass(frozen=True)
 class ParamSpec:
@@ -48,6 +50,12 @@ class ProcessorSpec:
     # Cost of one input for grouping (tokens, pixels), from its path and the
     # parameters; read without torch. None: every unit costs the same.
     cost: Callable[[Path, dict], int] | None = None
+    # The same for many inputs at once, when one call is cheaper than one a
+    # path (a tokenizer's batch call on every core): (corpus root, the units'
+    # source paths, params) -> one cost each, or None for an input it could not
+    # weigh. It reads through campaigns.inputs.read_bytes, which refuses a path
+    # out of the root. Optional; weigh() falls back on `cost`.
+    costs: Callable[[Path, list[str], dict], list[int | None]] | None = None
     # How a batch's work grows with its units' costs: "longest" when the model
     # pads every item to the longest (texts), "sum" when each item weighs its
     # own cost. The profiler's estimate plans the corpus's batches with it.
@@ -61,6 +69,21 @@ class ProcessorSpec:
     # An adaptation processor: a run is one training that writes checkpoints,
     # not batches of outputs (campaigns/adaptation.py).
     training: bool = False
+
+    def weigh(self, root: Path, source_paths: list[str], params: dict) -> list[int | None]:
+        """The cost of each input under the corpus root, None where it could not
+        be read or measured (the worker classifies that input)."""
+        if self.costs is not None:
+            return self.costs(root, source_paths, params)
+        if self.cost is None:
+            return [None] * len(source_paths)
+        weights: list[int | None] = []
+        for source_path in source_paths:
+            try:
+                weights.append(self.cost(resolve_input(root, source_path), params))
+            except (OSError, ValueError):
+                weights.append(None)
+        return weights
 
     def suffix(self, params: dict) -> str:
         return self.suffix_for(params) if self.suffix_for else self.output_suffix

@@ -267,25 +267,25 @@ def _batches_claim(
 def measure_costs(*, campaign: Campaign, params: dict, pending_only: bool = True) -> int:
     """Fill Unit.cost (tokens, pixels) for units that have none yet (pending ones,
     or all of them for a profile, which weighs the whole corpus)."""
-    cost = get_spec(campaign.processor).cost
-    if cost is None:
+    spec = get_spec(campaign.processor)
+    if spec.cost is None and spec.costs is None:
         return 0
     root = Path(campaign.input_root)
     todo = Unit.objects.filter(campaign=campaign, cost__isnull=True)
     if pending_only:
         todo = todo.filter(state=UnitState.PENDING)
 
-    def weigh(source_path: str) -> int:
-        try:
-            return cost(resolve_input(root, source_path), params)
-        except (OSError, ValueError):
-            return 1  # unreadable: the worker classifies it; it weighs nothing
-
     measured = 0
     while chunk := list(todo.values_list("pk", "source_path")[:1000]):
         # One statement a chunk (row_updates.py): bulk_update's CASE
         # expressions cost half of this function's time.
-        update_rows(Unit, ["cost"], [(pk, weigh(path)) for pk, path in chunk])
+        weights = spec.weigh(root, [path for _, path in chunk], params)
+        # Unreadable, or outside the corpus: the worker classifies it; it weighs nothing.
+        update_rows(
+            Unit,
+            ["cost"],
+            [(pk, 1 if w is None else w) for (pk, _), w in zip(chunk, weights, strict=True)],
+        )
         measured += len(chunk)
     return measured
 

@@ -69,6 +69,26 @@ def test_run_groups_pending_units_into_batches_and_enqueues_after_commit(
     assert sent_ids == sorted(Batch.objects.values_list("pk", flat=True))
 
 
+def test_planning_weighs_each_text_in_tokens_and_an_unreadable_one_least(
+    make_campaign, corpus, django_capture_on_commit_callbacks
+):
+    from campaigns.builtin_processors import text_token_cost
+
+    campaign = make_campaign(batch_policy="token_budget", token_budget=1024)
+    params = campaign.current_version.params
+    gone = corpus / "news" / "rail-strike.txt"
+    gone.unlink()  # after import: the worker will classify it missing
+    with (
+        mock.patch.object(services.celery_app, "send_task"),
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        services.campaign_run(campaign=campaign)
+    costs = dict(Unit.objects.filter(campaign=campaign).values_list("source_path", "cost"))
+    assert costs.pop("news/rail-strike.txt") == 1
+    assert costs == {path: text_token_cost(corpus / path, params) for path in costs}
+    assert len(set(costs.values())) > 5  # texts of many lengths, each its own count
+
+
 def test_running_again_enqueues_nothing_new(make_campaign, django_capture_on_commit_callbacks):
     campaign = make_campaign()
     with (

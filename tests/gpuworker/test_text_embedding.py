@@ -130,6 +130,32 @@ def test_the_token_cost_used_for_grouping_matches_the_model_tokenizer(processor,
         assert text_token_cost(path, params) == expected
 
 
+def test_weighing_many_texts_at_once_gives_each_its_own_count_and_none_for_the_unreadable(
+    processor, tmp_path, monkeypatch
+):
+    from campaigns import builtin_processors
+
+    params = TEXT_EMBEDDING.clean({"max_tokens": 64})
+    root = tmp_path / "corpus"
+    root.mkdir()
+    (tmp_path / "secret.txt").write_text("outside the corpus " * 10)
+    names, expected = [], []
+    for i in range(150):  # enough for a thread per core to take a share
+        name = f"t{i:03}.txt"
+        text = f"{TEXTS[i % len(TEXTS)]} {'extra words ' * (i % 7)}"
+        (root / name).write_text(text)
+        names.append(name)
+        expected.append(min(len(processor.tokenizer(text)["input_ids"]), 64))
+    (root / "leaves.txt").symlink_to(tmp_path / "secret.txt")
+    (root / "folder.txt").mkdir()
+    bad = ["missing.txt", "leaves.txt", "folder.txt", "../secret.txt"]
+    names[40:40] = bad
+    expected[40:40] = [None] * len(bad)
+    # A few hundred bytes a tokenizer call: many calls, their counts must land in place.
+    monkeypatch.setattr(builtin_processors, "COST_READ_BYTES", 300)
+    assert builtin_processors.text_token_costs(root, names, params) == expected
+
+
 def test_versions_that_differ_in_a_flag_or_the_batching_share_one_copy_of_the_model(processor):
     for changed in ({"flag_norm_max": 2.0}, {"batch_policy": "token_budget"}, {"pooling": "cls"}):
         other = get_processor("text-embedding", TEXT_EMBEDDING.clean(changed))

@@ -7,8 +7,9 @@ Imports --units trusted rows (bench/import_scale.py's manifest) into a fresh
 campaign with batch_policy=original, then times services.campaign_run with
 the broker send mocked out (sending is the broker's cost, not ours). --old
 also times the previous loop (one Batch INSERT and one UPDATE per batch) on
-the same units first, then puts them back to pending. The campaign is deleted
-afterwards.
+the same units first, then puts them back to pending. --policy token_budget
+times the weighing of every unit (services.measure_costs) before the run. The
+campaign is deleted afterwards.
 """
 
 from __future__ import annotations
@@ -53,6 +54,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--units", type=int, default=1_000_000)
     parser.add_argument("--old", action="store_true", help="also time the previous loop")
+    parser.add_argument(
+        "--policy",
+        default="original",
+        choices=("original", "token_budget"),
+        help="token_budget: the run first weighs every unit (services.measure_costs), "
+        "timed apart; the manifest's files do not exist, so each weighs 1 after a failed read",
+    )
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-run-"))
@@ -85,9 +93,9 @@ def main() -> None:
         manifest=work / "empty.jsonl",
         input_root=work / "corpus",
         checkpoint_after=0,
-        params={"batch_policy": "original"},
+        params={"batch_policy": args.policy},
     )
-    print(f"{connection.vendor}, {args.units:,} units, batch_size 16, policy original")
+    print(f"{connection.vendor}, {args.units:,} units, batch_size 16, policy {args.policy}")
     try:
         started = time.perf_counter()
         import_manifest(campaign, manifest)
@@ -102,6 +110,12 @@ def main() -> None:
                 print(f"old loop: {n:,} batches in {seconds:.1f} s ({rate:,.0f} units/s)")
                 Unit.objects.filter(campaign=campaign).update(state=UnitState.PENDING, batch=None)
                 Batch.objects.filter(campaign=campaign)._raw_delete(connection.alias)
+            if args.policy != "original":
+                started = time.perf_counter()
+                params = campaign.current_version.params
+                weighed = services.measure_costs(campaign=campaign, params=params)
+                seconds = time.perf_counter() - started
+                print(f"measure_costs: {weighed:,} units in {seconds:.1f} s")
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             started = time.perf_counter()
             n = services.campaign_run(campaign=campaign)

@@ -264,6 +264,10 @@ def _batches_claim(
     return [batch.pk for batch in batches]
 
 
+#: Units weighed per query and per update statement.
+COST_CHUNK = 1000
+
+
 def measure_costs(*, campaign: Campaign, params: dict, pending_only: bool = True) -> int:
     """Fill Unit.cost (tokens, pixels) for units that have none yet (pending ones,
     or all of them for a profile, which weighs the whole corpus)."""
@@ -275,8 +279,13 @@ def measure_costs(*, campaign: Campaign, params: dict, pending_only: bool = True
     if pending_only:
         todo = todo.filter(state=UnitState.PENDING)
 
-    measured = 0
-    while chunk := list(todo.values_list("pk", "source_path")[:1000]):
+    measured, after = 0, 0
+    # By id from the last chunk's end: skipping the units already weighed
+    # would make each chunk's query longer than the last.
+    while chunk := list(
+        todo.filter(pk__gt=after).order_by("pk").values_list("pk", "source_path")[:COST_CHUNK]
+    ):
+        after = chunk[-1][0]
         # One statement a chunk (row_updates.py): bulk_update's CASE
         # expressions cost half of this function's time.
         weights = spec.weigh(root, [path for _, path in chunk], params)

@@ -171,6 +171,7 @@ TEXT_EMBEDDING = ProcessorSpec(
     deep_check=_embedding_deep_check,
     cost=text_token_cost,
     costs=text_token_costs,
+    cost_params=("model", "max_tokens"),
     check_input=lambda data, _params: decode_text(data),
 )
 
@@ -288,6 +289,7 @@ IMAGE_TRANSFORM = ProcessorSpec(
     quick_check=_image_quick_check,
     deep_check=_image_deep_check,
     cost=image_pixel_cost,
+    cost_params=(),  # pixels: the image's own
     check_input=_decode_image,
 )
 
@@ -370,6 +372,7 @@ IMAGE_CLASSIFICATION = ProcessorSpec(
     quick_check=_classification_quick_check,
     deep_check=check_classification_output,
     cost=image_pixel_cost,
+    cost_params=(),  # pixels: the image's own
     check_input=_decode_image,
 )
 

@@ -64,6 +64,11 @@ class Campaign(models.Model):
     checkpoint_after = models.PositiveIntegerField(null=True, blank=True)
     # Share of units (by a hash of their id) kept out of profiling and tuning.
     holdout_share = models.FloatField(default=0.05)
+    # What the units' costs were weighed under (ProcessorSpec.cost_basis; None:
+    # never weighed): a version with another tokenizer or token cap weighs them
+    # again. Nullable without a default so that SQLite adds the column in place:
+    # remaking the table would drop its triggers (unit and review counters).
+    cost_basis = models.CharField(max_length=64, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -11,6 +11,8 @@ See docs/processors.md.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -56,6 +58,9 @@ class ProcessorSpec:
     # weigh. It reads through campaigns.inputs.read_bytes, which refuses a path
     # out of the root. Optional; weigh() falls back on `cost`.
     costs: Callable[[Path, list[str], dict], list[int | None]] | None = None
+    # The parameters an input's cost depends on (a tokenizer, a token cap): a
+    # version that changes one weighs the inputs again. None: every parameter.
+    cost_params: tuple[str, ...] | None = None
     # How a batch's work grows with its units' costs: "longest" when the model
     # pads every item to the longest (texts), "sum" when each item weighs its
     # own cost. The profiler's estimate plans the corpus's batches with it.
@@ -84,6 +89,12 @@ class ProcessorSpec:
             except (OSError, ValueError):
                 weights.append(None)
         return weights
+
+    def cost_basis(self, params: dict) -> str:
+        """What a set of costs was weighed under: equal for versions whose costs agree."""
+        names = sorted(params) if self.cost_params is None else sorted(self.cost_params)
+        basis = json.dumps([self.name, {k: params.get(k) for k in names}], sort_keys=True)
+        return hashlib.sha256(basis.encode()).hexdigest()
 
     def suffix(self, params: dict) -> str:
         return self.suffix_for(params) if self.suffix_for else self.output_suffix

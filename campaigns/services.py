@@ -274,6 +274,14 @@ def measure_costs(*, campaign: Campaign, params: dict, pending_only: bool = True
     spec = get_spec(campaign.processor)
     if spec.cost is None and spec.costs is None:
         return 0
+    basis = spec.cost_basis(params)
+    if campaign.cost_basis != basis:
+        # Weighed under other parameters (another tokenizer, another token
+        # cap), or never: those costs would mislead the batch planner.
+        with transaction.atomic():
+            Unit.objects.filter(campaign=campaign, cost__isnull=False).update(cost=None)
+            Campaign.objects.filter(pk=campaign.pk).update(cost_basis=basis)
+        campaign.cost_basis = basis
     root = Path(campaign.input_root)
     todo = Unit.objects.filter(campaign=campaign, cost__isnull=True)
     if pending_only:

@@ -7,6 +7,7 @@ from django.core.exceptions import ValidationError
 
 from campaigns import services
 from campaigns.models import Batch, Unit, UnitState
+from campaigns.processor_specs import ProcessorSpec
 from tests.conftest import DEMO_BAD, DEMO_GOOD
 
 
@@ -88,6 +89,40 @@ def test_planning_weighs_each_text_in_tokens_and_an_unreadable_one_least(
     assert costs.pop("news/rail-strike.txt") == 1
     assert costs == {path: text_token_cost(corpus / path, params) for path in costs}
     assert len(set(costs.values())) > 5  # texts of many lengths, each its own count
+
+
+def test_a_version_with_another_token_cap_weighs_the_texts_again_and_a_flag_change_does_not(
+    make_campaign, corpus, django_capture_on_commit_callbacks
+):
+    from campaigns.builtin_processors import text_token_cost
+
+    def run_and_costs(campaign) -> dict[str, int]:
+        with (
+            mock.patch.object(services.celery_app, "send_task"),
+            django_capture_on_commit_callbacks(execute=True),
+        ):
+            services.campaign_run(campaign=campaign)
+        services.campaign_pause(campaign=campaign)  # back to pending, as a user's Pause
+        return dict(Unit.objects.filter(campaign=campaign).values_list("source_path", "cost"))
+
+    campaign = make_campaign(batch_policy="token_budget", max_tokens=32)
+    capped = run_and_costs(campaign)
+    assert max(capped.values()) == 32
+    longer = services.version_create(
+        campaign=campaign, params={"batch_policy": "token_budget", "max_tokens": 256}
+    )
+    # Planned with costs capped at 32, texts of up to 256 tokens would overfill
+    # every batch's token budget eight times over.
+    recounted = run_and_costs(campaign)
+    assert recounted == {p: text_token_cost(corpus / p, longer.params) for p in recounted}
+    assert max(recounted.values()) == 256
+    services.version_create(
+        campaign=campaign,
+        params={"batch_policy": "token_budget", "max_tokens": 256, "pooling": "cls"},
+    )
+    with mock.patch.object(ProcessorSpec, "weigh", autospec=True) as weigh:
+        assert run_and_costs(campaign) == recounted
+    weigh.assert_not_called()  # pooling does not change a text's tokens
 
 
 def test_running_again_enqueues_nothing_new(make_campaign, django_capture_on_commit_callbacks):

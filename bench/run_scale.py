@@ -8,8 +8,9 @@ campaign with batch_policy=original, then times services.campaign_run with
 the broker send mocked out (sending is the broker's cost, not ours). --old
 also times the previous loop (one Batch INSERT and one UPDATE per batch) on
 the same units first, then puts them back to pending. --policy token_budget
-times the weighing of every unit (services.measure_costs) before the run. The
-campaign is deleted afterwards.
+times the weighing of every unit (services.measure_costs) before the run;
+with --first-group the run stops at the default checkpoint, and weighs only the
+units it sends. The campaign is deleted afterwards.
 """
 
 from __future__ import annotations
@@ -61,6 +62,12 @@ def main() -> None:
         help="token_budget: the run first weighs every unit (services.measure_costs), "
         "timed apart; the manifest's files do not exist, so each weighs 1 after a failed read",
     )
+    parser.add_argument(
+        "--first-group",
+        action="store_true",
+        help="the default checkpoint (1 %% of the units, at least 200, and the holdout): "
+        "the run sends, and weighs, only that first group",
+    )
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-run-"))
@@ -92,7 +99,7 @@ def main() -> None:
         project=services.project_for_user(name="bench"),
         manifest=work / "empty.jsonl",
         input_root=work / "corpus",
-        checkpoint_after=0,
+        checkpoint_after=None if args.first_group else 0,
         params={"batch_policy": args.policy},
     )
     print(f"{connection.vendor}, {args.units:,} units, batch_size 16, policy {args.policy}")
@@ -110,7 +117,7 @@ def main() -> None:
                 print(f"old loop: {n:,} batches in {seconds:.1f} s ({rate:,.0f} units/s)")
                 Unit.objects.filter(campaign=campaign).update(state=UnitState.PENDING, batch=None)
                 Batch.objects.filter(campaign=campaign)._raw_delete(connection.alias)
-            if args.policy != "original":
+            if args.policy != "original" and not args.first_group:
                 started = time.perf_counter()
                 params = campaign.current_version.params
                 weighed = services.measure_costs(campaign=campaign, params=params)
@@ -126,7 +133,10 @@ def main() -> None:
             f"campaign_run: {n:,} batches in {seconds:.1f} s ({rate:,.0f} units/s), "
             f"peak RSS {peak:.0f} MiB (before {rss:.0f})"
         )
-        assert Unit.objects.filter(campaign=campaign, state=UnitState.QUEUED).count() == args.units
+        queued = Unit.objects.filter(campaign=campaign, state=UnitState.QUEUED).count()
+        weighed = Unit.objects.filter(campaign=campaign, cost__isnull=False).count()
+        print(f"queued {queued:,} units, {weighed:,} weighed")
+        assert queued == args.units or args.first_group
     finally:
         Unit.objects.filter(campaign=campaign)._raw_delete(connection.alias)
         Batch.objects.filter(campaign=campaign)._raw_delete(connection.alias)

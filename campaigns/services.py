@@ -13,7 +13,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
-from django.db.models import Count, Max
+from django.db.models import Count, Max, Q, QuerySet
 from django.utils import timezone
 from django.utils.text import slugify
 
@@ -192,7 +192,11 @@ def campaign_run(*, campaign: Campaign) -> int:
     if allowance == 0 and not pending_units.filter(holdout=True).exists():
         return 0
     if policy != "original":
-        measure_costs(campaign=campaign, params=version.params)
+        measure_costs(
+            campaign=campaign,
+            params=version.params,
+            within=_first_group(pending_units, allowance),
+        )
     created: list[int] = []
     with transaction.atomic():
         if allowance is None:
@@ -215,6 +219,20 @@ def campaign_run(*, campaign: Campaign) -> int:
             created += _batches_claim(campaign=campaign, version=version, group=group)
         transaction.on_commit(lambda: _enqueue(created))
     return len(created)
+
+
+def _first_group(pending_units: QuerySet[Unit], allowance: int | None) -> Q | None:
+    """The units a run before the checkpoint plans (the holdout and the first
+    `allowance` others), so that only they are weighed: a million-unit
+    campaign's first group starts without tokenizing the other 95 %.
+    None: no checkpoint in the way, every pending unit."""
+    if allowance is None:
+        return None
+    if allowance == 0:
+        return Q(holdout=True)
+    outside = pending_units.filter(holdout=False).order_by("pk").values_list("pk", flat=True)
+    edge = list(outside[allowance - 1 : allowance])
+    return Q(holdout=True) | Q(pk__lte=edge[0]) if edge else None
 
 
 # Units claimed per statement. Small enough that PostgreSQL probes the primary
@@ -268,9 +286,12 @@ def _batches_claim(
 COST_CHUNK = 1000
 
 
-def measure_costs(*, campaign: Campaign, params: dict, pending_only: bool = True) -> int:
+def measure_costs(
+    *, campaign: Campaign, params: dict, pending_only: bool = True, within: Q | None = None
+) -> int:
     """Fill Unit.cost (tokens, pixels) for units that have none yet (pending ones,
-    or all of them for a profile, which weighs the whole corpus)."""
+    or all of them for a profile, which weighs the whole corpus; `within`: only
+    those units)."""
     spec = get_spec(campaign.processor)
     if spec.cost is None and spec.costs is None:
         return 0
@@ -286,7 +307,8 @@ def measure_costs(*, campaign: Campaign, params: dict, pending_only: bool = True
     todo = Unit.objects.filter(campaign=campaign, cost__isnull=True)
     if pending_only:
         todo = todo.filter(state=UnitState.PENDING)
-
+    if within is not None:
+        todo = todo.filter(within)
     measured, after = 0, 0
     # By id from the last chunk's end: skipping the units already weighed
     # would make each chunk's query longer than the last.

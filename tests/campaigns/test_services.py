@@ -125,6 +125,28 @@ def test_a_version_with_another_token_cap_weighs_the_texts_again_and_a_flag_chan
     weigh.assert_not_called()  # pooling does not change a text's tokens
 
 
+def test_before_the_checkpoint_a_run_weighs_only_the_units_it_sends(
+    project, corpus, django_capture_on_commit_callbacks
+):
+    campaign, _ = services.campaign_create(
+        name="first-group",
+        processor="text-embedding",
+        project=project,
+        input_folder=corpus,
+        checkpoint_after=5,
+        params={"batch_policy": "token_budget"},
+    )
+    with (
+        mock.patch.object(services.celery_app, "send_task"),
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        services.campaign_run(campaign=campaign)
+    units = Unit.objects.filter(campaign=campaign)
+    sent = set(units.filter(state=UnitState.QUEUED).values_list("pk", flat=True))
+    assert 5 <= len(sent) < DEMO_GOOD + DEMO_BAD  # the first group: 5 + the holdout
+    assert set(units.filter(cost__isnull=False).values_list("pk", flat=True)) == sent
+
+
 def test_running_again_enqueues_nothing_new(make_campaign, django_capture_on_commit_callbacks):
     campaign = make_campaign()
     with (

@@ -169,8 +169,8 @@ def campaign_run(*, campaign: Campaign) -> int:
 
     The version's batch_policy decides the grouping (campaigns/batching.py).
     Returns the number of batches enqueued. A task carries the batch id only
-    and is sent after commit, so a worker never looks for a row that is not
-    there yet.
+    and is sent after its slice of the plan commits, so a worker never looks
+    for a row that is not there yet.
     """
     version = campaign.current_version
     if version is None:
@@ -191,26 +191,58 @@ def campaign_run(*, campaign: Campaign) -> int:
     allowance = run_allowance(campaign=campaign, version=version)
     if allowance == 0 and not pending_units.filter(holdout=True).exists():
         return 0
-    if policy != "original":
-        measure_costs(
+    weighs = policy != "original"
+    if allowance is not None:
+        # Before the checkpoint: the first group (a few per cent), in one go.
+        if weighs:
+            within = _first_group(pending_units, allowance)
+            measure_costs(campaign=campaign, params=version.params, within=within)
+        outside = pending_units.filter(holdout=False).order_by("pk")
+        return _plan_and_send(
             campaign=campaign,
-            params=version.params,
-            within=_first_group(pending_units, allowance),
-        )
-    created: list[int] = []
-    with transaction.atomic():
-        if allowance is None:
-            pending = list(pending_units.order_by("pk").values_list("pk", "cost"))
-        else:
-            outside = pending_units.filter(holdout=False).order_by("pk")
-            pending = sorted(
+            version=version,
+            pending=lambda: sorted(
                 [
                     *pending_units.filter(holdout=True).values_list("pk", "cost"),
                     *outside.values_list("pk", "cost")[:allowance],
                 ]
-            )
+            ),
+        )
+    # A slice at a time, each weighed, planned, claimed and committed (so its
+    # batches are sent) before the next: the workers start on the first
+    # batches while the rest of a large campaign is still being weighed.
+    sent, after = 0, 0
+    while ids := list(
+        pending_units.filter(pk__gt=after)
+        .order_by("pk")
+        .values_list("pk", flat=True)[:RUN_SLICE_UNITS]
+    ):
+        in_slice = Q(pk__gte=ids[0], pk__lte=ids[-1])
+        after = ids[-1]
+        if weighs:
+            measure_costs(campaign=campaign, params=version.params, within=in_slice)
+        units = pending_units.filter(in_slice).order_by("pk")
+        sent += _plan_and_send(
+            campaign=campaign,
+            version=version,
+            pending=lambda units=units: list(units.values_list("pk", "cost")),
+        )
+    return sent
+
+
+#: Pending units planned and sent per transaction. Grouping by length within a
+#: slice of this size pads as little as over the whole campaign, and a million
+#: units reach the workers a slice at a time instead of after the whole plan.
+RUN_SLICE_UNITS = 50_000
+
+
+def _plan_and_send(*, campaign: Campaign, version: ParameterVersion, pending) -> int:
+    """Plan `pending()` (its (id, cost) rows, read in the transaction) into
+    batches, claim their units, and enqueue the batches once committed."""
+    created: list[int] = []
+    with transaction.atomic():
         group: list[list[int]] = []
-        for ids in plan_batches(pending, version.params):
+        for ids in plan_batches(pending(), version.params):
             group.append(ids)
             if sum(map(len, group)) >= _CLAIM_UNITS:
                 created += _batches_claim(campaign=campaign, version=version, group=group)

@@ -6,7 +6,7 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from campaigns import services
-from campaigns.models import Batch, Unit, UnitState
+from campaigns.models import Batch, Campaign, Unit, UnitState
 from campaigns.processor_specs import ProcessorSpec
 from tests.conftest import DEMO_BAD, DEMO_GOOD
 
@@ -145,6 +145,33 @@ def test_before_the_checkpoint_a_run_weighs_only_the_units_it_sends(
     sent = set(units.filter(state=UnitState.QUEUED).values_list("pk", flat=True))
     assert 5 <= len(sent) < DEMO_GOOD + DEMO_BAD  # the first group: 5 + the holdout
     assert set(units.filter(cost__isnull=False).values_list("pk", flat=True)) == sent
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_large_run_sends_its_first_batches_before_it_weighs_the_rest(make_campaign, monkeypatch):
+    monkeypatch.setattr(services, "RUN_SLICE_UNITS", 10)
+    campaign = make_campaign(batch_policy="token_budget", token_budget=1024)
+    Campaign.objects.filter(pk=campaign.pk).update(checkpoint_after=0)
+    campaign.refresh_from_db()
+    units = Unit.objects.filter(campaign=campaign)
+    weighed_when_sent: list[int] = []
+
+    def send(_name, args):
+        weighed_when_sent.append(units.filter(cost__isnull=False).count())
+
+    with mock.patch.object(services.celery_app, "send_task", side_effect=send):
+        sent = services.campaign_run(campaign=campaign)
+    total = DEMO_GOOD + DEMO_BAD
+    assert sent == len(weighed_when_sent) == Batch.objects.filter(campaign=campaign).count()
+    assert weighed_when_sent[0] == 10  # out while 29 texts were still to weigh
+    assert weighed_when_sent[-1] == total
+    assert units.filter(state=UnitState.QUEUED).count() == total
+    # Grouped by length within a slice: no batch spans two.
+    slices_of: dict[int, set[int]] = {}
+    for i, batch_id in enumerate(units.order_by("pk").values_list("batch_id", flat=True)):
+        slices_of.setdefault(batch_id, set()).add(i // 10)
+    assert len(slices_of) == sent
+    assert all(len(slices) == 1 for slices in slices_of.values())
 
 
 def test_running_again_enqueues_nothing_new(make_campaign, django_capture_on_commit_callbacks):

@@ -9,8 +9,10 @@ the broker send mocked out (sending is the broker's cost, not ours). --old
 also times the previous loop (one Batch INSERT and one UPDATE per batch) on
 the same units first, then puts them back to pending. --policy token_budget
 times the weighing of every unit (services.measure_costs) before the run;
-with --first-group the run stops at the default checkpoint, and weighs only the
-units it sends. The campaign is deleted afterwards.
+with --weigh-in-run the run weighs them itself, as `campaign run` does; with
+--first-group the run stops at the default checkpoint, and weighs only the
+units it sends. Each run says when its first batch was sent. The campaign is
+deleted afterwards.
 """
 
 from __future__ import annotations
@@ -63,6 +65,11 @@ def main() -> None:
         "timed apart; the manifest's files do not exist, so each weighs 1 after a failed read",
     )
     parser.add_argument(
+        "--weigh-in-run",
+        action="store_true",
+        help="with --policy token_budget: no separate measure_costs, the run weighs as it plans",
+    )
+    parser.add_argument(
         "--first-group",
         action="store_true",
         help="the default checkpoint (1 %% of the units, at least 200, and the holdout): "
@@ -108,7 +115,13 @@ def main() -> None:
         import_manifest(campaign, manifest)
         print(f"import: {time.perf_counter() - started:.1f} s")
         campaign.refresh_from_db()
-        with mock.patch.object(services.celery_app, "send_task"):
+        first_send: list[float] = []
+
+        def send(*_args, **_kwargs) -> None:
+            if not first_send:
+                first_send.append(time.perf_counter())
+
+        with mock.patch.object(services.celery_app, "send_task", side_effect=send):
             if args.old:
                 started = time.perf_counter()
                 n = old_run(campaign, services, Batch, Unit, UnitState, transaction)
@@ -117,13 +130,14 @@ def main() -> None:
                 print(f"old loop: {n:,} batches in {seconds:.1f} s ({rate:,.0f} units/s)")
                 Unit.objects.filter(campaign=campaign).update(state=UnitState.PENDING, batch=None)
                 Batch.objects.filter(campaign=campaign)._raw_delete(connection.alias)
-            if args.policy != "original" and not args.first_group:
+            if args.policy != "original" and not (args.first_group or args.weigh_in_run):
                 started = time.perf_counter()
                 params = campaign.current_version.params
                 weighed = services.measure_costs(campaign=campaign, params=params)
                 seconds = time.perf_counter() - started
                 print(f"measure_costs: {weighed:,} units in {seconds:.1f} s")
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            first_send.clear()
             started = time.perf_counter()
             n = services.campaign_run(campaign=campaign)
             seconds = time.perf_counter() - started
@@ -131,7 +145,8 @@ def main() -> None:
         rate = args.units / seconds
         print(
             f"campaign_run: {n:,} batches in {seconds:.1f} s ({rate:,.0f} units/s), "
-            f"peak RSS {peak:.0f} MiB (before {rss:.0f})"
+            f"peak RSS {peak:.0f} MiB (before {rss:.0f}); "
+            f"first batch sent after {first_send[0] - started:.1f} s"
         )
         queued = Unit.objects.filter(campaign=campaign, state=UnitState.QUEUED).count()
         weighed = Unit.objects.filter(campaign=campaign, cost__isnull=False).count()

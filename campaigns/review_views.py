@@ -623,7 +623,7 @@ def checkpoint_decide(request: HttpRequest, pk: int) -> HttpResponse:
         )
         return redirect("checkpoint_detail", pk=checkpoint.pk)
     try:
-        batches = services.campaign_run(campaign=checkpoint.campaign)
+        batches, more = services.campaign_start(campaign=checkpoint.campaign)
     except ValidationError as exc:
         messages.error(
             request, f"Checkpoint passed, but the run did not continue: {'; '.join(exc.messages)}"
@@ -632,7 +632,8 @@ def checkpoint_decide(request: HttpRequest, pk: int) -> HttpResponse:
         messages.success(
             request,
             f"Checkpoint passed: the campaign continues, {batches} "
-            f"batch{'es' if batches != 1 else ''} queued.",
+            f"batch{'es' if batches != 1 else ''} queued"
+            f"{', the rest being planned in the background' if more else ''}.",
         )
     return redirect("checkpoint_detail", pk=checkpoint.pk)
 

@@ -172,6 +172,29 @@ def campaign_run(*, campaign: Campaign) -> int:
     and is sent after its slice of the plan commits, so a worker never looks
     for a row that is not there yet.
     """
+    return _run(campaign, slices=None)[0]
+
+
+#: The task that plans the rest of a run a web request started.
+PLAN_TASK = "campaigns.tasks.plan_campaign"
+
+
+def campaign_start(*, campaign: Campaign) -> tuple[int, bool]:
+    """campaign_run for a web request: the first slice now, the rest planned by
+    a `portal` worker (PLAN_TASK), so that starting a million-unit campaign
+    answers in seconds instead of outliving the web server's timeout.
+
+    Returns the batches queued now, and whether more are being planned.
+    """
+    batches, more = _run(campaign, slices=1)
+    if more:
+        transaction.on_commit(lambda: celery_app.send_task(PLAN_TASK, args=[campaign.pk]))
+    return batches, more
+
+
+def _run(campaign: Campaign, *, slices: int | None) -> tuple[int, bool]:
+    """campaign_run, stopping after `slices` slices (None: all); returns the
+    batches queued and whether pending units were left for later."""
     version = campaign.current_version
     if version is None:
         raise ValidationError(f"campaign {campaign.name} has no parameter version")
@@ -184,13 +207,13 @@ def campaign_run(*, campaign: Campaign) -> int:
     # Not units a reviewer rejected or requeued under this version: they wait for another.
     pending_units = units_runnable(campaign=campaign, version=version)
     if not pending_units.exists():
-        return 0
+        return 0, False
     # Before the checkpoint only the first group goes: `allowance` units outside
     # the holdout, and the pending holdout units (the checkpoint reports on them
     # but never samples them); a pending or failed checkpoint says why not.
     allowance = run_allowance(campaign=campaign, version=version)
     if allowance == 0 and not pending_units.filter(holdout=True).exists():
-        return 0
+        return 0, False
     weighs = policy != "original"
     if allowance is not None:
         # Before the checkpoint: the first group (a few per cent), in one go.
@@ -198,7 +221,7 @@ def campaign_run(*, campaign: Campaign) -> int:
             within = _first_group(pending_units, allowance)
             measure_costs(campaign=campaign, params=version.params, within=within)
         outside = pending_units.filter(holdout=False).order_by("pk")
-        return _plan_and_send(
+        sent = _plan_and_send(
             campaign=campaign,
             version=version,
             pending=lambda: sorted(
@@ -208,15 +231,19 @@ def campaign_run(*, campaign: Campaign) -> int:
                 ]
             ),
         )
+        return sent, False
     # A slice at a time, each weighed, planned, claimed and committed (so its
     # batches are sent) before the next: the workers start on the first
     # batches while the rest of a large campaign is still being weighed.
-    sent, after = 0, 0
+    sent, after, planned = 0, 0, 0
     while ids := list(
         pending_units.filter(pk__gt=after)
         .order_by("pk")
         .values_list("pk", flat=True)[:RUN_SLICE_UNITS]
     ):
+        if planned == slices:
+            return sent, True
+        planned += 1
         in_slice = Q(pk__gte=ids[0], pk__lte=ids[-1])
         after = ids[-1]
         if weighs:
@@ -227,7 +254,7 @@ def campaign_run(*, campaign: Campaign) -> int:
             version=version,
             pending=lambda units=units: list(units.values_list("pk", "cost")),
         )
-    return sent
+    return sent, False
 
 
 #: Pending units planned and sent per transaction. Grouping by length within a

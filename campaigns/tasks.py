@@ -6,8 +6,10 @@ import logging
 
 from celery import shared_task
 from celery.signals import worker_ready
+from django.core.exceptions import ValidationError
 
-from .services import batches_requeue_expired
+from .models import Campaign
+from .services import batches_requeue_expired, campaign_run
 
 log = logging.getLogger(__name__)
 
@@ -18,6 +20,20 @@ def requeue_expired_batches() -> list[int]:
     if requeued:
         log.warning("requeued batches whose worker stopped renewing the lease: %s", requeued)
     return requeued
+
+
+@shared_task(name="campaigns.tasks.plan_campaign")
+def plan_campaign(campaign_id: int) -> int:
+    """The rest of a run a web request started (services.campaign_start)."""
+    campaign = Campaign.objects.filter(pk=campaign_id).first()
+    if campaign is None:
+        return 0
+    try:
+        return campaign_run(campaign=campaign)
+    except ValidationError as exc:
+        # The campaign changed meanwhile (a failed checkpoint): its page says so.
+        log.warning("campaign %s: the rest of the run was not planned: %s", campaign_id, exc)
+        return 0
 
 
 @shared_task(name="campaigns.tasks.requeue_stale_trainings")

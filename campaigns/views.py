@@ -207,6 +207,10 @@ def unit_detail(request: HttpRequest, name: str, pk: int) -> HttpResponse:
     )
 
 
+# A large campaign's first slice is queued in the request, the rest by a worker.
+_PLANNING_ON = " The rest of the campaign is being planned in the background."
+
+
 @login_required
 @require_POST
 def campaign_run(request: HttpRequest, name: str) -> HttpResponse:
@@ -215,12 +219,16 @@ def campaign_run(request: HttpRequest, name: str) -> HttpResponse:
         # Its run is a training, with its own page.
         return training_views.training_start(request, name)
     try:
-        batches = services.campaign_run(campaign=campaign)
+        batches, more = services.campaign_start(campaign=campaign)
     except ValidationError as exc:
         messages.error(request, "; ".join(exc.messages))
     else:
         if batches:
-            messages.success(request, f"Queued {batches} batch{'es' if batches != 1 else ''}.")
+            messages.success(
+                request,
+                f"Queued {batches} batch{'es' if batches != 1 else ''}."
+                + (_PLANNING_ON if more else ""),
+            )
         else:
             messages.info(request, "Nothing to run: no pending units.")
     return redirect("campaign_detail", name=campaign.name)
@@ -275,11 +283,11 @@ def campaign_new(request: HttpRequest) -> HttpResponse:
     except (ValidationError, importing.ManifestError) as exc:
         form.add_error(None, "; ".join(getattr(exc, "messages", [str(exc)])))
         return render(request, "campaigns/campaign_new.html", {"form": form}, status=400)
-    batches = services.campaign_run(campaign=campaign)
+    batches, more = services.campaign_start(campaign=campaign)
     messages.success(
         request,
         f"Created {campaign.name}: {report.created} units ({report.failed} failed at import), "
-        f"{batches} batch{'es' if batches != 1 else ''} queued.",
+        f"{batches} batch{'es' if batches != 1 else ''} queued.{_PLANNING_ON if more else ''}",
     )
     return redirect("campaign_detail", name=campaign.name)
 

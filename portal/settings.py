@@ -323,6 +323,9 @@ CELERY_TASK_ROUTES["gpuworker.training_tasks.*"] = {"queue": "gpu"}
 # job at a time. A small `celery worker -Q portal` serves it (docs/deployment.md);
 # the development worker (`make run`) consumes both.
 CELERY_TASK_ROUTES["portal.tasks.*"] = {"queue": "portal"}
+# The rest of a large run a web request started: planning, no torch, and not
+# behind the batches it sends.
+CELERY_TASK_ROUTES["campaigns.tasks.plan_campaign"] = {"queue": "portal"}
 # Run with `celery worker -B` (embedded default) or a separate `celery beat`.
 CELERY_BEAT_SCHEDULE = {
     "requeue-expired-leases": {

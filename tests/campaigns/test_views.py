@@ -115,6 +115,35 @@ def test_run_button_enqueues_the_pending_units(
     assert not Unit.objects.filter(campaign=campaign, state=UnitState.PENDING).exists()
 
 
+def test_the_run_button_queues_a_large_campaigns_first_slice_and_hands_on_the_rest(
+    client, owner, campaign, django_capture_on_commit_callbacks, monkeypatch
+):
+    monkeypatch.setattr(services, "RUN_SLICE_UNITS", 16)
+    type(campaign).objects.filter(pk=campaign.pk).update(checkpoint_after=0)  # past it
+    client.force_login(owner)
+    with (
+        mock.patch.object(services.celery_app, "send_task") as send,
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        response = client.post(reverse("campaign_run", args=[campaign.name]), follow=True)
+    page = response.content.decode()
+    assert "Queued 1 batch. The rest of the campaign is being planned in the background." in page
+    sent = [(call.args[0], call.kwargs["args"]) for call in send.call_args_list]
+    assert sent[-1] == (services.PLAN_TASK, [campaign.pk])
+    assert Unit.objects.filter(campaign=campaign, state=UnitState.QUEUED).count() == 16
+
+    # what the portal worker does with it
+    from campaigns.tasks import plan_campaign
+
+    with (
+        mock.patch.object(services.celery_app, "send_task") as send,
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        assert plan_campaign(campaign.pk) == 2  # 23 units left, batches of 16
+    assert send.call_count == 2
+    assert not Unit.objects.filter(campaign=campaign, state=UnitState.PENDING).exists()
+
+
 def test_an_outsider_cannot_run_a_campaign(client, outsider, campaign):
     client.force_login(outsider)
     with mock.patch.object(services.celery_app, "send_task") as send:

@@ -12,7 +12,7 @@ import pytest
 from django.core.management import call_command
 
 from campaigns import selectors, services
-from campaigns.models import Attempt, Batch, Unit, UnitState
+from campaigns.models import Attempt, Batch, Campaign, Unit, UnitState
 from campaigns.outputs import validate_embedding_file
 from tests.conftest import DEMO_BAD, DEMO_GOOD
 from tests.worker import wait_until
@@ -84,3 +84,34 @@ def test_a_worker_process_embeds_the_corpus_and_every_count_adds_up(
     call_command("campaign", "status", campaign.name, "--json", stdout=out)
     assert json.loads(out.getvalue())["succeeded"] == DEMO_GOOD
     assert "succeeded" in worker.output()
+
+
+def test_a_started_campaigns_rest_is_planned_by_the_worker_and_runs(
+    start_worker, make_campaign, monkeypatch
+):
+    # given: a campaign past its checkpoint, started as the web page starts it,
+    # with slices small enough that most of it is left for the worker to plan
+    monkeypatch.setattr(services, "RUN_SLICE_UNITS", 10)
+    campaign = make_campaign("started", batch_policy="token_budget", token_budget=1024)
+    Campaign.objects.filter(pk=campaign.pk).update(checkpoint_after=0)
+    campaign.refresh_from_db()
+    worker = start_worker()
+
+    # when
+    batches, more = services.campaign_start(campaign=campaign)
+
+    # then: the first slice went out at once, the worker planned the other 29
+    # units from the portal queue, and every unit ran
+    assert batches >= 1 and more
+    wait_until(
+        lambda: (
+            not selectors.campaign_counts(campaign=campaign).active
+            and not Unit.objects.filter(campaign=campaign, state=UnitState.PENDING).exists()
+        ),
+        timeout=180,
+        worker=worker,
+    )
+    counts = selectors.campaign_counts(campaign=campaign)
+    assert (counts.succeeded, counts.failed) == (DEMO_GOOD, DEMO_BAD)
+    assert Batch.objects.filter(campaign=campaign).count() > batches
+    assert not Unit.objects.filter(campaign=campaign, cost__isnull=True).exists()

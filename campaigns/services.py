@@ -280,13 +280,11 @@ def _plan_and_send(*, campaign: Campaign, version: ParameterVersion, pending) ->
     return len(created)
 
 
-def _first_group(pending_units: QuerySet[Unit], allowance: int | None) -> Q | None:
+def _first_group(pending_units: QuerySet[Unit], allowance: int) -> Q | None:
     """The units a run before the checkpoint plans (the holdout and the first
     `allowance` others), so that only they are weighed: a million-unit
     campaign's first group starts without tokenizing the other 95 %.
-    None: no checkpoint in the way, every pending unit."""
-    if allowance is None:
-        return None
+    None: fewer pending units than that, all of them."""
     if allowance == 0:
         return Q(holdout=True)
     outside = pending_units.filter(holdout=False).order_by("pk").values_list("pk", flat=True)

@@ -69,6 +69,9 @@ class Campaign(models.Model):
     # again. Nullable without a default so that SQLite adds the column in place:
     # remaking the table would drop its triggers (unit and review counters).
     cost_basis = models.CharField(max_length=64, null=True, blank=True)
+    # The last Pause: a run still planning (a slice at a time, or a portal
+    # worker planning the rest) stops at it. Nullable for the same reason.
+    paused_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -172,7 +172,7 @@ def campaign_run(*, campaign: Campaign) -> int:
     and is sent after its slice of the plan commits, so a worker never looks
     for a row that is not there yet.
     """
-    return _run(campaign, slices=None)[0]
+    return _run(campaign, slices=None, since=timezone.now())[0]
 
 
 #: The task that plans the rest of a run a web request started.
@@ -186,15 +186,23 @@ def campaign_start(*, campaign: Campaign) -> tuple[int, bool]:
 
     Returns the batches queued now, and whether more are being planned.
     """
-    batches, more = _run(campaign, slices=1)
+    since = timezone.now()
+    batches, more = _run(campaign, slices=1, since=since)
     if more:
-        transaction.on_commit(lambda: celery_app.send_task(PLAN_TASK, args=[campaign.pk]))
+        args = [campaign.pk, since.isoformat()]
+        transaction.on_commit(lambda: celery_app.send_task(PLAN_TASK, args=args))
     return batches, more
 
 
-def _run(campaign: Campaign, *, slices: int | None) -> tuple[int, bool]:
-    """campaign_run, stopping after `slices` slices (None: all); returns the
-    batches queued and whether pending units were left for later."""
+def campaign_run_rest(*, campaign: Campaign, since: dt.datetime) -> int:
+    """The rest of the run campaign_start began at `since`, unless paused since."""
+    return _run(campaign, slices=None, since=since)[0]
+
+
+def _run(campaign: Campaign, *, slices: int | None, since: dt.datetime) -> tuple[int, bool]:
+    """campaign_run, stopping after `slices` slices (None: all), or at a Pause
+    after `since` (when the run was asked for); returns the batches queued and
+    whether pending units were left for later."""
     version = campaign.current_version
     if version is None:
         raise ValidationError(f"campaign {campaign.name} has no parameter version")
@@ -224,6 +232,7 @@ def _run(campaign: Campaign, *, slices: int | None) -> tuple[int, bool]:
         sent = _plan_and_send(
             campaign=campaign,
             version=version,
+            since=since,
             pending=lambda: sorted(
                 [
                     *pending_units.filter(holdout=True).values_list("pk", "cost"),
@@ -243,6 +252,8 @@ def _run(campaign: Campaign, *, slices: int | None) -> tuple[int, bool]:
     ):
         if planned == slices:
             return sent, True
+        if _paused_since(campaign, since):
+            return sent, False
         planned += 1
         in_slice = Q(pk__gte=ids[0], pk__lte=ids[-1])
         after = ids[-1]
@@ -252,6 +263,7 @@ def _run(campaign: Campaign, *, slices: int | None) -> tuple[int, bool]:
         sent += _plan_and_send(
             campaign=campaign,
             version=version,
+            since=since,
             pending=lambda units=units: list(units.values_list("pk", "cost")),
         )
     return sent, False
@@ -263,9 +275,16 @@ def _run(campaign: Campaign, *, slices: int | None) -> tuple[int, bool]:
 RUN_SLICE_UNITS = 50_000
 
 
-def _plan_and_send(*, campaign: Campaign, version: ParameterVersion, pending) -> int:
+def _paused_since(campaign: Campaign, since: dt.datetime) -> bool:
+    return Campaign.objects.filter(pk=campaign.pk, paused_at__gte=since).exists()
+
+
+def _plan_and_send(
+    *, campaign: Campaign, version: ParameterVersion, since: dt.datetime, pending
+) -> int:
     """Plan `pending()` (its (id, cost) rows, read in the transaction) into
-    batches, claim their units, and enqueue the batches once committed."""
+    batches, claim their units, and enqueue the batches once committed;
+    nothing if a Pause came since the run was asked for."""
     created: list[int] = []
     with transaction.atomic():
         group: list[list[int]] = []
@@ -276,6 +295,10 @@ def _plan_and_send(*, campaign: Campaign, version: ParameterVersion, pending) ->
                 group = []
         if group:
             created += _batches_claim(campaign=campaign, version=version, group=group)
+        if _paused_since(campaign, since):
+            # Paused while this slice was planned: none of it is queued.
+            transaction.set_rollback(True)
+            return 0
         transaction.on_commit(lambda: _enqueue(created))
     return len(created)
 
@@ -393,6 +416,8 @@ def campaign_pause(*, campaign: Campaign) -> int:
     Returns the number of units taken back.
     """
     with transaction.atomic():
+        # A run still planning (campaign_run's slices) stops at this mark.
+        Campaign.objects.filter(pk=campaign.pk).update(paused_at=timezone.now())
         waiting = list(
             Batch.objects.filter(campaign=campaign, state=Batch.State.QUEUED).values_list(
                 "pk", flat=True

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 
 from celery import shared_task
 from celery.signals import worker_ready
 from django.core.exceptions import ValidationError
 
 from .models import Campaign
-from .services import batches_requeue_expired, campaign_run
+from .services import batches_requeue_expired, campaign_run_rest
 
 log = logging.getLogger(__name__)
 
@@ -23,13 +24,14 @@ def requeue_expired_batches() -> list[int]:
 
 
 @shared_task(name="campaigns.tasks.plan_campaign")
-def plan_campaign(campaign_id: int) -> int:
-    """The rest of a run a web request started (services.campaign_start)."""
+def plan_campaign(campaign_id: int, since: str) -> int:
+    """The rest of a run a web request started at `since` (ISO time;
+    services.campaign_start); nothing once the campaign was paused after it."""
     campaign = Campaign.objects.filter(pk=campaign_id).first()
     if campaign is None:
         return 0
     try:
-        return campaign_run(campaign=campaign)
+        return campaign_run_rest(campaign=campaign, since=datetime.fromisoformat(since))
     except ValidationError as exc:
         # The campaign changed meanwhile (a failed checkpoint): its page says so.
         log.warning("campaign %s: the rest of the run was not planned: %s", campaign_id, exc)

@@ -174,6 +174,31 @@ def test_a_large_run_sends_its_first_batches_before_it_weighs_the_rest(make_camp
     assert all(len(slices) == 1 for slices in slices_of.values())
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_pause_while_a_large_run_is_planned_stops_it_at_the_next_slice(
+    make_campaign, monkeypatch
+):
+    monkeypatch.setattr(services, "RUN_SLICE_UNITS", 10)
+    campaign = make_campaign(batch_policy="token_budget", token_budget=1024)
+    Campaign.objects.filter(pk=campaign.pk).update(checkpoint_after=0)
+    campaign.refresh_from_db()
+
+    paused: list[int] = []
+
+    def send(_name, args):
+        # The user pauses once, as the first slice's batches go out.
+        if not paused:
+            paused.append(services.campaign_pause(campaign=campaign))
+
+    with mock.patch.object(services.celery_app, "send_task", side_effect=send):
+        services.campaign_run(campaign=campaign)
+    units = Unit.objects.filter(campaign=campaign)
+    assert paused == [10]  # the first slice, taken back
+    assert not units.filter(state=UnitState.QUEUED).exists()
+    assert units.filter(state=UnitState.PENDING).count() == DEMO_GOOD + DEMO_BAD
+    assert not Batch.objects.filter(campaign=campaign, state=Batch.State.QUEUED).exists()
+
+
 def test_running_again_enqueues_nothing_new(make_campaign, django_capture_on_commit_callbacks):
     campaign = make_campaign()
     with (

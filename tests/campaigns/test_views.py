@@ -128,8 +128,8 @@ def test_the_run_button_queues_a_large_campaigns_first_slice_and_hands_on_the_re
         response = client.post(reverse("campaign_run", args=[campaign.name]), follow=True)
     page = response.content.decode()
     assert "Queued 1 batch. The rest of the campaign is being planned in the background." in page
-    sent = [(call.args[0], call.kwargs["args"]) for call in send.call_args_list]
-    assert sent[-1] == (services.PLAN_TASK, [campaign.pk])
+    name, args = send.call_args_list[-1].args[0], send.call_args_list[-1].kwargs["args"]
+    assert (name, args[0]) == (services.PLAN_TASK, campaign.pk)
     assert Unit.objects.filter(campaign=campaign, state=UnitState.QUEUED).count() == 16
 
     # what the portal worker does with it
@@ -139,9 +139,30 @@ def test_the_run_button_queues_a_large_campaigns_first_slice_and_hands_on_the_re
         mock.patch.object(services.celery_app, "send_task") as send,
         django_capture_on_commit_callbacks(execute=True),
     ):
-        assert plan_campaign(campaign.pk) == 2  # 23 units left, batches of 16
+        assert plan_campaign(*args) == 2  # 23 units left, batches of 16
     assert send.call_count == 2
     assert not Unit.objects.filter(campaign=campaign, state=UnitState.PENDING).exists()
+
+
+def test_pause_stops_the_planning_a_started_campaign_left_to_the_worker(
+    client, owner, campaign, django_capture_on_commit_callbacks, monkeypatch
+):
+    from campaigns.tasks import plan_campaign
+
+    monkeypatch.setattr(services, "RUN_SLICE_UNITS", 16)
+    type(campaign).objects.filter(pk=campaign.pk).update(checkpoint_after=0)
+    client.force_login(owner)
+    with (
+        mock.patch.object(services.celery_app, "send_task") as send,
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        client.post(reverse("campaign_run", args=[campaign.name]))
+        client.post(reverse("campaign_pause", args=[campaign.name]))
+    args = send.call_args_list[-1].kwargs["args"]
+    with mock.patch.object(services.celery_app, "send_task") as send:
+        assert plan_campaign(*args) == 0  # the worker gets to it after the Pause
+    send.assert_not_called()
+    assert Unit.objects.filter(campaign=campaign, state=UnitState.PENDING).count() == 39
 
 
 def test_an_outsider_cannot_run_a_campaign(client, outsider, campaign):

@@ -2,7 +2,9 @@
 # Several worker processes feeding one GPU (WORKERS_PER_DEVICE): the CUDA test
 # of the per-process memory share, then bench/worker_path.py's Celery rows
 # (`celery worker -c N`, batch pipeline on and off) for N = 1, 2, 4 at batch 16
-# and N = 1, 2 at batch 128, then the host work alone in 1, 2 and 4 processes.
+# and N = 1, 2 at batch 128, then the host work alone in 1, 2 and 4 processes,
+# then planning's weighing of the texts (a call a text against the batch call
+# on a thread per core: what the host's cores give it).
 # Same preparation as run.sh:
 #   run(command="bash bench/device/worker_rows.sh", carry=[".gpu"], timeout_s=580)
 # shellcheck source=bench/device/setup.sh
@@ -33,3 +35,7 @@ for n in 1 2 4; do
     --processes $n 2>&1 | grep "token budget" | tee -a "$OUT/orchestration.log"
 done
 since orchestration
+
+DEBUG=0 timeout "${T4:-20}" $PY bench/plan_costs.py --limit "$LIMIT" --corpus $CORPUS \
+  --rounds 2 2>&1 | grep -v Loading | tee "$OUT/plan_costs.log"
+since plan_costs

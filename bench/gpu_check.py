@@ -56,6 +56,7 @@ def main() -> None:
 
     from campaigns import batch_stats, selectors, services
     from campaigns.models import Batch, Unit
+    from campaigns.vector_shards import VectorReader
     from gpuworker import batch_runner
     from gpuworker.memory import runtime_facts
     from gpuworker.processors import get_processor
@@ -111,9 +112,9 @@ def main() -> None:
         return time.perf_counter() - started
 
     def vectors(campaign) -> dict[str, np.ndarray]:
-        root = Path(settings.OUTPUT_ROOT)
+        reader = VectorReader(settings.OUTPUT_ROOT)
         return {
-            Path(u.source_path).stem: np.load(root / u.output_path)
+            Path(u.source_path).stem: reader.vector(u.output_path)
             for u in Unit.objects.filter(campaign=campaign, state="succeeded")
         }
 

@@ -2,10 +2,16 @@
 
     .venv/bin/python bench/verify_import.py --units 100000
 
+    .venv/bin/python bench/verify_import.py --units 100000 --layout files
+
 Runs on a throw-away SQLite database and folders under a temp dir (or
 --database-url for PostgreSQL). Inputs are small text files; outputs are real
-384-d float32 .npy files at their deterministic paths, written directly (the
-model is not what is measured here). Results go in bench/RESULTS.md.
+384-d float32 vectors, written directly (the model is not what is measured
+here): by default as the text embedding writes them now, shards of --shard-rows
+rows whose units are drawn at random (a token budget groups by length, so a
+batch's units are scattered in id order: the reader's worst case); with
+--layout files, one .npy a unit at its deterministic path, as before
+session 12. Results go in bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--units", type=int, default=100_000)
     parser.add_argument("--database-url", default=None)
+    parser.add_argument("--layout", choices=("shards", "files"), default="shards")
+    parser.add_argument("--shard-rows", type=int, default=40)
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-verify-"))
@@ -44,8 +52,9 @@ def main() -> None:
     from campaigns import services
     from campaigns.models import Unit, UnitState
     from campaigns.outputs import vector_to_npy
-    from campaigns.paths import output_relpath
+    from campaigns.paths import output_relpath, shard_relpath
     from campaigns.reconcile import campaign_verify
+    from campaigns.vector_shards import member_path, row_sha256, shard_bytes
 
     call_command("migrate", verbosity=0)
     n = args.units
@@ -81,15 +90,31 @@ def main() -> None:
 
     sha = hashlib.sha256(data).hexdigest()
     out_root = Path(settings.OUTPUT_ROOT)
-    updates = []
-    for unit in Unit.objects.filter(campaign=campaign).only("pk", "uid").iterator(chunk_size=5000):
-        rel = output_relpath(campaign="bench", version_label=label, uid=unit.uid, suffix=".npy")
-        path = out_root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-        unit.state, unit.output_path = UnitState.SUCCEEDED, str(rel)
-        unit.output_size, unit.output_sha256 = len(data), sha
-        updates.append(unit)
+    updates = list(Unit.objects.filter(campaign=campaign).only("pk", "uid"))
+    if args.layout == "files":
+        for unit in updates:
+            rel = output_relpath(campaign="bench", version_label=label, uid=unit.uid, suffix=".npy")
+            path = out_root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            unit.state, unit.output_path = UnitState.SUCCEEDED, str(rel)
+            unit.output_size, unit.output_sha256 = len(data), sha
+    else:
+        order = np.random.default_rng(0).permutation(len(updates))
+        step = args.shard_rows
+        for batch_id, start in enumerate(range(0, len(order), step), start=1):
+            members = [updates[i] for i in order[start : start + step]]
+            rel = str(
+                shard_relpath(campaign="bench", version_label=label, batch_id=batch_id, token="b")
+            )
+            path = out_root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(
+                shard_bytes([u.uid for u in members], np.tile(vector, (len(members), 1)))
+            )
+            for row, unit in enumerate(members):
+                unit.state, unit.output_path = UnitState.SUCCEEDED, member_path(rel, row)
+                unit.output_size, unit.output_sha256 = vector.nbytes, row_sha256(vector)
     Unit.objects.bulk_update(
         updates, ["state", "output_path", "output_size", "output_sha256"], batch_size=2000
     )
@@ -102,7 +127,7 @@ def main() -> None:
         rows.append((f"verify{' --deep' if deep else ''}", time.perf_counter() - started))
 
     engine = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
-    print(f"# {n} units, database {engine}, {os.cpu_count()} cores")
+    print(f"# {n} units, database {engine}, {os.cpu_count()} cores, outputs: {args.layout}")
     print("| step | seconds | units/s |")
     print("|---|---:|---:|")
     for name, seconds in rows:

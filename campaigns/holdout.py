@@ -19,7 +19,9 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from .models import Attempt, Campaign, ParameterVersion, ReviewItem, Unit
+from .outputs import InvalidOutput
 from .processor_specs import get_spec
+from .vector_shards import VectorReader
 
 _CHUNK = 2000
 
@@ -153,10 +155,11 @@ def _classification(
 # --- embedding stability ------------------------------------------------------
 
 
-def unit_vector(path: Path) -> np.ndarray | None:
+def unit_vector(reader: VectorReader, rel: str) -> np.ndarray | None:
+    """The unit's output vector at unit length, or None when it cannot be compared."""
     try:
-        vector = np.load(path, allow_pickle=False).astype(np.float64).ravel()
-    except (OSError, ValueError):
+        vector = np.asarray(reader.vector(rel), dtype=np.float64).ravel()
+    except (OSError, ValueError, InvalidOutput):
         return None
     norm = np.linalg.norm(vector)
     # A zero or non-finite vector has no direction to compare.
@@ -170,7 +173,8 @@ def _stability(
     if previous is None:
         notes.append("no earlier parameter version to compare")
         return None
-    output_root = Path(settings.OUTPUT_ROOT)
+    # One reader a version: each walks its own shards in unit order.
+    read_before, read_now = VectorReader(settings.OUTPUT_ROOT), VectorReader(settings.OUTPUT_ROOT)
     # Only the holdout's paths are held in memory: about 5% of the campaign.
     before = {uid: rel for uid, _category, rel in _holdout_outputs(campaign, previous)}
     compared = unreadable = 0
@@ -179,8 +183,8 @@ def _stability(
     for uid, _category, rel in _holdout_outputs(campaign, version):
         if uid not in before:
             continue
-        a = unit_vector(output_root / before[uid])
-        b = unit_vector(output_root / rel)
+        a = unit_vector(read_before, before[uid])
+        b = unit_vector(read_now, rel)
         if a is None or b is None or a.shape != b.shape:
             unreadable += 1
             continue

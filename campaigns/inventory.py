@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import json
 import os
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from numpy.lib import format as npy_format
 from .models import Batch, Campaign, Unit, UnitState
 from .outputs import write_atomic
 from .processor_specs import get_spec
+from .vector_shards import VectorReader
 
 _CHUNK = 5000
 
@@ -147,7 +149,7 @@ def export(campaign: Campaign, folder: Path) -> list[Path]:
 def consolidate_vectors(campaign: Campaign, folder: Path) -> list[Path]:
     """One (n, dim) float32 matrix per parameter version, rows in unit order,
     with a CSV naming each row: versions never share a file."""
-    output_root = Path(settings.OUTPUT_ROOT)
+    reader = VectorReader(settings.OUTPUT_ROOT)
     written = []
     for version in campaign.versions.order_by("number"):
         prefix = f"{campaign.name}/{version.label}/"
@@ -163,18 +165,18 @@ def consolidate_vectors(campaign: Campaign, folder: Path) -> list[Path]:
         tmp = folder / f".{matrix_path.name}.tmp"
         matrix = npy_format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(count, dimension))
         rows = []
-        for row, (uid, source, rel) in enumerate(
-            _units(
-                campaign,
-                ("uid", "source_path", "output_path"),
-                state=UnitState.SUCCEEDED,
-                output_path__startswith=prefix,
-            )
-        ):
-            if row >= count:
-                break  # a unit finished meanwhile: next export includes it
-            matrix[row] = np.load(output_root / rel, allow_pickle=False)
-            rows.append((row, uid, source, rel))
+        units = _units(
+            campaign,
+            ("uid", "source_path", "output_path"),
+            state=UnitState.SUCCEEDED,
+            output_path__startswith=prefix,
+        )
+        numbered = itertools.islice(enumerate(units), count)
+        while chunk := list(itertools.islice(numbered, _CHUNK)):
+            # By output file within a chunk: a batch's rows share a shard, read once.
+            for row, (_uid, _source, rel) in sorted(chunk, key=lambda r: r[1][2]):
+                matrix[row] = reader.vector(rel)
+            rows.extend((row, uid, source, rel) for row, (uid, source, rel) in chunk)
         matrix.flush()
         del matrix
         os.replace(tmp, matrix_path)

@@ -76,3 +76,27 @@ def resolve_input(root: Path, source_path: str) -> Path:
     if candidate != root and root not in candidate.parents:
         raise ValueError(f"path {source_path!r} leaves the corpus folder {root}")
     return candidate
+
+
+SHARDS_FOLDER = "shards"
+
+
+def shard_relpath(*, campaign: str, version_label: str, batch_id: int, token: str) -> PurePosixPath:
+    """A batch's vector shard, relative to OUTPUT_ROOT (campaigns/vector_shards.py).
+
+    Named by the batch and the claim's lease token, so a worker that lost its
+    lease never overwrites the file another worker's results point into; a
+    thousand batches a folder.
+    """
+    return PurePosixPath(
+        campaign,
+        version_label,
+        SHARDS_FOLDER,
+        f"{batch_id // 1000:04d}",
+        f"{shard_prefix(batch_id)}{token[:12]}.npz",
+    )
+
+
+def shard_prefix(batch_id: int) -> str:
+    """The start of every shard name a batch's claims write: 'b<id>-'."""
+    return f"b{batch_id}-"

@@ -47,6 +47,10 @@ class ProcessorSpec:
     # quick (size and header, no data read) and deep (the whole content).
     quick_check: Callable[[Path, int | None, dict], None] | None = None
     deep_check: Callable[[Path, dict], None] | None = None
+    # For a processor whose batches write one vector shard (its worker-side
+    # class sets shard_outputs; campaigns/vector_shards.py): deep verify's
+    # check of rows, (vectors (n, dim), params) -> each row's InvalidOutput or None.
+    row_check: Callable[[Any, dict], list] | None = None
     # "module:Class" of the worker-side implementation (imported by workers only).
     implementation: str = ""
     # Cost of one input for grouping (tokens, pixels), from its path and the

@@ -14,12 +14,14 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from .models import (
     INPUT_ERRORS,
+    Attempt,
     Batch,
     Campaign,
     ErrorClass,
@@ -30,6 +32,7 @@ from .models import (
 from .outputs import InvalidOutput, file_sha256, is_temp_file
 from .paths import InputLocator, output_name
 from .processor_specs import get_spec
+from .vector_shards import MARK, ShardChecker, member_path, row_sha256, split_member
 
 
 class Verdict:
@@ -118,6 +121,7 @@ _FIELDS = (
     "output_size",
     "output_sha256",
 )
+_OUTPUT_PATH = _FIELDS.index("output_path")
 
 
 def campaign_verify(*, campaign: Campaign, deep: bool = False) -> VerifyReport:
@@ -132,6 +136,7 @@ def campaign_verify(*, campaign: Campaign, deep: bool = False) -> VerifyReport:
     fixes: dict[tuple, list[int]] = defaultdict(list)
     # '<shard>/<name>' of every unit: any other file in a version folder is an orphan.
     claimed: set[str] = set()
+    shards = ShardChecker(output_root)
 
     last_pk = 0
     while True:
@@ -143,16 +148,20 @@ def campaign_verify(*, campaign: Campaign, deep: bool = False) -> VerifyReport:
         if not rows:
             break
         last_pk = rows[-1][0]
+        if deep:
+            # By output file: a batch's rows share a shard, whose vectors are read once.
+            rows.sort(key=lambda r: r[_OUTPUT_PATH])
         for row in rows:
             unit = dict(zip(_FIELDS, row, strict=True))
             for suffix in suffixes:
                 claimed.add(output_name(unit["uid"], suffix))
-            verdict, reason = _judge(unit, spec, versions, locate, output_root, deep)
+            verdict, reason = _judge(unit, spec, versions, locate, shards, deep)
             report.note(verdict, unit["uid"], reason)
             fix = _correction(unit, verdict, reason)
             if fix is not None:
                 fixes[fix].append(unit["pk"])
     report.corrected = _apply(campaign, fixes)
+    claimed.update(_shards_in_use(campaign))
     report.orphans, report.orphan_samples, report.stale_temp_removed = _scan_output_folder(
         campaign, Path(output_root), claimed
     )
@@ -190,7 +199,23 @@ def verify_checkpoints(campaign: Campaign) -> tuple[int, list[dict]]:
     return checked, damaged
 
 
-def _judge(unit, spec, versions, locate, output_root: str, deep) -> tuple[str, str]:
+def _shards_in_use(campaign: Campaign) -> set[str]:
+    """'shards/…/b12-….npz' of every shard a unit's result or an attempt (a
+    review item's output) points into; any other shard is an orphan."""
+    rels = set()
+    for model in (Unit, Attempt):
+        owner = {"campaign": campaign} if model is Unit else {"unit__campaign": campaign}
+        rels.update(
+            model.objects.filter(**owner, output_path__contains=MARK)
+            .order_by()
+            .values_list("output_path", flat=True)
+            .distinct()
+            .iterator(chunk_size=_CHUNK)
+        )
+    return {"/".join(split_member(rel)[0].split("/")[2:]) for rel in rels}
+
+
+def _judge(unit, spec, versions, locate, shards: ShardChecker, deep) -> tuple[str, str]:
     state = unit["state"]
     if state in (UnitState.QUEUED, UnitState.RUNNING):
         return Verdict.IN_PROGRESS, ""
@@ -218,13 +243,16 @@ def _judge(unit, spec, versions, locate, output_root: str, deep) -> tuple[str, s
     rel = unit["output_path"]
     if not rel:
         return Verdict.OUTPUT_MISSING, "succeeded without an output path"
-    path = os.path.join(output_root, rel)
+    file_rel, row = split_member(rel)
+    path = os.path.join(shards.root, file_rel)
     parts = rel.split("/")
     params = versions.get(parts[1]) if len(parts) > 1 else None
     try:
         if params is None:
             os.stat(path)  # gone is gone, whatever folder it was recorded in
             raise InvalidOutput(f"output is not under a known parameter version: {rel}")
+        if row is not None:
+            return _judge_row(unit, spec, params, shards, file_rel, row, deep)
         spec.quick_check(Path(path), unit["output_size"], params)
         if deep:
             if unit["output_sha256"] and file_sha256(path) != unit["output_sha256"]:
@@ -234,6 +262,21 @@ def _judge(unit, spec, versions, locate, output_root: str, deep) -> tuple[str, s
         return Verdict.OUTPUT_MISSING, f"output file gone: {rel}"
     except InvalidOutput as exc:
         return Verdict.OUTPUT_INCOMPLETE, str(exc)
+    return Verdict.VALID, ""
+
+
+def _judge_row(unit, spec, params, shards: ShardChecker, file_rel: str, row: int, deep):
+    """A row of a batch's vector shard: there and this unit's (quick), the very
+    vector recorded and still passing its check (deep). Raises as _judge's checks do."""
+    shards.check(file_rel, row, unit["uid"], expected_size=unit["output_size"])
+    if deep:
+        vector = shards.reader.vector(member_path(file_rel, row))
+        if unit["output_sha256"] and row_sha256(vector) != unit["output_sha256"]:
+            raise InvalidOutput("checksum differs from the one recorded")
+        if spec.row_check is not None:
+            problem = spec.row_check(vector[np.newaxis, :], params)[0]
+            if problem is not None:
+                raise problem
     return Verdict.VALID, ""
 
 
@@ -328,8 +371,8 @@ def _scan_output_folder(
                 continue
             rel = path[cut:]
             parts = rel.split(os.sep)
-            in_place = len(parts) == 4 and parts[1] in labels
-            if not (in_place and f"{parts[2]}/{parts[3]}" in claimed):
+            in_place = len(parts) >= 4 and parts[1] in labels
+            if not (in_place and "/".join(parts[2:]) in claimed):
                 orphans += 1
                 if len(samples) < SAMPLES_PER_VERDICT:
                     samples.append(rel)

@@ -43,6 +43,7 @@ from .models import (
     Unit,
 )
 from .paths import resolve_input
+from .vector_shards import VectorReader, split_member
 
 Item = ReviewItem.State
 PANE = "review-item"
@@ -459,7 +460,10 @@ def _output_summary(item: ReviewItem) -> OutputSummary:
         if attempt is not None and attempt.outcome == Attempt.Outcome.FAILED:
             return OutputSummary("error", error=attempt.error_message)
         return OutputSummary("none")
-    suffix = Path(rel).suffix
+    file_rel, row = split_member(rel)
+    if row is not None:
+        return _embedding_summary(item, attempt)  # a row of a batch's vector shard
+    suffix = Path(file_rel).suffix
     root = Path(settings.OUTPUT_ROOT)
     try:
         if suffix == ".npz":
@@ -533,8 +537,8 @@ def _nearest_in_batch(attempt: Attempt) -> Nearest | None:
     of every vector). A duplicate in another batch is found by the
     duplicate_vector rule, by hash, when the worker writes it.
     """
-    root = Path(settings.OUTPUT_ROOT)
-    own = holdout.unit_vector(root / attempt.output_path)
+    reader = VectorReader(settings.OUTPUT_ROOT)
+    own = holdout.unit_vector(reader, attempt.output_path)
     if own is None:
         return None
     others = (
@@ -547,7 +551,7 @@ def _nearest_in_batch(attempt: Attempt) -> Nearest | None:
     best: tuple[float, int] | None = None
     compared = 0
     for unit_id, rel in others:
-        vector = holdout.unit_vector(root / rel)
+        vector = holdout.unit_vector(reader, rel)
         if vector is None or vector.shape != own.shape:
             continue
         compared += 1

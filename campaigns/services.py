@@ -37,6 +37,7 @@ from .reconcile import campaign_verify
 from .review import run_allowance, units_reviewed_out, units_runnable
 from .row_updates import update_rows
 from .software import software_versions
+from .vector_shards import split_member
 
 RUN_BATCH_TASK = "gpuworker.tasks.run_batch"
 # The queue batches go to (CELERY_TASK_ROUTES).
@@ -587,8 +588,9 @@ def _reset_failed(campaign: Campaign) -> int:
             size, mtime_ns, sha256 = file_identity(resolve_input(root, unit.source_path))
         except (OSError, ValueError):
             continue  # gone or unreadable: it stays failed, verify says why
-        if unit.output_path:
+        if unit.output_path and split_member(unit.output_path)[1] is None:
             # Made from the old bytes: it must not be adopted as the new result.
+            # (A row of a batch's shard is adopted only by that batch again.)
             (Path(settings.OUTPUT_ROOT) / unit.output_path).unlink(missing_ok=True)
         Unit.objects.filter(pk=unit.pk).update(
             size=size,

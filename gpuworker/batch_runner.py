@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 import torch
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
@@ -41,8 +42,8 @@ from campaigns.models import (
     Unit,
     UnitState,
 )
-from campaigns.outputs import InvalidOutput, WrittenFile, write_atomic_group
-from campaigns.paths import output_relpath
+from campaigns.outputs import InvalidOutput, WrittenFile, write_atomic, write_atomic_group
+from campaigns.paths import output_relpath, shard_prefix, shard_relpath
 from campaigns.review import (
     after_batch,
     reviewed_out_under,
@@ -50,11 +51,18 @@ from campaigns.review import (
 )
 from campaigns.row_inserts import insert_rows
 from campaigns.row_updates import update_rows
+from campaigns.vector_shards import (
+    ROW_BYTES_PER_VALUE,
+    load_shard,
+    member_path,
+    row_sha256,
+    shard_bytes,
+)
 from portal.log_context import bound
 
 from .lease import LeaseKeeper, lease_deadline
 from .memory import runtime_facts
-from .processors import get_processor
+from .processors import get_processor, sharded
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +205,9 @@ class _BatchRun:
         try:
             try:
                 if self.parts and not self.error:
-                    self.metrics.update(_complete(self.batch, self.processor, self.parts))
+                    self.metrics.update(
+                        _complete(self.batch, self.processor, self.parts, self.token)
+                    )
             except Exception as exc:
                 self._failed(exc)
             self.metrics["seconds"] = round(self.seconds + time.perf_counter() - started, 4)
@@ -287,19 +297,25 @@ def _compute(batch: Batch, processor, outcomes: list[Outcome]) -> tuple[list, in
     """Read and prepare the inputs, run the model: (parts, adopted, OOM splits)."""
     root = Path(batch.campaign.input_root)
     output_root = Path(settings.OUTPUT_ROOT)
-    for outcome in outcomes:
-        outcome.target = str(
-            output_relpath(
-                campaign=batch.campaign.name,
-                version_label=batch.version.label,
-                uid=outcome.unit.uid,
-                suffix=processor.suffix,
+    adoptable: dict[str, tuple[str, np.ndarray]] | None = None
+    if sharded(processor):
+        # A batch's first claim finds no shard of its own to adopt: only a
+        # batch delivered again (its worker died before recording) looks.
+        adoptable = _shard_rows(batch, processor) if batch.deliveries else {}
+    else:
+        for outcome in outcomes:
+            outcome.target = str(
+                output_relpath(
+                    campaign=batch.campaign.name,
+                    version_label=batch.version.label,
+                    uid=outcome.unit.uid,
+                    suffix=processor.suffix,
+                )
             )
-        )
-        outcome.path = output_root / outcome.target
+            outcome.path = output_root / outcome.target
     # Reading and decoding in threads: file I/O and image decoding release
     # the GIL, so a slow disk or a large image does not serialise the batch.
-    prepared = in_threads(lambda o: _prepare(processor, root, o), outcomes)
+    prepared = in_threads(lambda o: _prepare(processor, root, o, adoptable), outcomes)
     ready = [(o, item) for o, item in zip(outcomes, prepared, strict=True) if item is not _SKIP]
     adopted = sum(1 for o in outcomes if o.metrics.get("adopted"))
     splits: list[int] = []
@@ -307,18 +323,22 @@ def _compute(batch: Batch, processor, outcomes: list[Outcome]) -> tuple[list, in
     return parts, adopted, splits
 
 
-def _complete(batch: Batch, processor, parts: list) -> dict:
+def _complete(batch: Batch, processor, parts: list, token: str) -> dict:
     """Each output's metrics and flags, then its write and check; the batch's measurements."""
     jobs = []
     flag = getattr(processor, "flags", None)
+    shards = sharded(processor)
     for part, result in parts:
         for index, (outcome, _) in enumerate(part):
             outcome.metrics = processor.unit_metrics(result, index)
             outcome.flags = list(flag(result, index)) if flag else []
-            data = processor.serialize(processor.output(result, index))
-            jobs.append((outcome, data))
+            output = processor.output(result, index)
+            jobs.append((outcome, output if shards else processor.serialize(output)))
     _flag_duplicates(batch, [o for o, _ in jobs])
     _flag_drift(batch, [o for o, _ in jobs])
+    if shards:
+        _write_shard(batch, processor, jobs, token)
+        return merge_batch_metrics([processor.batch_metrics(result) for _, result in parts])
     written = write_atomic_group((o.path, data) for o, data in jobs)
     # Checks in threads: each reads its file back and decodes it.
     in_threads(
@@ -392,10 +412,8 @@ def _check(processor, outcome: Outcome, written: WrittenFile | OSError) -> None:
     try:
         processor.validate(outcome.path)
     except InvalidOutput as exc:
-        # A failure (a corrupt output never counts) that a person sees too: it
-        # goes to the queue with its reason and counts at the checkpoint.
-        outcome.fail(ErrorClass.OUTPUT_INVALID, f"output failed its check: {exc}")
-        outcome.flags.append((exc.reason, str(exc)))
+        # It goes to the queue with its reason and counts at the checkpoint.
+        _refused(outcome, exc)
         return
     except OSError as exc:
         # Written, then unreadable: the storage failed under it.
@@ -404,7 +422,84 @@ def _check(processor, outcome: Outcome, written: WrittenFile | OSError) -> None:
     outcome.succeed(outcome.target, written.size, written.sha256)
 
 
-def _prepare(processor, root: Path, outcome: Outcome):
+def _write_shard(batch: Batch, processor, jobs: list, token: str) -> None:
+    """The batch's vectors in one shard file, read back and checked row by row:
+    a unit counts once its row loads back whole and passes the processor's check."""
+    rel = str(
+        shard_relpath(
+            campaign=batch.campaign.name,
+            version_label=batch.version.label,
+            batch_id=batch.pk,
+            token=token,
+        )
+    )
+    path = Path(settings.OUTPUT_ROOT) / rel
+    outcomes = [o for o, _ in jobs]
+    vectors = np.stack([np.asarray(v, dtype=np.float32).ravel() for _, v in jobs])
+    try:
+        write_atomic(path, shard_bytes([o.unit.uid for o in outcomes], vectors))
+        shard = load_shard(path, dimension=vectors.shape[1])
+    except InvalidOutput as exc:
+        for outcome in outcomes:
+            _refused(outcome, exc)
+        return
+    except OSError as exc:
+        # Disk full, permissions, a storage outage: write_atomic left no partial
+        # file, and resume puts the units back once the storage is fixed.
+        for outcome in outcomes:
+            outcome.fail(ErrorClass.OUTPUT_WRITE_ERROR, f"cannot write output: {exc}")
+        return
+    problems = processor.check_rows(shard.vectors)
+    for row, outcome in enumerate(outcomes):
+        if shard.ids[row] != outcome.unit.uid:
+            _refused(outcome, InvalidOutput(f"shard row {row} names {shard.ids[row]!r}"))
+        elif problems[row] is not None:
+            _refused(outcome, problems[row])
+        else:
+            vector = shard.vectors[row]
+            outcome.succeed(
+                member_path(rel, row), vector.size * ROW_BYTES_PER_VALUE, row_sha256(vector)
+            )
+
+
+def _refused(outcome: Outcome, exc: InvalidOutput) -> None:
+    """An output that failed its check: a failure (it never counts) that a
+    person sees too, with its reason, in the review queue."""
+    outcome.fail(ErrorClass.OUTPUT_INVALID, f"output failed its check: {exc}")
+    outcome.flags.append((exc.reason, str(exc)))
+
+
+def _shard_rows(batch: Batch, processor) -> dict[str, tuple[str, np.ndarray]]:
+    """uid -> (output path, vector) of every whole, valid row in the shards an
+    earlier claim of this batch wrote; a damaged shard is recomputed instead."""
+    sample = shard_relpath(
+        campaign=batch.campaign.name, version_label=batch.version.label, batch_id=batch.pk, token=""
+    )
+    folder = Path(settings.OUTPUT_ROOT) / sample.parent
+    try:
+        names = sorted(
+            e.name
+            for e in os.scandir(folder)
+            if e.name.startswith(shard_prefix(batch.pk)) and e.name.endswith(".npz")
+        )
+    except FileNotFoundError:
+        return {}
+    rows: dict[str, tuple[str, np.ndarray]] = {}
+    for name in names:
+        rel = f"{sample.parent}/{name}"
+        try:
+            shard = load_shard(folder / name)
+        except (InvalidOutput, OSError):
+            log.warning("batch %s: shard %s is not whole, not adopted", batch.pk, rel)
+            continue
+        problems = processor.check_rows(shard.vectors)
+        for row, uid in enumerate(shard.ids.tolist()):
+            if problems[row] is None:
+                rows[uid] = (member_path(rel, row), shard.vectors[row])
+    return rows
+
+
+def _prepare(processor, root: Path, outcome: Outcome, adoptable: dict | None = None):
     """The unit's model input, or _SKIP when it failed or its output was adopted."""
     unit = outcome.unit
     try:
@@ -416,7 +511,13 @@ def _prepare(processor, root: Path, outcome: Outcome):
                 "input changed since import (sha256 differs); "
                 "resume --retry-failed processes the new content",
             )
-        if _adopt(processor, outcome):
+        if adoptable is not None:
+            if outcome.unit.uid in adoptable:
+                rel, vector = adoptable[outcome.unit.uid]
+                outcome.metrics = {"adopted": True}  # counted by _compute
+                outcome.succeed(rel, vector.size * ROW_BYTES_PER_VALUE, row_sha256(vector))
+                return _SKIP
+        elif _adopt(processor, outcome):
             return _SKIP
         return processor.prepare(data)
     except InputError as exc:

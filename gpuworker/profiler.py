@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from django.conf import settings
 from django.utils import timezone
@@ -37,8 +38,9 @@ from django.utils import timezone
 from campaigns import profiling
 from campaigns.inputs import InputError, read_bytes
 from campaigns.models import ErrorClass, Profile, Unit, UnitState
-from campaigns.outputs import write_atomic_group
+from campaigns.outputs import write_atomic, write_atomic_group
 from campaigns.processor_specs import get_spec
+from campaigns.vector_shards import load_shard, shard_bytes
 
 from . import training_profile
 from .memory import (
@@ -49,7 +51,7 @@ from .memory import (
     runtime_facts,
     workers_per_device,
 )
-from .processors import get_processor
+from .processors import get_processor, sharded
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024
@@ -238,6 +240,8 @@ class _Stepper:
         with its input's cost (the estimate weighs the disk per cost bucket)."""
         size = len(costs)
         count = size if write_all else min(WRITES_PER_STEP, size)
+        if sharded(self.processor):
+            return self._shard_write(result, costs, phase, count)
         suffix = getattr(self.processor, "suffix", "") or ""
         started = time.perf_counter()
         paths = [self.workdir / f"{phase}-{size}-{index}{suffix}" for index in range(count)]
@@ -256,6 +260,24 @@ class _Stepper:
             "write_s_per_item": round((time.perf_counter() - started) / count, 6),
             "output_bytes_per_item": sum(b for _, b in outputs) // count,
             "outputs": outputs,
+        }
+
+    def _shard_write(self, result, costs: list[int], phase: str, count: int) -> dict:
+        """The batch's rows in one shard, read back and checked, as a run writes them;
+        a shard's size shared over its rows."""
+        started = time.perf_counter()
+        path = self.workdir / f"{phase}-{len(costs)}.npz"
+        vectors = np.stack([self.processor.output(result, i) for i in range(count)])
+        written = write_atomic(path, shard_bytes([str(i) for i in range(count)], vectors))
+        problems = self.processor.check_rows(load_shard(path).vectors)
+        bad = next((p for p in problems if p is not None), None)
+        if bad is not None:
+            raise bad
+        per_row = written.size // count
+        return {
+            "write_s_per_item": round((time.perf_counter() - started) / count, 6),
+            "output_bytes_per_item": per_row,
+            "outputs": [[costs[i], per_row] for i in range(count)],
         }
 
 

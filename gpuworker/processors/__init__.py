@@ -25,6 +25,13 @@ def get_processor(processor: str, params: dict):
     return _load(processor, json.dumps(params, sort_keys=True))
 
 
+def sharded(processor) -> bool:
+    """Whether the processor's outputs are rows of a shard a batch
+    (campaigns/vector_shards.py: `shard_outputs`, `output` gives a vector,
+    `check_rows` checks a shard's) rather than a file a unit."""
+    return bool(getattr(processor, "shard_outputs", False))
+
+
 def forget_loaded() -> None:
     """Drop every loaded processor and model, as a fresh worker process starts."""
     from .image_classification import load_classifier

@@ -19,7 +19,7 @@ import torch
 from transformers import AutoModel, AutoTokenizer
 
 from campaigns import checkpoint_files as checkpoints
-from campaigns.builtin_processors import resolve_model_path
+from campaigns.builtin_processors import embedding_row_check, resolve_model_path
 from campaigns.flags import norm_flags, truncation_flags
 from campaigns.inputs import InputError, decode_text
 from campaigns.models import ErrorClass
@@ -68,6 +68,8 @@ def load_encoder(path: str, _stamp: tuple, device: torch.device, dtype: torch.dt
 
 class TextEmbeddingProcessor:
     suffix = ".npy"
+    # A batch's vectors go to one shard file (campaigns/vector_shards.py).
+    shard_outputs = True
 
     def __init__(self, params: dict):
         self.params = params
@@ -111,6 +113,10 @@ class TextEmbeddingProcessor:
         validate_embedding_file(
             path, dimension=self.dimension, normalized=self.params["normalization"] == "l2"
         )
+
+    def check_rows(self, vectors: np.ndarray) -> list:
+        """The shard's rows, as validate checks a file: dimension, finite, unit norm."""
+        return embedding_row_check(vectors, self.params)
 
     def unit_metrics(self, result: EmbeddingBatch, index: int) -> dict:
         tokens = result.input_tokens[index]

@@ -19,6 +19,7 @@ from tests.gpuworker.test_image_classification import (  # noqa: F401 (user_mode
     shape_image,
     user_model,
 )
+from tests.vectors import output_file
 
 WORDS = [
     "river",
@@ -126,7 +127,7 @@ def test_embedding_stability_against_the_previous_version(
 
     first = campaign.current_version
     first_outputs = [
-        output_root / path
+        output_file(output_root, path)
         for path in Unit.objects.filter(pk__in=chosen).values_list("output_path", flat=True)
     ]
     second = services.version_create(campaign=campaign, params={**first.params, "pooling": "cls"})

@@ -21,6 +21,7 @@ from campaigns.models import (
     UnitState,
 )
 from gpuworker.batch_runner import run_batch
+from tests.vectors import output_file
 
 pytestmark = pytest.mark.django_db
 UID = "news/solar-farm.txt"
@@ -76,7 +77,7 @@ def test_a_requeued_unit_waits_for_a_new_version_then_runs_under_it(
     item = review.unit_flag(unit=_unit(stats), user=owner, note="looks off")
     review.review_decide(item=item, decision="requeued", user=owner)
     unit = _unit(stats)
-    old_output = output_root / unit.output_path
+    old_output = output_file(output_root, unit.output_path)
     assert unit.state == UnitState.PENDING and old_output.is_file()
 
     # when: the campaign runs again under the same parameters

@@ -26,6 +26,7 @@ from campaigns.models import (
     UnitState,
 )
 from tests.images import write_image_corpus
+from tests.vectors import unit_vector
 
 QUEUE = "/review/"
 PANE = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "review-item"}
@@ -585,9 +586,9 @@ def test_an_embedding_item_shows_the_nearest_vector_of_its_batch(
     others = Attempt.objects.filter(batch=attempt.batch, outcome="succeeded").exclude(
         unit=item.unit
     )
-    own = np.load(output_root / attempt.output_path)
+    own = unit_vector(output_root, attempt.output_path)
     cosines = {
-        other.unit.uid: float(own @ np.load(output_root / other.output_path)) for other in others
+        other.unit.uid: float(own @ unit_vector(output_root, other.output_path)) for other in others
     }
     nearest = max(cosines, key=cosines.get)
     client.force_login(owner)

@@ -8,13 +8,16 @@ import time
 from pathlib import Path
 from unittest import mock
 
+import numpy as np
 import pytest
 
 from campaigns import services
 from campaigns.models import Attempt, Batch, Unit, UnitState
 from campaigns.reconcile import campaign_verify
+from campaigns.vector_shards import load_shard, shard_bytes, split_member
 from gpuworker.batch_runner import run_batch
 from tests.conftest import DEMO_BAD, DEMO_GOOD
+from tests.vectors import output_file, unit_vector
 
 pytestmark = pytest.mark.django_db
 
@@ -71,40 +74,52 @@ def test_a_finished_campaign_verifies_clean(done):
 def test_missing_and_truncated_outputs_are_told_apart_and_only_they_are_recomputed(
     done, output_root, enqueue
 ):
-    # given: three outputs deleted, two truncated
-    units = _succeeded(done, 5)
-    for unit in units[:3]:
-        (output_root / unit.output_path).unlink()
-    for unit in units[3:]:
-        path = output_root / unit.output_path
-        path.write_bytes(path.read_bytes()[:100])
+    # given: one batch's shard deleted, another's truncated
+    shards = _shards(done)
+    gone, cut = sorted(shards)[1:3]
+    (output_root / gone).unlink()
+    (output_root / cut).write_bytes((output_root / cut).read_bytes()[:100])
+    hit = {uid for shard in (gone, cut) for uid in shards[shard]}
     untouched = {
-        u.uid: (output_root / u.output_path).stat().st_mtime_ns
-        for u in Unit.objects.filter(campaign=done, state=UnitState.SUCCEEDED)
-        if u.uid not in {x.uid for x in units}
+        shard: (output_root / shard).stat().st_mtime_ns
+        for shard in shards
+        if shard not in (gone, cut)
     }
     time.sleep(0.01)
 
     # when
     report = campaign_verify(campaign=done).as_dict()
 
-    # then
-    assert report["output_missing"] == 3
-    assert report["output_incomplete"] == 2
-    assert report["valid"] == DEMO_GOOD - 5
+    # then: every unit of those two batches, and no other
+    assert report["output_missing"] == len(shards[gone])
+    assert report["output_incomplete"] == len(shards[cut])
+    assert report["valid"] == DEMO_GOOD - len(hit)
     missing = {s["id"] for s in report["samples"]["output_missing"]}
-    assert missing == {u.uid for u in units[:3]}
-    assert Unit.objects.filter(campaign=done, state=UnitState.PENDING).count() == 5
+    assert missing == set(shards[gone])
+    incomplete = report["samples"]["output_incomplete"]
+    assert {s["id"] for s in incomplete} == set(shards[cut])
+    assert "shard" in incomplete[0]["reason"]
+    pending = Unit.objects.filter(campaign=done, state=UnitState.PENDING)
+    assert set(pending.values_list("uid", flat=True)) == hit
 
-    # and resume recomputes those five and no other
+    # and resume recomputes those and no other
     _report, _retried, batches = enqueue(services.campaign_resume, campaign=done)
-    assert batches == 1
+    assert batches == 2
     _run_queued(done)
     assert Unit.objects.filter(campaign=done, state=UnitState.SUCCEEDED).count() == DEMO_GOOD
-    for uid, mtime in untouched.items():
-        unit = Unit.objects.get(campaign=done, uid=uid)
-        assert (output_root / unit.output_path).stat().st_mtime_ns == mtime, uid
+    assert {s: (output_root / s).stat().st_mtime_ns for s in untouched} == untouched
+    assert set(_shards(done)) & {gone, cut} == set()
     assert campaign_verify(campaign=done).as_dict()["valid"] == DEMO_GOOD
+
+
+def _shards(campaign) -> dict[str, list[str]]:
+    """Each shard file its units' results point into, with those units' ids."""
+    shards: dict[str, list[str]] = {}
+    for uid, rel in Unit.objects.filter(campaign=campaign, state=UnitState.SUCCEEDED).values_list(
+        "uid", "output_path"
+    ):
+        shards.setdefault(split_member(rel)[0], []).append(uid)
+    return shards
 
 
 def test_a_removed_input_is_input_missing_not_a_missing_output_and_is_not_retried(
@@ -131,7 +146,7 @@ def test_a_modified_input_is_input_changed_and_retry_makes_a_new_output(
     done, corpus, output_root, enqueue
 ):
     (unit,) = _succeeded(done, 1, prefix="recipes/bread")
-    old_output = (output_root / unit.output_path).read_bytes()
+    old_output = unit_vector(output_root, unit.output_path)
     (corpus / unit.source_path).write_text("Sourdough needs a starter fed the day before.\n")
     report = campaign_verify(campaign=done).as_dict()
     assert report["input_changed"] == 1
@@ -142,7 +157,7 @@ def test_a_modified_input_is_input_changed_and_retry_makes_a_new_output(
     _run_queued(done)
     unit.refresh_from_db()
     assert unit.state == UnitState.SUCCEEDED
-    assert (output_root / unit.output_path).read_bytes() != old_output
+    assert not np.array_equal(unit_vector(output_root, unit.output_path), old_output)
     latest = Attempt.objects.filter(unit=unit).order_by("-finished_at").first()
     assert latest.input_sha256 == unit.sha256
     assert latest.metrics.get("adopted") is not True
@@ -150,19 +165,22 @@ def test_a_modified_input_is_input_changed_and_retry_makes_a_new_output(
 
 def test_same_size_corruption_needs_deep(done, output_root):
     (unit,) = _succeeded(done, 1)
-    path = output_root / unit.output_path
-    data = bytearray(path.read_bytes())
-    data[-1] ^= 0xFF  # flip bits in the last float: same size, same header
-    path.write_bytes(bytes(data))
+    shard, row = split_member(unit.output_path)
+    path = output_root / shard
+    loaded = load_shard(path)
+    vectors = loaded.vectors.copy()
+    vectors[row, -1] += 1e-4  # one value of one row: same size, still a whole shard
+    path.write_bytes(shard_bytes(loaded.ids.tolist(), vectors))
     assert campaign_verify(campaign=done).as_dict()["output_incomplete"] == 0
     deep = campaign_verify(campaign=done, deep=True).as_dict()
     assert deep["output_incomplete"] == 1
+    assert deep["samples"]["output_incomplete"][0]["id"] == unit.uid
     assert "checksum" in deep["samples"]["output_incomplete"][0]["reason"]
 
 
 def test_stale_temp_files_are_removed_and_orphans_reported(done, output_root):
     (unit,) = _succeeded(done, 1)
-    folder = (output_root / unit.output_path).parent
+    folder = output_file(output_root, unit.output_path).parent
     stale = folder / ".crashed.npy.abc123.tmp"
     stale.write_bytes(b"partial")
     orphan = folder / "not-from-any-unit.npy"
@@ -182,7 +200,8 @@ def test_a_redelivered_batch_adopts_valid_outputs_instead_of_recomputing(
     enqueue(services.campaign_run, campaign=campaign)
     batch = Batch.objects.get(campaign=campaign)
     run_batch(batch.pk)
-    files = {p: p.stat().st_mtime_ns for p in Path(output_root).rglob("*.npy")}
+    files = {p: p.stat().st_mtime_ns for p in Path(output_root).rglob("*.npz")}
+    assert len(files) == 1
     # the worker died after writing, before recording: the database forgot
     Unit.objects.filter(campaign=campaign).exclude(error_class__startswith="input").update(
         state=UnitState.QUEUED, output_path="", output_size=None, output_sha256=""
@@ -190,7 +209,7 @@ def test_a_redelivered_batch_adopts_valid_outputs_instead_of_recomputing(
     Batch.objects.filter(pk=batch.pk).update(state=Batch.State.QUEUED)
     run_batch(batch.pk)
     assert Unit.objects.filter(campaign=campaign, state=UnitState.SUCCEEDED).count() == DEMO_GOOD
-    assert {p: p.stat().st_mtime_ns for p in Path(output_root).rglob("*.npy")} == files
+    assert {p: p.stat().st_mtime_ns for p in Path(output_root).rglob("*.npz")} == files
     adopted = Attempt.objects.filter(unit__campaign=campaign, metrics__adopted=True).count()
     assert adopted == DEMO_GOOD
 
@@ -217,8 +236,6 @@ def test_verify_takes_no_input_hash_for_untouched_files(done, monkeypatch):
 def test_export_consolidates_the_vectors_of_each_version(done, output_root, tmp_path):
     import csv
 
-    import numpy as np
-
     from campaigns.inventory import export
 
     written = {p.name for p in export(done, tmp_path / "dossier")}
@@ -230,5 +247,51 @@ def test_export_consolidates_the_vectors_of_each_version(done, output_root, tmp_
         rows = list(csv.DictReader(fh))
     assert len(rows) == DEMO_GOOD
     for row in rows[:5]:
-        vector = np.load(output_root / row["output_path"])
+        vector = unit_vector(output_root, row["output_path"])
         assert np.array_equal(matrix[int(row["row"])], vector)
+
+
+def test_a_redelivered_batch_recomputes_the_rows_of_a_damaged_shard(
+    make_campaign, output_root, enqueue
+):
+    campaign = make_campaign("damaged", batch_size=50)
+    enqueue(services.campaign_run, campaign=campaign)
+    batch = Batch.objects.get(campaign=campaign)
+    run_batch(batch.pk)
+    (first,) = Path(output_root).rglob("*.npz")
+    first.write_bytes(first.read_bytes()[:200])  # the disk lost its tail
+    # the worker died after writing, before recording: the database never knew
+    Attempt.objects.filter(batch=batch).delete()
+    Unit.objects.filter(campaign=campaign).update(
+        state=UnitState.QUEUED, output_path="", output_size=None, output_sha256=""
+    )
+    Batch.objects.filter(pk=batch.pk).update(state=Batch.State.QUEUED)
+    run_batch(batch.pk)
+    assert not Attempt.objects.filter(unit__campaign=campaign, metrics__adopted=True).exists()
+    second = {
+        split_member(rel)[0]
+        for rel in Unit.objects.filter(campaign=campaign, state=UnitState.SUCCEEDED).values_list(
+            "output_path", flat=True
+        )
+    }
+    assert len(second) == 1 and output_root / second.pop() != first
+    report = campaign_verify(campaign=campaign).as_dict()
+    assert report["valid"] == DEMO_GOOD
+    # the damaged copy no unit points into is reported, never deleted
+    assert report["orphan_outputs"] == 1 and first.exists()
+    assert report["orphan_samples"] == [str(first.relative_to(output_root))]
+
+
+def test_a_shard_only_an_earlier_attempt_points_into_is_not_an_orphan(done, output_root):
+    (unit,) = _succeeded(done, 1)
+    shard = split_member(unit.output_path)[0]
+    # the unit's result moved on (say, rerun elsewhere); its first attempt keeps the row
+    others = Unit.objects.filter(campaign=done, output_path__startswith=shard + "#")
+    others.update(output_path="elsewhere/none.npy")
+    assert Attempt.objects.filter(unit=unit, output_path__startswith=shard).exists()
+    report = campaign_verify(campaign=done).as_dict()
+    assert report["orphan_outputs"] == 0
+    Attempt.objects.filter(output_path__startswith=shard + "#").update(output_path="")
+    report = campaign_verify(campaign=done).as_dict()
+    assert report["orphan_outputs"] == 1
+    assert report["orphan_samples"] == [shard]

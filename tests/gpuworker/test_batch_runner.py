@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from unittest import mock
 
@@ -10,11 +11,12 @@ import pytest
 import torch
 
 from campaigns import services
-from campaigns.models import Attempt, Batch, Unit, UnitState
-from campaigns.outputs import validate_embedding_file
+from campaigns.models import Attempt, Batch, ReviewItem, Unit, UnitState
+from campaigns.vector_shards import load_shard, split_member
 from gpuworker.batch_runner import run_batch
 from gpuworker.processors.text_embedding import TextEmbeddingProcessor
 from tests.conftest import DEMO_BAD, DEMO_GOOD
+from tests.vectors import unit_vector
 
 pytestmark = pytest.mark.django_db
 
@@ -36,12 +38,27 @@ def test_every_unit_ends_succeeded_with_a_valid_file_or_failed_with_a_reason(que
     units = Unit.objects.filter(campaign=queued)
     assert units.filter(state=UnitState.SUCCEEDED).count() == DEMO_GOOD
     assert units.filter(state=UnitState.FAILED).count() == DEMO_BAD
+    rows_of: dict[str, list[int]] = {}
     for unit in units.filter(state=UnitState.SUCCEEDED):
-        path = Path(output_root) / unit.output_path
-        vector = validate_embedding_file(path, dimension=384, normalized=True)
-        assert unit.output_size == path.stat().st_size
+        shard, row = split_member(unit.output_path)
+        rows_of.setdefault(shard, []).append(row)
+        vector = unit_vector(output_root, unit.output_path)
+        assert vector.shape == (384,) and vector.dtype == np.float32
+        assert unit.output_size == 384 * 4
+        assert unit.output_sha256 == hashlib.sha256(vector.tobytes()).hexdigest()
         assert np.isclose(np.linalg.norm(vector), 1.0, atol=1e-4)
-        assert unit.output_path.startswith(f"{queued.name}/{queued.current_version.label}/")
+        assert shard.startswith(f"{queued.name}/{queued.current_version.label}/shards/")
+    # One shard a batch that had successes, its rows the batch's units, each named in it.
+    assert len(rows_of) == Batch.objects.filter(campaign=queued).count()
+    for shard, rows in rows_of.items():
+        loaded = load_shard(Path(output_root) / shard, dimension=384)
+        assert sorted(rows) == list(range(len(loaded.ids)))
+        named = dict(
+            Unit.objects.filter(campaign=queued, uid__in=loaded.ids.tolist()).values_list(
+                "uid", "output_path"
+            )
+        )
+        assert all(named[uid] == f"{shard}#{row}" for row, uid in enumerate(loaded.ids.tolist()))
     reasons = dict(units.filter(state=UnitState.FAILED).values_list("uid", "error_message"))
     assert reasons["bad/empty.txt"] == "empty file"
     assert reasons["bad/whitespace-only.txt"].startswith("whitespace only")
@@ -75,13 +92,34 @@ def test_batch_records_tokens_time_and_memory(queued):
 
 def test_an_output_that_fails_its_check_is_not_counted(queued):
     batch = Batch.objects.filter(campaign=queued).order_by("pk").first()
-    # A processor that writes 383 numbers instead of 384.
-    with mock.patch.object(TextEmbeddingProcessor, "serialize", lambda self, v: _npy(v[:-1])):
+    # A processor that gives 383 numbers instead of 384.
+    with mock.patch.object(TextEmbeddingProcessor, "output", lambda self, r, i: r.vectors[i][:-1]):
         run_batch(batch.pk)
     units = Unit.objects.filter(batch=batch, uid__startswith="bad/").count()
     failed = Unit.objects.filter(batch=batch, error_class="output_invalid")
     assert failed.count() == batch.size - units
-    assert "shape" in failed.first().error_message
+    assert "expected (n, 384)" in failed.first().error_message
+
+
+def test_one_bad_row_fails_its_unit_only_and_goes_to_review(queued):
+    batch = Batch.objects.filter(campaign=queued).order_by("pk")[1]
+    victim = Unit.objects.filter(batch=batch).order_by("pk")[2]
+    real_output = TextEmbeddingProcessor.output
+
+    def output(self, result, index):
+        vector = real_output(self, result, index).copy()
+        if index == 2:
+            vector[0] = np.nan
+        return vector
+
+    with mock.patch.object(TextEmbeddingProcessor, "output", output):
+        run_batch(batch.pk)
+    victim.refresh_from_db()
+    assert (victim.state, victim.error_class) == ("failed", "output_invalid")
+    assert "NaN" in victim.error_message and victim.output_path == ""
+    assert ReviewItem.objects.get(unit=victim).reason == "non_finite"
+    others = Unit.objects.filter(batch=batch).exclude(pk=victim.pk)
+    assert set(others.values_list("state", flat=True)) == {"succeeded"}
 
 
 def test_a_model_failure_fails_the_batch_with_its_reason_and_the_next_batch_runs(queued):
@@ -93,12 +131,6 @@ def test_a_model_failure_fails_the_batch_with_its_reason_and_the_next_batch_runs
     assert set(Unit.objects.filter(batch=first).values_list("state", flat=True)) == {"failed"}
     run_batch(second.pk)
     assert Unit.objects.filter(batch=second, state=UnitState.SUCCEEDED).exists()
-
-
-def _npy(vector):
-    from campaigns.outputs import vector_to_npy
-
-    return vector_to_npy(vector)
 
 
 def test_an_input_changed_after_import_is_refused_not_mixed(queued, corpus):

@@ -10,6 +10,7 @@ from django.db.models import Count
 
 from campaigns import services
 from campaigns.models import IN_FLIGHT, Attempt, Batch, Unit, UnitState
+from tests.vectors import unit_vector
 from tests.worker import wait_until
 
 pytestmark = pytest.mark.integration
@@ -49,7 +50,7 @@ def test_two_pool_processes_share_the_device_and_the_campaign(
     done = Unit.objects.filter(campaign=campaign, state=UnitState.SUCCEEDED)
     assert done.exists()
     for unit in done:
-        vector = np.load(output_root / unit.output_path)
+        vector = unit_vector(output_root, unit.output_path)
         assert vector.shape == (384,)
         assert abs(float(np.linalg.norm(vector)) - 1.0) < 1e-4
     assert "WORKERS_PER_DEVICE" not in worker.output()

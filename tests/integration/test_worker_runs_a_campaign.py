@@ -13,8 +13,8 @@ from django.core.management import call_command
 
 from campaigns import selectors, services
 from campaigns.models import Attempt, Batch, Campaign, Unit, UnitState
-from campaigns.outputs import validate_embedding_file
 from tests.conftest import DEMO_BAD, DEMO_GOOD
+from tests.vectors import unit_vector
 from tests.worker import wait_until
 
 pytestmark = pytest.mark.integration
@@ -52,24 +52,27 @@ def test_a_worker_process_embeds_the_corpus_and_every_count_adds_up(
 
     # every success has its file, checked, with the recorded size and checksum
     for unit in Unit.objects.filter(campaign=campaign, state=UnitState.SUCCEEDED):
-        path = Path(output_root) / unit.output_path
-        validate_embedding_file(path, dimension=384, normalized=True)
-        data = path.read_bytes()
-        assert (len(data), hashlib.sha256(data).hexdigest()) == (
+        vector = unit_vector(output_root, unit.output_path)
+        assert vector.shape == (384,) and abs(float(np.linalg.norm(vector)) - 1) < 1e-4
+        assert (vector.nbytes, hashlib.sha256(vector.tobytes()).hexdigest()) == (
             unit.output_size,
             unit.output_sha256,
         )
-    files = list(Path(output_root).rglob("*.npy"))
-    assert len(files) == DEMO_GOOD
+    # one shard a batch that had a success, no file a unit, no temp file left
+    shards = list(Path(output_root).rglob("*.npz"))
+    assert (
+        len(shards)
+        == Batch.objects.filter(campaign=campaign, attempts__outcome="succeeded").distinct().count()
+    )
+    assert not list(Path(output_root).rglob("*.npy"))
     assert not list(Path(output_root).rglob("*.tmp"))
 
     # different texts, different vectors
-    a = np.load(
-        Path(output_root)
-        / Unit.objects.get(campaign=campaign, uid="news/rail-strike.txt").output_path
+    a = unit_vector(
+        output_root, Unit.objects.get(campaign=campaign, uid="news/rail-strike.txt").output_path
     )
-    b = np.load(
-        Path(output_root) / Unit.objects.get(campaign=campaign, uid="recipes/bread.txt").output_path
+    b = unit_vector(
+        output_root, Unit.objects.get(campaign=campaign, uid="recipes/bread.txt").output_path
     )
     assert float(a @ b) < 0.9
 

@@ -1,0 +1,193 @@
+"""A batch's vectors in one file: the shard format, its checks and its reading.
+
+A shard is an uncompressed .npz (numpy's zip of .npy arrays, readable anywhere
+numpy is) holding `vectors`, float32 (n, dim), and `ids`, the n unit ids in
+the same order. One file a batch instead of one a unit: a batch's outputs cost
+one create, one write and one flush to disk, and are read back for their
+check in one go (bench/RESULTS.md, session 12).
+
+A unit's output path names its row: '<campaign>/<version>/shards/…/b12-…npz#7'.
+Every reader goes through `split_member` and `VectorReader`, so per-unit .npy
+files written before shards existed stay readable beside them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import zipfile
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .outputs import (
+    NON_FINITE,
+    WRONG_OUTPUT,
+    InvalidOutput,
+    load_npy_or_npz,
+)
+
+MARK = "#"
+SUFFIX = ".npz"
+
+
+def member_path(shard_rel: str, row: int) -> str:
+    return f"{shard_rel}{MARK}{row}"
+
+
+def split_member(rel: str) -> tuple[str, int | None]:
+    """(file, row) of an output path: row None for a file of its own.
+
+    Per-unit output names never hold '#' (campaigns.paths.safe_name)."""
+    head, mark, row = rel.rpartition(MARK)
+    if mark and row.isdigit():
+        return head, int(row)
+    return rel, None
+
+
+def shard_bytes(ids: list[str], vectors: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, vectors=np.ascontiguousarray(vectors, dtype="<f4"), ids=np.array(ids, dtype=str))
+    return buf.getvalue()
+
+
+def row_sha256(vector: np.ndarray) -> str:
+    """What a unit's output_sha256 holds for a row: the hash of its float32 bytes."""
+    return hashlib.sha256(np.ascontiguousarray(vector, dtype="<f4").tobytes()).hexdigest()
+
+
+ROW_BYTES_PER_VALUE = 4
+
+
+@dataclass(frozen=True)
+class Shard:
+    ids: np.ndarray
+    vectors: np.ndarray
+
+    def row_of(self, uid: str) -> int | None:
+        found = np.flatnonzero(self.ids == uid)
+        return int(found[0]) if len(found) else None
+
+
+def load_shard(path: Path | str, *, dimension: int | None = None) -> Shard:
+    """The shard at `path`, whole and well formed, else InvalidOutput (OSError
+    when it cannot be read at all, FileNotFoundError when it is gone)."""
+    try:
+        members = load_npy_or_npz(path)
+    except (ValueError, zipfile.BadZipFile, EOFError, SyntaxError) as exc:
+        raise InvalidOutput(f"not a readable vector shard: {exc}") from exc
+    if not isinstance(members, dict) or set(members) != {"vectors", "ids"}:
+        raise InvalidOutput("not a vector shard: expected arrays 'vectors' and 'ids'", WRONG_OUTPUT)
+    vectors, ids = members["vectors"], members["ids"]
+    if vectors.dtype != np.float32 or vectors.ndim != 2:
+        raise InvalidOutput(
+            f"shard vectors {vectors.shape} {vectors.dtype}, expected (n, dim) float32",
+            WRONG_OUTPUT,
+        )
+    if ids.ndim != 1 or ids.dtype.kind != "U" or len(ids) != len(vectors):
+        raise InvalidOutput(f"shard ids {ids.shape} do not name its {len(vectors)} rows")
+    if dimension is not None and vectors.shape[1] != dimension:
+        raise InvalidOutput(
+            f"shard vectors of dimension {vectors.shape[1]}, expected {dimension}", WRONG_OUTPUT
+        )
+    return Shard(ids=ids, vectors=vectors)
+
+
+def check_vector_rows(
+    vectors: np.ndarray, *, dimension: int, normalized: bool
+) -> list[InvalidOutput | None]:
+    """Each row's defect (dimension not as asked, NaN or Inf, a norm off 1
+    where L2 was asked), or None: validate_embedding_file's checks, a shard at once."""
+    if vectors.ndim != 2 or vectors.shape[1] != dimension:
+        wrong = InvalidOutput(f"vectors {vectors.shape}, expected (n, {dimension})", WRONG_OUTPUT)
+        return [wrong] * len(vectors)
+    finite = np.isfinite(vectors).all(axis=1)
+    norms = np.linalg.norm(np.where(np.isfinite(vectors), vectors, 0), axis=1)
+    problems: list[InvalidOutput | None] = []
+    for ok, norm in zip(finite.tolist(), norms.tolist(), strict=True):
+        if not ok:
+            problems.append(InvalidOutput("vector holds NaN or Inf", NON_FINITE))
+        elif normalized and abs(norm - 1.0) > 1e-3:
+            problems.append(InvalidOutput(f"norm {norm:.6f}, expected 1 after L2 normalisation"))
+        else:
+            problems.append(None)
+    return problems
+
+
+class VectorReader:
+    """Unit vectors by output path, from shards or per-unit .npy files.
+
+    Keeps the last few shards it loaded: readers walk units in id order,
+    and a batch's units sit together in one shard.
+    """
+
+    KEEP = 8
+
+    def __init__(self, root: Path | str):
+        self.root = Path(root)
+        self._shards: OrderedDict[str, Shard] = OrderedDict()
+
+    def shard(self, rel: str) -> Shard:
+        shard = self._shards.get(rel)
+        if shard is None:
+            shard = load_shard(self.root / rel)
+            self._shards[rel] = shard
+            if len(self._shards) > self.KEEP:
+                self._shards.popitem(last=False)
+        else:
+            self._shards.move_to_end(rel)
+        return shard
+
+    def vector(self, rel: str) -> np.ndarray:
+        """The unit's vector; OSError or InvalidOutput when it cannot be had."""
+        file_rel, row = split_member(rel)
+        if row is None:
+            loaded = load_npy_or_npz(os.path.join(self.root, file_rel))
+            if not isinstance(loaded, np.ndarray):
+                raise InvalidOutput("an .npz archive, expected one .npy vector")
+            return loaded
+        vectors = self.shard(file_rel).vectors
+        if row >= len(vectors):
+            raise InvalidOutput(f"row {row} is past the shard's {len(vectors)} rows")
+        return vectors[row]
+
+
+class ShardChecker:
+    """verify's quick check of shard rows: each shard is read once a run
+    (its ids kept, its vectors not), however scattered its units are in id
+    order — a token-budget batch groups units by length, not by id."""
+
+    def __init__(self, root: Path | str):
+        self.root = Path(root)
+        self._facts: dict[str, tuple[list[str], int] | BaseException] = {}
+        self.reader = VectorReader(root)
+
+    def check(self, rel: str, row: int, uid: str, *, expected_size: int | None) -> None:
+        """FileNotFoundError when the shard is gone; InvalidOutput when the row
+        is not this unit's whole vector."""
+        facts = self._facts.get(rel)
+        if facts is None:
+            try:
+                shard = load_shard(self.root / rel)
+                facts = (shard.ids.tolist(), shard.vectors.shape[1])
+            except (OSError, InvalidOutput) as exc:
+                facts = exc
+            self._facts[rel] = facts
+        if isinstance(facts, FileNotFoundError):
+            raise FileNotFoundError(facts.errno, facts.strerror, facts.filename)
+        if isinstance(facts, InvalidOutput):
+            raise InvalidOutput(str(facts), facts.reason)
+        if isinstance(facts, OSError):
+            raise InvalidOutput(f"cannot read the shard: {facts}")
+        ids, dimension = facts
+        if row >= len(ids):
+            raise InvalidOutput(f"row {row} is past the shard's {len(ids)} rows")
+        if ids[row] != uid:
+            raise InvalidOutput(f"shard row {row} names {ids[row]!r}, not this unit")
+        if expected_size is not None and expected_size != dimension * ROW_BYTES_PER_VALUE:
+            raise InvalidOutput(
+                f"row of {dimension * ROW_BYTES_PER_VALUE} bytes, recorded {expected_size}"
+            )

@@ -50,6 +50,7 @@ def main() -> None:
     from django.core.management import call_command
 
     from campaigns import services
+    from campaigns.inventory import consolidate_vectors
     from campaigns.models import Unit, UnitState
     from campaigns.outputs import vector_to_npy
     from campaigns.paths import output_relpath, shard_relpath
@@ -84,7 +85,7 @@ def main() -> None:
 
     # Outputs as a finished campaign would have them.
     label = campaign.current_version.label
-    vector = np.ones(384, dtype=np.float32) / np.sqrt(384)
+    vector = (np.ones(384) / np.sqrt(384)).astype(np.float32)
     data = vector_to_npy(vector)
     import hashlib
 
@@ -125,6 +126,10 @@ def main() -> None:
         result = campaign_verify(campaign=campaign, deep=deep).as_dict()
         assert result["valid"] == n, result
         rows.append((f"verify{' --deep' if deep else ''}", time.perf_counter() - started))
+    started = time.perf_counter()
+    (matrix, _ids) = consolidate_vectors(campaign, work / "export")
+    assert np.load(matrix, mmap_mode="r").shape == (n, 384)
+    rows.append(("export: the vectors in one matrix", time.perf_counter() - started))
 
     engine = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
     print(f"# {n} units, database {engine}, {os.cpu_count()} cores, outputs: {args.layout}")

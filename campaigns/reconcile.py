@@ -14,7 +14,6 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -32,7 +31,7 @@ from .models import (
 from .outputs import InvalidOutput, file_sha256, is_temp_file
 from .paths import InputLocator, output_name
 from .processor_specs import get_spec
-from .vector_shards import MARK, ShardChecker, member_path, row_sha256, split_member
+from .vector_shards import MARK, DeepRowCheck, ShardChecker, split_member
 
 
 class Verdict:
@@ -121,7 +120,6 @@ _FIELDS = (
     "output_size",
     "output_sha256",
 )
-_OUTPUT_PATH = _FIELDS.index("output_path")
 
 
 def campaign_verify(*, campaign: Campaign, deep: bool = False) -> VerifyReport:
@@ -148,9 +146,6 @@ def campaign_verify(*, campaign: Campaign, deep: bool = False) -> VerifyReport:
         if not rows:
             break
         last_pk = rows[-1][0]
-        if deep:
-            # By output file: a batch's rows share a shard, whose vectors are read once.
-            rows.sort(key=lambda r: r[_OUTPUT_PATH])
         for row in rows:
             unit = dict(zip(_FIELDS, row, strict=True))
             for suffix in suffixes:
@@ -268,15 +263,11 @@ def _judge(unit, spec, versions, locate, shards: ShardChecker, deep) -> tuple[st
 def _judge_row(unit, spec, params, shards: ShardChecker, file_rel: str, row: int, deep):
     """A row of a batch's vector shard: there and this unit's (quick), the very
     vector recorded and still passing its check (deep). Raises as _judge's checks do."""
-    shards.check(file_rel, row, unit["uid"], expected_size=unit["output_size"])
+    check = None
     if deep:
-        vector = shards.reader.vector(member_path(file_rel, row))
-        if unit["output_sha256"] and row_sha256(vector) != unit["output_sha256"]:
-            raise InvalidOutput("checksum differs from the one recorded")
-        if spec.row_check is not None:
-            problem = spec.row_check(vector[np.newaxis, :], params)[0]
-            if problem is not None:
-                raise problem
+        rows = (lambda vectors: spec.row_check(vectors, params)) if spec.row_check else None
+        check = DeepRowCheck(sha256=unit["output_sha256"], row_check=rows)
+    shards.check(file_rel, row, unit["uid"], expected_size=unit["output_size"], deep=check)
     return Verdict.VALID, ""
 
 

@@ -18,6 +18,7 @@ import io
 import os
 import zipfile
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,23 +157,32 @@ class VectorReader:
 
 
 class ShardChecker:
-    """verify's quick check of shard rows: each shard is read once a run
-    (its ids kept, its vectors not), however scattered its units are in id
-    order — a token-budget batch groups units by length, not by id."""
+    """verify's check of shard rows: each shard is read once a run, however
+    scattered its units are in id order (a token-budget batch groups units by
+    length, not by id). What it keeps of a shard is small — a hash of each
+    row's id, and with deep checks each row's sha256 and defect — so a run
+    over millions of units holds tens of MiB, not the vectors."""
 
     def __init__(self, root: Path | str):
         self.root = Path(root)
-        self._facts: dict[str, tuple[list[str], int] | BaseException] = {}
-        self.reader = VectorReader(root)
+        self._facts: dict[str, _ShardFacts | BaseException] = {}
 
-    def check(self, rel: str, row: int, uid: str, *, expected_size: int | None) -> None:
+    def check(
+        self,
+        rel: str,
+        row: int,
+        uid: str,
+        *,
+        expected_size: int | None,
+        deep: DeepRowCheck | None = None,
+    ) -> None:
         """FileNotFoundError when the shard is gone; InvalidOutput when the row
-        is not this unit's whole vector."""
+        is not this unit's whole vector or (deep) not the very vector recorded,
+        or fails the processor's row check."""
         facts = self._facts.get(rel)
-        if facts is None:
+        if facts is None or (deep and isinstance(facts, _ShardFacts) and facts.digests is None):
             try:
-                shard = load_shard(self.root / rel)
-                facts = (shard.ids.tolist(), shard.vectors.shape[1])
+                facts = _ShardFacts.of(load_shard(self.root / rel), deep)
             except (OSError, InvalidOutput) as exc:
                 facts = exc
             self._facts[rel] = facts
@@ -180,14 +190,49 @@ class ShardChecker:
             raise FileNotFoundError(facts.errno, facts.strerror, facts.filename)
         if isinstance(facts, InvalidOutput):
             raise InvalidOutput(str(facts), facts.reason)
-        if isinstance(facts, OSError):
+        if isinstance(facts, BaseException):
             raise InvalidOutput(f"cannot read the shard: {facts}")
-        ids, dimension = facts
-        if row >= len(ids):
-            raise InvalidOutput(f"row {row} is past the shard's {len(ids)} rows")
-        if ids[row] != uid:
-            raise InvalidOutput(f"shard row {row} names {ids[row]!r}, not this unit")
-        if expected_size is not None and expected_size != dimension * ROW_BYTES_PER_VALUE:
-            raise InvalidOutput(
-                f"row of {dimension * ROW_BYTES_PER_VALUE} bytes, recorded {expected_size}"
-            )
+        if row >= len(facts.id_hashes):
+            raise InvalidOutput(f"row {row} is past the shard's {len(facts.id_hashes)} rows")
+        if facts.id_hashes[row] != hash(uid):
+            raise InvalidOutput(f"shard row {row} names another unit, not this one")
+        row_bytes = facts.dimension * ROW_BYTES_PER_VALUE
+        if expected_size is not None and expected_size != row_bytes:
+            raise InvalidOutput(f"row of {row_bytes} bytes, recorded {expected_size}")
+        if deep is None:
+            return
+        digest = facts.digests[row * 32 : row * 32 + 32].hex()
+        if deep.sha256 and digest != deep.sha256:
+            raise InvalidOutput("checksum differs from the one recorded")
+        if facts.problems[row] is not None:
+            raise facts.problems[row]
+
+
+@dataclass(frozen=True)
+class DeepRowCheck:
+    """What a deep check compares a row with: the recorded sha256, and the
+    processor's check of a shard's rows (vectors -> each row's defect or None)."""
+
+    sha256: str
+    row_check: Callable[[np.ndarray], list] | None
+
+
+@dataclass(frozen=True)
+class _ShardFacts:
+    id_hashes: np.ndarray  # hash() of each row's id: equal within a run, 8 bytes a row
+    dimension: int
+    digests: bytes | None = None  # each row's sha256, 32 bytes a row (deep)
+    problems: list | None = None  # each row's defect or None (deep)
+
+    @classmethod
+    def of(cls, shard: Shard, deep: DeepRowCheck | None) -> _ShardFacts:
+        id_hashes = np.array([hash(uid) for uid in shard.ids.tolist()], dtype=np.int64)
+        dimension = shard.vectors.shape[1]
+        if deep is None:
+            return cls(id_hashes, dimension)
+        digests = b"".join(
+            hashlib.sha256(np.ascontiguousarray(v, dtype="<f4").tobytes()).digest()
+            for v in shard.vectors
+        )
+        problems = deep.row_check(shard.vectors) if deep.row_check else [None] * len(shard.vectors)
+        return cls(id_hashes, dimension, digests, problems)

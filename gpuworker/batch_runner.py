@@ -30,7 +30,7 @@ from django.db.models import CharField, F
 from django.utils import timezone
 
 from campaigns.flags import DRIFT_MIN_BATCH, FlagReason, drifting_categories
-from campaigns.inputs import InputError, read_bytes
+from campaigns.inputs import InputError, corpus_real_path, read_bytes
 from campaigns.models import (
     VECTOR_HASH,
     AsInIndex,
@@ -315,7 +315,8 @@ def _compute(batch: Batch, processor, outcomes: list[Outcome]) -> tuple[list, in
             outcome.path = output_root / outcome.target
     # Reading and decoding in threads: file I/O and image decoding release
     # the GIL, so a slow disk or a large image does not serialise the batch.
-    prepared = in_threads(lambda o: _prepare(processor, root, o, adoptable), outcomes)
+    real_root = corpus_real_path(root)  # once a batch, not once an input
+    prepared = in_threads(lambda o: _prepare(processor, root, real_root, o, adoptable), outcomes)
     ready = [(o, item) for o, item in zip(outcomes, prepared, strict=True) if item is not _SKIP]
     adopted = sum(1 for o in outcomes if o.metrics.get("adopted"))
     splits: list[int] = []
@@ -499,11 +500,11 @@ def _shard_rows(batch: Batch, processor) -> dict[str, tuple[str, np.ndarray]]:
     return rows
 
 
-def _prepare(processor, root: Path, outcome: Outcome, adoptable: dict | None = None):
+def _prepare(processor, root: Path, real_root, outcome: Outcome, adoptable: dict | None = None):
     """The unit's model input, or _SKIP when it failed or its output was adopted."""
     unit = outcome.unit
     try:
-        data = read_bytes(root, unit.source_path)
+        data = read_bytes(root, unit.source_path, real_root)
         outcome.input_sha256 = hashlib.sha256(data).hexdigest()
         if unit.sha256 and outcome.input_sha256 != unit.sha256:
             raise InputError(

@@ -36,9 +36,9 @@ def test_missing_and_escaping_inputs(tmp_path):
     assert escape.value.error_class == "input_invalid"
 
 
-def _outcome(root, source_path):
+def _outcome(root, source_path, real_root=None):
     try:
-        return ("read", read_bytes(root, source_path))
+        return ("read", read_bytes(root, source_path, real_root))
     except InputError as exc:
         return (exc.error_class, exc.message.replace(str(root.resolve()), "<root>"))
 
@@ -80,9 +80,14 @@ def test_the_fd_check_reads_and_refuses_exactly_as_resolving_the_path_does(tmp_p
     for base in (root, tmp_path / "alias"):
         monkeypatch.setattr(inputs, "_PROC_FD", True)
         fast = [_outcome(base, case) for case in cases]
+        # the root's real path found once for many inputs, as a batch reads them
+        once = inputs.corpus_real_path(base)
+        assert once == str(root.resolve())
+        batch = [_outcome(base, case, once) for case in cases]
         monkeypatch.setattr(inputs, "_PROC_FD", False)
         slow = [_outcome(base, case) for case in cases]
-        assert fast == slow
+        assert fast == batch == slow
+        assert inputs.corpus_real_path(base) is None  # no /proc: each read resolves
     assert [kind for kind, _ in fast] == [
         "read",
         "read",

@@ -11,6 +11,7 @@ import pytest
 from campaigns.outputs import InvalidOutput, vector_to_npy
 from campaigns.paths import safe_name, shard_relpath
 from campaigns.vector_shards import (
+    DeepRowCheck,
     ShardChecker,
     VectorReader,
     check_vector_rows,
@@ -115,7 +116,7 @@ def test_the_checker_reads_a_shard_once_and_checks_the_row_is_this_units(tmp_pat
     for row, uid in enumerate("abc"):
         checker.check("s.npz", row, uid, expected_size=32)
     assert len(loads) == 1
-    with pytest.raises(InvalidOutput, match="names 'b', not this unit"):
+    with pytest.raises(InvalidOutput, match="names another unit"):
         checker.check("s.npz", 1, "a", expected_size=32)
     with pytest.raises(InvalidOutput, match="recorded 99"):
         checker.check("s.npz", 0, "a", expected_size=99)
@@ -130,3 +131,24 @@ def test_a_zip_with_other_members_is_not_a_shard(tmp_path):
         archive.writestr("notes.txt", "hello")
     with pytest.raises(InvalidOutput):
         load_shard(path)
+
+
+def test_a_deep_check_compares_each_rows_checksum_and_runs_the_row_check_once(tmp_path):
+    vectors = _unit_vectors(3)
+    vectors[2, 0] = np.nan
+    (tmp_path / "s.npz").write_bytes(shard_bytes(["a", "b", "c"], vectors))
+    checked = []
+
+    def row_check(rows):
+        checked.append(len(rows))
+        return check_vector_rows(rows, dimension=8, normalized=True)
+
+    checker = ShardChecker(tmp_path)
+    checker.check("s.npz", 0, "a", expected_size=None)  # quick first: no digests kept
+    deep = DeepRowCheck(sha256=row_sha256(vectors[0]), row_check=row_check)
+    checker.check("s.npz", 0, "a", expected_size=32, deep=deep)
+    with pytest.raises(InvalidOutput, match="checksum differs"):
+        checker.check("s.npz", 1, "b", expected_size=32, deep=deep)
+    with pytest.raises(InvalidOutput, match="NaN"):
+        checker.check("s.npz", 2, "c", expected_size=32, deep=DeepRowCheck("", row_check))
+    assert checked == [3]  # the shard's rows checked in one call, once

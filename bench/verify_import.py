@@ -126,6 +126,7 @@ def main() -> None:
         result = campaign_verify(campaign=campaign, deep=deep).as_dict()
         assert result["valid"] == n, result
         rows.append((f"verify{' --deep' if deep else ''}", time.perf_counter() - started))
+    (work / "export").mkdir()
     started = time.perf_counter()
     (matrix, _ids) = consolidate_vectors(campaign, work / "export")
     assert np.load(matrix, mmap_mode="r").shape == (n, 384)

@@ -164,19 +164,20 @@ def consolidate_vectors(campaign: Campaign, folder: Path) -> list[Path]:
         ids_path = folder / f"vectors-{version.label}.csv"
         tmp = folder / f".{matrix_path.name}.tmp"
         matrix = npy_format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(count, dimension))
-        rows = []
         units = _units(
             campaign,
             ("uid", "source_path", "output_path"),
             state=UnitState.SUCCEEDED,
             output_path__startswith=prefix,
         )
-        numbered = itertools.islice(enumerate(units), count)
-        while chunk := list(itertools.islice(numbered, _CHUNK)):
-            # By output file within a chunk: a batch's rows share a shard, read once.
-            for row, (_uid, _source, rel) in sorted(chunk, key=lambda r: r[1][2]):
-                matrix[row] = reader.vector(rel)
-            rows.extend((row, uid, source, rel) for row, (uid, source, rel) in chunk)
+        rows = [
+            (row, uid, source, rel)
+            for row, (uid, source, rel) in itertools.islice(enumerate(units), count)
+        ]
+        # Filled in output-path order: a batch's rows share a shard, read once,
+        # though a token budget scatters a batch's units over the id order.
+        for row, _uid, _source, rel in sorted(rows, key=lambda r: r[3]):
+            matrix[row] = reader.vector(rel)
         matrix.flush()
         del matrix
         os.replace(tmp, matrix_path)

@@ -3,6 +3,8 @@ process variant is tests/integration/test_worker_killed.py)."""
 
 from __future__ import annotations
 
+import csv
+import hashlib
 import os
 import time
 from pathlib import Path
@@ -234,8 +236,6 @@ def test_verify_takes_no_input_hash_for_untouched_files(done, monkeypatch):
 
 
 def test_export_consolidates_the_vectors_of_each_version(done, output_root, tmp_path):
-    import csv
-
     from campaigns.inventory import export
 
     written = {p.name for p in export(done, tmp_path / "dossier")}
@@ -295,3 +295,41 @@ def test_a_shard_only_an_earlier_attempt_points_into_is_not_an_orphan(done, outp
     report = campaign_verify(campaign=done).as_dict()
     assert report["orphan_outputs"] == 1
     assert report["orphan_samples"] == [shard]
+
+
+def test_outputs_written_a_file_a_unit_before_shards_still_verify_and_export(
+    done, output_root, tmp_path
+):
+    """A campaign from before shards: its .npy files sit beside new shard rows."""
+    from campaigns.inventory import consolidate_vectors
+    from campaigns.outputs import vector_to_npy
+    from campaigns.paths import output_relpath
+
+    old, new = _succeeded(done, 2)
+    vector = unit_vector(output_root, old.output_path)
+    rel = str(
+        output_relpath(
+            campaign=done.name,
+            version_label=done.current_version.label,
+            uid=old.uid,
+            suffix=".npy",
+        )
+    )
+    data = vector_to_npy(vector)
+    (output_root / rel).parent.mkdir(parents=True, exist_ok=True)
+    (output_root / rel).write_bytes(data)
+    Unit.objects.filter(pk=old.pk).update(
+        output_path=rel, output_size=len(data), output_sha256=hashlib.sha256(data).hexdigest()
+    )
+    assert campaign_verify(campaign=done, deep=True).as_dict()["valid"] == DEMO_GOOD
+    matrix_path, ids_path = consolidate_vectors(done, tmp_path)
+    with open(ids_path) as fh:
+        row_of = {r["id"]: int(r["row"]) for r in csv.DictReader(fh)}
+    matrix = np.load(matrix_path)
+    assert np.array_equal(matrix[row_of[old.uid]], vector)
+    assert np.array_equal(matrix[row_of[new.uid]], unit_vector(output_root, new.output_path))
+    # and a damaged old file is still caught
+    (output_root / rel).write_bytes(data[:-4])
+    report = campaign_verify(campaign=done).as_dict()
+    assert report["output_incomplete"] == 1
+    assert report["samples"]["output_incomplete"][0]["id"] == old.uid

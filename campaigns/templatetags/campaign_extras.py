@@ -1,5 +1,7 @@
 from django import template
-from django.utils.html import format_html_join
+from django.utils.html import format_html, format_html_join
+
+from campaigns.vector_shards import split_member
 
 register = template.Library()
 
@@ -28,3 +30,12 @@ def unit_rows(rows):
             for url, uid, state, error_class, message, output, updated in rows
         ),
     )
+
+
+@register.filter
+def output_location(rel: str):
+    """Where a unit's output is: its file, or its row of its batch's shard."""
+    file_rel, row = split_member(rel)
+    if row is None:
+        return format_html("<code>{}</code>", file_rel)
+    return format_html("row {} of its batch's shard <code>{}</code>", row, file_rel)

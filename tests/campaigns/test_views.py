@@ -250,6 +250,18 @@ def test_the_unit_page_shows_lineage_from_source_to_attempts(client, owner, camp
     assert campaign.current_version.label in page
 
 
+def test_a_unit_page_says_which_row_of_which_shard_holds_its_vector(client, owner, campaign):
+    unit = Unit.objects.get(campaign=campaign, uid="news/rail-strike.txt")
+    shard = f"{campaign.name}/v1/shards/0000/b3-<x>.npz"
+    Unit.objects.filter(pk=unit.pk).update(
+        state=UnitState.SUCCEEDED, output_path=f"{shard}#7", output_size=1536
+    )
+    client.force_login(owner)
+    page = client.get(reverse("unit_detail", args=[campaign.name, unit.pk])).content.decode()
+    assert "row 7 of its batch's shard <code>" in page
+    assert "b3-&lt;x&gt;.npz</code> (1536 bytes" in page  # escaped like any name
+
+
 def test_failures_can_be_filtered_by_error_class(client, owner, campaign):
     Unit.objects.filter(campaign=campaign, uid="bad/empty.txt").update(
         state=UnitState.FAILED, error_class="input_invalid", error_message="empty file"

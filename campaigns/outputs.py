@@ -254,13 +254,32 @@ def validate_embedding_file(path: Path, *, dimension: int, normalized: bool) -> 
         raise InvalidOutput(f"shape {vector.shape}, expected ({dimension},)", WRONG_OUTPUT)
     if vector.dtype != np.float32:
         raise InvalidOutput(f"dtype {vector.dtype}, expected float32", WRONG_OUTPUT)
-    if not np.isfinite(vector).all():
-        raise InvalidOutput("vector holds NaN or Inf", NON_FINITE)
-    if normalized:
-        norm = float(np.linalg.norm(vector))
-        if abs(norm - 1.0) > 1e-3:
-            raise InvalidOutput(f"norm {norm:.6f}, expected 1 after L2 normalisation")
+    problem = check_vector_rows(vector[np.newaxis, :], dimension=dimension, normalized=normalized)
+    if problem[0] is not None:
+        raise problem[0]
     return vector
+
+
+def check_vector_rows(
+    vectors: np.ndarray, *, dimension: int, normalized: bool
+) -> list[InvalidOutput | None]:
+    """Each row's defect (dimension not as asked, NaN or Inf, a norm off 1
+    where L2 was asked), or None: the one rule for embedding vectors, a file's
+    (validate_embedding_file) or a shard's rows (campaigns/vector_shards.py)."""
+    if vectors.ndim != 2 or vectors.shape[1] != dimension:
+        wrong = InvalidOutput(f"vectors {vectors.shape}, expected (n, {dimension})", WRONG_OUTPUT)
+        return [wrong] * len(vectors)
+    finite = np.isfinite(vectors).all(axis=1)
+    norms = np.linalg.norm(np.where(np.isfinite(vectors), vectors, 0), axis=1)
+    problems: list[InvalidOutput | None] = []
+    for ok, norm in zip(finite.tolist(), norms.tolist(), strict=True):
+        if not ok:
+            problems.append(InvalidOutput("vector holds NaN or Inf", NON_FINITE))
+        elif normalized and abs(norm - 1.0) > 1e-3:
+            problems.append(InvalidOutput(f"norm {norm:.6f}, expected 1 after L2 normalisation"))
+        else:
+            problems.append(None)
+    return problems
 
 
 def check_npy_header(path: Path, *, expected_size: int | None, dimension: int) -> None:

@@ -88,13 +88,13 @@ def shard_relpath(*, campaign: str, version_label: str, batch_id: int, token: st
     lease never overwrites the file another worker's results point into; a
     thousand batches a folder.
     """
-    return PurePosixPath(
-        campaign,
-        version_label,
-        SHARDS_FOLDER,
-        f"{batch_id // 1000:04d}",
-        f"{shard_prefix(batch_id)}{token[:12]}.npz",
-    )
+    folder = shard_folder(campaign=campaign, version_label=version_label, batch_id=batch_id)
+    return folder / f"{shard_prefix(batch_id)}{token[:12]}.npz"
+
+
+def shard_folder(*, campaign: str, version_label: str, batch_id: int) -> PurePosixPath:
+    """Where a batch's shards go, relative to OUTPUT_ROOT."""
+    return PurePosixPath(campaign, version_label, SHARDS_FOLDER, f"{batch_id // 1000:04d}")
 
 
 def shard_prefix(batch_id: int) -> str:

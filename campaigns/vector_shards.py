@@ -25,7 +25,6 @@ from pathlib import Path
 import numpy as np
 
 from .outputs import (
-    NON_FINITE,
     WRONG_OUTPUT,
     InvalidOutput,
     load_npy_or_npz,
@@ -57,7 +56,11 @@ def shard_bytes(ids: list[str], vectors: np.ndarray) -> bytes:
 
 def row_sha256(vector: np.ndarray) -> str:
     """What a unit's output_sha256 holds for a row: the hash of its float32 bytes."""
-    return hashlib.sha256(np.ascontiguousarray(vector, dtype="<f4").tobytes()).hexdigest()
+    return _row_digest(vector).hex()
+
+
+def _row_digest(vector: np.ndarray) -> bytes:
+    return hashlib.sha256(np.ascontiguousarray(vector, dtype="<f4").tobytes()).digest()
 
 
 ROW_BYTES_PER_VALUE = 4
@@ -95,27 +98,6 @@ def load_shard(path: Path | str, *, dimension: int | None = None) -> Shard:
             f"shard vectors of dimension {vectors.shape[1]}, expected {dimension}", WRONG_OUTPUT
         )
     return Shard(ids=ids, vectors=vectors)
-
-
-def check_vector_rows(
-    vectors: np.ndarray, *, dimension: int, normalized: bool
-) -> list[InvalidOutput | None]:
-    """Each row's defect (dimension not as asked, NaN or Inf, a norm off 1
-    where L2 was asked), or None: validate_embedding_file's checks, a shard at once."""
-    if vectors.ndim != 2 or vectors.shape[1] != dimension:
-        wrong = InvalidOutput(f"vectors {vectors.shape}, expected (n, {dimension})", WRONG_OUTPUT)
-        return [wrong] * len(vectors)
-    finite = np.isfinite(vectors).all(axis=1)
-    norms = np.linalg.norm(np.where(np.isfinite(vectors), vectors, 0), axis=1)
-    problems: list[InvalidOutput | None] = []
-    for ok, norm in zip(finite.tolist(), norms.tolist(), strict=True):
-        if not ok:
-            problems.append(InvalidOutput("vector holds NaN or Inf", NON_FINITE))
-        elif normalized and abs(norm - 1.0) > 1e-3:
-            problems.append(InvalidOutput(f"norm {norm:.6f}, expected 1 after L2 normalisation"))
-        else:
-            problems.append(None)
-    return problems
 
 
 class VectorReader:
@@ -230,9 +212,6 @@ class _ShardFacts:
         dimension = shard.vectors.shape[1]
         if deep is None:
             return cls(id_hashes, dimension)
-        digests = b"".join(
-            hashlib.sha256(np.ascontiguousarray(v, dtype="<f4").tobytes()).digest()
-            for v in shard.vectors
-        )
+        digests = b"".join(_row_digest(v) for v in shard.vectors)
         problems = deep.row_check(shard.vectors) if deep.row_check else [None] * len(shard.vectors)
         return cls(id_hashes, dimension, digests, problems)

@@ -43,7 +43,7 @@ from campaigns.models import (
     UnitState,
 )
 from campaigns.outputs import InvalidOutput, WrittenFile, write_atomic, write_atomic_group
-from campaigns.paths import output_relpath, shard_prefix, shard_relpath
+from campaigns.paths import output_relpath, shard_folder, shard_prefix, shard_relpath
 from campaigns.review import (
     after_batch,
     reviewed_out_under,
@@ -473,10 +473,10 @@ def _refused(outcome: Outcome, exc: InvalidOutput) -> None:
 def _shard_rows(batch: Batch, processor) -> dict[str, tuple[str, np.ndarray]]:
     """uid -> (output path, vector) of every whole, valid row in the shards an
     earlier claim of this batch wrote; a damaged shard is recomputed instead."""
-    sample = shard_relpath(
-        campaign=batch.campaign.name, version_label=batch.version.label, batch_id=batch.pk, token=""
+    folder_rel = shard_folder(
+        campaign=batch.campaign.name, version_label=batch.version.label, batch_id=batch.pk
     )
-    folder = Path(settings.OUTPUT_ROOT) / sample.parent
+    folder = Path(settings.OUTPUT_ROOT) / folder_rel
     try:
         names = sorted(
             e.name
@@ -487,7 +487,7 @@ def _shard_rows(batch: Batch, processor) -> dict[str, tuple[str, np.ndarray]]:
         return {}
     rows: dict[str, tuple[str, np.ndarray]] = {}
     for name in names:
-        rel = f"{sample.parent}/{name}"
+        rel = f"{folder_rel}/{name}"
         try:
             shard = load_shard(folder / name)
         except (InvalidOutput, OSError):

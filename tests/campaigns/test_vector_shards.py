@@ -8,13 +8,12 @@ import zipfile
 import numpy as np
 import pytest
 
-from campaigns.outputs import InvalidOutput, vector_to_npy
+from campaigns.outputs import InvalidOutput, check_vector_rows, vector_to_npy
 from campaigns.paths import safe_name, shard_relpath
 from campaigns.vector_shards import (
     DeepRowCheck,
     ShardChecker,
     VectorReader,
-    check_vector_rows,
     load_shard,
     member_path,
     row_sha256,

@@ -31,7 +31,6 @@ from .outputs import (
 )
 
 MARK = "#"
-SUFFIX = ".npz"
 
 
 def member_path(shard_rel: str, row: int) -> str:
@@ -71,10 +70,6 @@ class Shard:
     ids: np.ndarray
     vectors: np.ndarray
 
-    def row_of(self, uid: str) -> int | None:
-        found = np.flatnonzero(self.ids == uid)
-        return int(found[0]) if len(found) else None
-
 
 def load_shard(path: Path | str, *, dimension: int | None = None) -> Shard:
     """The shard at `path`, whole and well formed, else InvalidOutput (OSError
@@ -103,8 +98,9 @@ def load_shard(path: Path | str, *, dimension: int | None = None) -> Shard:
 class VectorReader:
     """Unit vectors by output path, from shards or per-unit .npy files.
 
-    Keeps the last few shards it loaded: readers walk units in id order,
-    and a batch's units sit together in one shard.
+    Keeps the last few shards it loaded: a reader that takes units in
+    output-path order (export) or one batch's (review's nearest vector)
+    loads each shard once.
     """
 
     KEEP = 8

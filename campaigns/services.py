@@ -276,8 +276,18 @@ def _run(campaign: Campaign, *, slices: int | None, since: dt.datetime) -> tuple
 RUN_SLICE_UNITS = 50_000
 
 
-def _paused_since(campaign: Campaign, since: dt.datetime) -> bool:
-    return Campaign.objects.filter(pk=campaign.pk, paused_at__gte=since).exists()
+def _paused_since(campaign: Campaign, since: dt.datetime, *, hold: bool = False) -> bool:
+    """Whether a Pause came since `since`. With `hold` (inside a slice's
+    transaction) the campaign's row stays locked until that transaction ends:
+    a Pause then waits for the slice to commit and takes its batches back,
+    instead of landing between this check and the commit and missing them."""
+    campaigns = Campaign.objects.filter(pk=campaign.pk)
+    if hold:
+        # FOR NO KEY UPDATE: it waits for, and holds off, campaign_pause's
+        # update of the row, but not the inserts whose foreign key names it.
+        campaigns = campaigns.select_for_update(no_key=True)
+    paused_at = campaigns.values_list("paused_at", flat=True).get()
+    return paused_at is not None and paused_at >= since
 
 
 def _plan_and_send(
@@ -296,7 +306,7 @@ def _plan_and_send(
                 group = []
         if group:
             created += _batches_claim(campaign=campaign, version=version, group=group)
-        if _paused_since(campaign, since):
+        if _paused_since(campaign, since, hold=True):
             # Paused while this slice was planned: none of it is queued.
             transaction.set_rollback(True)
             return 0

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import threading
 from unittest import mock
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.db import connections, transaction
 
 from campaigns import services
 from campaigns.models import Batch, Campaign, Unit, UnitState
@@ -197,6 +199,46 @@ def test_a_pause_while_a_large_run_is_planned_stops_it_at_the_next_slice(
     assert not units.filter(state=UnitState.QUEUED).exists()
     assert units.filter(state=UnitState.PENDING).count() == DEMO_GOOD + DEMO_BAD
     assert not Batch.objects.filter(campaign=campaign, state=Batch.State.QUEUED).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pause_landing_as_a_slice_commits_takes_that_slice_back(make_campaign):
+    """The user presses Pause after the slice's last look at the campaign and
+    before its commit: the Pause waits for that commit and takes the slice's
+    batches back. (Without the slice's lock on the campaign's row, PostgreSQL
+    let the Pause through at once, it found none of the slice's batches, and
+    the slice was sent after the Pause.)"""
+    campaign = make_campaign()
+    Campaign.objects.filter(pk=campaign.pk).update(checkpoint_after=0)
+    campaign.refresh_from_db()
+    real_on_commit = transaction.on_commit
+    pauses: list[int] = []
+    pausing: list[threading.Thread] = []
+
+    def pause() -> None:
+        try:
+            pauses.append(services.campaign_pause(campaign=campaign))
+        finally:
+            connections.close_all()
+
+    def on_commit(func, *args, **kwargs):
+        # Registered after the check, before the commit: the Pause lands here.
+        if not pausing:
+            pausing.append(threading.Thread(target=pause))
+            pausing[0].start()
+            pausing[0].join(timeout=1.0)  # let an unblocked Pause finish first
+        return real_on_commit(func, *args, **kwargs)
+
+    with (
+        mock.patch.object(services.celery_app, "send_task"),
+        mock.patch.object(services.transaction, "on_commit", side_effect=on_commit),
+    ):
+        services.campaign_run(campaign=campaign)
+    pausing[0].join(timeout=30)
+    units = Unit.objects.filter(campaign=campaign)
+    assert pauses == [DEMO_GOOD + DEMO_BAD]  # the whole slice, taken back
+    assert not Batch.objects.filter(campaign=campaign, state=Batch.State.QUEUED).exists()
+    assert units.filter(state=UnitState.PENDING).count() == DEMO_GOOD + DEMO_BAD
 
 
 def test_running_again_enqueues_nothing_new(make_campaign, django_capture_on_commit_callbacks):

@@ -83,8 +83,12 @@ def test_reject_with_a_reason_and_requeue_using_only_the_keyboard(
     assert len(flagged_uids) >= 2  # close to two categories: low margin
     assert {uid.split("/")[0] for uid in flagged_uids} == {"ambiguous"}
 
+    page.set_viewport_size({"width": 1024, "height": 768})  # a small laptop's screen
     _log_in(page, f"{live_server.url}/review/?campaign=shapes")
     pane = page.locator("#review-item")
+    # The list keeps to its column: its last column is not hidden under the pane.
+    state_header = page.locator("table.review-list th").last.bounding_box()
+    assert state_header["x"] + state_header["width"] <= pane.bounding_box()["x"]
     assert pane.locator("#input-thumbnail").get_attribute("src").startswith("data:image/png")
     assert "Margin" in pane.inner_text()
 

@@ -232,6 +232,10 @@ class _Stepper:
             )
         del result
         self.steps.append(step)
+        # Saved as measured: the report page, which polls, shows each step as
+        # it lands (a CPU profile takes minutes) and a worker that dies
+        # mid-profile leaves what it had measured.
+        Profile.objects.filter(pk=self.profile.pk).update(steps=self.steps)
         log.debug("profile %s: %s", self.profile.pk, step)
         return step
 
@@ -430,6 +434,7 @@ def profile_run(profile_id: int) -> str:
             profile.sample, profile.heavy = profiling.sample_build(
                 campaign=profile.campaign, version=profile.version
             )
+            profile.save(update_fields=["sample", "heavy"])
         training = get_spec(profile.campaign.processor).training
         if training:
             training_profile.measure(profile)  # a training step, not an inference batch
@@ -482,6 +487,8 @@ def record_device(profile: Profile, device: torch.device) -> int:
 def _measure(profile: Profile, workdir: Path) -> None:
     processor = get_processor(profile.campaign.processor, profile.version.params)
     budget = record_device(profile, getattr(processor, "device", torch.device("cpu")))
+    # The device and its budget on the page while the steps come in.
+    profile.save(update_fields=["memory_budget", "runtime", "device"])
     sample = _Sample(profile, processor)
     if not sample.items:
         raise ValueError("no input of the sample could be read: nothing to measure")

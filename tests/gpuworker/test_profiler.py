@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
+from django.urls import reverse
 from PIL import Image
 
 from campaigns import processor_specs, profiling, selectors, services
@@ -10,6 +13,7 @@ from campaigns.models import Batch, ErrorClass, Profile, Unit, UnitState
 from gpuworker import processors
 from gpuworker.memory import StepMemory, allocated_now, cpu
 from gpuworker.processors import get_processor
+from gpuworker.processors.text_embedding import TextEmbeddingProcessor
 from gpuworker.profiler import leak_verdict, profile_run
 from tests.plugins import paced_text
 
@@ -146,6 +150,37 @@ def test_a_profile_is_rerun_on_the_same_sample_and_its_own_parameters(
     assert (again.margin, again.max_batch_size) == (first.margin, first.max_batch_size)
     assert again.state == Profile.State.QUEUED
     assert Profile.objects.filter(campaign=campaign).count() == 2
+
+
+def test_the_report_shows_each_step_while_the_profile_still_measures(
+    client, owner, project, skewed_corpus, output_root, catalog
+):
+    """A CPU profile takes minutes: its page shows the device, the sample and
+    every batch measured so far, not just "Running", and keeps polling."""
+    campaign = _campaign(project, skewed_corpus)
+    profile = profiling.profile_create(campaign=campaign, max_batch_size=4, sample_size=10)
+    client.force_login(owner)
+    seen: list[tuple[int, bool, bool]] = []
+    real_run = TextEmbeddingProcessor.run
+
+    def run(self, items):
+        # What a person polling the page sees as the next batch starts.
+        html = client.get(
+            reverse("campaign_profile", args=[campaign.name]),
+            HTTP_HX_REQUEST="true",
+            HTTP_HX_TARGET="profile-report",
+        ).content.decode()
+        seen.append(
+            (html.count("<tr data-phase="), 'hx-trigger="every 2s"' in html, "CPU (" in html)
+        )
+        return real_run(self, items)
+
+    with mock.patch.object(TextEmbeddingProcessor, "run", run):
+        assert profile_run(profile.pk) == "done"
+    profile.refresh_from_db()
+    assert len(seen) == len(profile.steps) > 5
+    assert [shown for shown, _, _ in seen] == list(range(len(seen)))
+    assert all(polling and device for _, polling, device in seen)
 
 
 # --- the sample's hard inputs ----------------------------------------------------

@@ -421,6 +421,9 @@ class Profile(models.Model):
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Renewed by the measuring worker; silent too long, the sweeper fails the
+    # profile (profiling.profiles_fail_stale) instead of leaving it "running".
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]

@@ -9,7 +9,9 @@ rental plan.
 
 from __future__ import annotations
 
+import datetime as dt
 import heapq
+import logging
 import math
 import random
 import warnings
@@ -20,7 +22,8 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
+from django.utils import timezone
 
 from . import services
 from .batching import plan_batches
@@ -36,6 +39,8 @@ from .models import (
 )
 from .paths import resolve_input
 from .processor_specs import get_spec
+
+log = logging.getLogger(__name__)
 
 TIERS_GB = (24, 48, 80)
 GiB = 1024**3
@@ -805,6 +810,38 @@ def latest_profile(*, campaign: Campaign) -> Profile | None:
 
 
 PROFILE_TASK = "gpuworker.tasks.run_profile"
+
+
+def profiles_fail_stale(*, now: dt.datetime | None = None) -> list[int]:
+    """Fail the running profiles whose worker stopped beating: killed (on a CPU
+    a profile grows its batches until memory runs short, so perhaps by the
+    kernel for memory) or its machine lost. Failed, not sent again: what
+    killed the worker would likely kill the next one; the report keeps the
+    steps measured and offers to profile again."""
+    now = now or timezone.now()
+    stale = now - dt.timedelta(seconds=settings.PROFILE_HEARTBEAT_SECONDS * 3)
+    # A profile from before heartbeats counts from when it was queued.
+    silent = Q(heartbeat_at__lt=stale) | Q(heartbeat_at__isnull=True, created_at__lt=stale)
+    failed = []
+    running = Profile.objects.filter(silent, state=Profile.State.RUNNING)
+    for profile in running.only("pk", "heartbeat_at", "created_at", "steps"):
+        since = profile.heartbeat_at or profile.created_at
+        moved = Profile.objects.filter(
+            pk=profile.pk, state=Profile.State.RUNNING, heartbeat_at=profile.heartbeat_at
+        ).update(
+            state=Profile.State.FAILED,
+            finished_at=now,
+            error=(
+                f"its worker stopped answering (no heartbeat since "
+                f"{since:%Y-%m-%d %H:%M:%S} UTC) after {len(profile.steps)} measured "
+                "batch(es): it was killed, perhaps for memory, or its machine was lost. "
+                "The batches measured are below; profile again."
+            ),
+        )
+        if moved:
+            log.warning("profile %s: worker silent since %s; failed", profile.pk, since)
+            failed.append(profile.pk)
+    return failed
 
 
 def _queue(profile: Profile) -> None:

@@ -45,6 +45,13 @@ def requeue_stale_trainings() -> list[int]:
     return trainings_requeue_stale()
 
 
+@shared_task(name="campaigns.tasks.fail_stale_profiles")
+def fail_stale_profiles() -> list[int]:
+    from .profiling import profiles_fail_stale
+
+    return profiles_fail_stale()
+
+
 @worker_ready.connect
 def _requeue_on_start(**kwargs) -> None:
     # A worker that starts after a crash picks up what the dead one held.

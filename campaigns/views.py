@@ -367,6 +367,10 @@ def campaign_params(request: HttpRequest, name: str) -> HttpResponse:
 PROFILE_ACTIVE = {Profile.State.QUEUED, Profile.State.RUNNING}
 DEFAULT_MARGIN_PERCENT = 20
 MAX_MARGIN_PERCENT = 90
+# The largest batch a profile tries: the model's default, and a ceiling a form
+# cannot raise (each step of the sweep doubles the batch up to it).
+DEFAULT_MAX_BATCH = Profile._meta.get_field("max_batch_size").default
+MAX_PROFILE_BATCH = 65536
 
 
 @login_required
@@ -383,6 +387,8 @@ def campaign_profile(request: HttpRequest, name: str) -> HttpResponse:
         "profile": profile,
         "margin_percent": round(profile.margin * 100) if profile else DEFAULT_MARGIN_PERCENT,
         "max_margin_percent": MAX_MARGIN_PERCENT,
+        "max_batch": profile.max_batch_size if profile else DEFAULT_MAX_BATCH,
+        "max_profile_batch": MAX_PROFILE_BATCH,
     }
     if profile is not None:
         estimate = Estimate.objects.filter(profile=profile).first()
@@ -472,6 +478,17 @@ def _margin_percent(raw: str) -> float | None:
     return value if math.isfinite(value) and 0 <= value <= MAX_MARGIN_PERCENT else None
 
 
+def _max_batch(raw: str) -> int | None:
+    """The form's largest batch to try; None when it is not a whole number in range."""
+    if not raw.strip():
+        return DEFAULT_MAX_BATCH
+    try:
+        value = int(raw)
+    except ValueError:
+        return None
+    return value if 1 <= value <= MAX_PROFILE_BATCH else None
+
+
 @login_required
 @require_POST
 def campaign_profile_start(request: HttpRequest, name: str) -> HttpResponse:
@@ -484,7 +501,15 @@ def campaign_profile_start(request: HttpRequest, name: str) -> HttpResponse:
             f"{MAX_MARGIN_PERCENT}: nothing was queued.",
         )
         return redirect("campaign_profile", name=campaign.name)
-    profiling.profile_start(campaign=campaign, margin=margin / 100)
+    max_batch = _max_batch(request.POST.get("max_batch", ""))
+    if max_batch is None:
+        messages.error(
+            request,
+            f"The largest batch to try is a whole number from 1 to {MAX_PROFILE_BATCH}: "
+            "nothing was queued.",
+        )
+        return redirect("campaign_profile", name=campaign.name)
+    profiling.profile_start(campaign=campaign, margin=margin / 100, max_batch_size=max_batch)
     messages.success(
         request,
         f"Profile queued: a worker measures the largest batch that keeps {margin:g}% of "

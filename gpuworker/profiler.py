@@ -43,6 +43,7 @@ from campaigns.processor_specs import get_spec
 from campaigns.vector_shards import load_shard, shard_bytes
 
 from . import training_profile
+from .heartbeat import Heartbeat
 from .memory import (
     StepMemory,
     allocated_now,
@@ -419,47 +420,79 @@ def _output_pass(stepper: _Stepper, sample: _Sample, size: int, limit: int) -> N
         stepper.run(chunk, len(chunk), "outputs", limit, tolerate=True, write_all=True)
 
 
+# Fields a failed profile keeps from what it measured (the steps an inference
+# profile also saved as it went; a training profile's only here).
+_KEPT_ON_FAILURE = (
+    "sample",
+    "heavy",
+    "steps",
+    "heaviest_tried",
+    "sample_failures",
+    "device",
+    "runtime",
+    "memory_budget",
+)
+
+
 def profile_run(profile_id: int) -> str:
     profile = Profile.objects.select_related("campaign", "version").filter(pk=profile_id).first()
     if profile is None:
         return "gone"
     claimed = Profile.objects.filter(pk=profile_id, state=Profile.State.QUEUED).update(
-        state=Profile.State.RUNNING
+        state=Profile.State.RUNNING, heartbeat_at=timezone.now()
     )
     if not claimed:
         return "not runnable"
+    profile.state = Profile.State.RUNNING
+    held = Profile.objects.filter(pk=profile_id, state=Profile.State.RUNNING)
+    heartbeat = Heartbeat(held, settings.PROFILE_HEARTBEAT_SECONDS, f"profile {profile_id}")
     workdir = Path(tempfile.mkdtemp(prefix=f"profile-{profile_id}-"))
     try:
-        if not profile.sample:
-            profile.sample, profile.heavy = profiling.sample_build(
-                campaign=profile.campaign, version=profile.version
-            )
-            profile.save(update_fields=["sample", "heavy"])
-        training = get_spec(profile.campaign.processor).training
-        if training:
-            training_profile.measure(profile)  # a training step, not an inference batch
-        else:
-            _measure(profile, workdir)
-        profile.finished_at = timezone.now()
-        profile.save()  # still running: the estimate reads what was measured
-        if profile.chosen_batch_size and training:
-            training_profile.estimate_build(profile)
-        elif profile.chosen_batch_size:
-            profiling.estimate_build(profile=profile)
-        # Done only once the estimate exists, so a page (or a test) that sees
-        # "done" finds it; no batch fitting even one heaviest input is a failure.
-        profile.state = Profile.State.DONE if profile.chosen_batch_size else Profile.State.FAILED
-        profile.save(update_fields=["state"])
-        return profile.state
+        with heartbeat:
+            return _profile(profile, heartbeat, workdir)
     except Exception as exc:
         log.exception("profile %s failed", profile_id)
-        profile.state = Profile.State.FAILED
-        profile.error = f"{type(exc).__name__}: {exc}"
-        profile.finished_at = timezone.now()
-        profile.save()
+        # What it had measured stays on the report, unless the sweeper already
+        # failed it (then held is empty and its verdict stands).
+        kept = {f: getattr(profile, f) for f in _KEPT_ON_FAILURE if getattr(profile, f)}
+        held.update(
+            **kept,
+            state=Profile.State.FAILED,
+            error=f"{type(exc).__name__}: {exc}",
+            finished_at=timezone.now(),
+        )
         return "failed"
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _profile(profile: Profile, heartbeat: Heartbeat, workdir: Path) -> str:
+    if not profile.sample:
+        profile.sample, profile.heavy = profiling.sample_build(
+            campaign=profile.campaign, version=profile.version
+        )
+        profile.save(update_fields=["sample", "heavy"])
+    training = get_spec(profile.campaign.processor).training
+    if training:
+        training_profile.measure(profile)  # a training step, not an inference batch
+    else:
+        _measure(profile, workdir)
+    heartbeat.beat()
+    if heartbeat.lost:
+        # The sweeper failed it while this worker looked dead: its verdict stands.
+        log.warning("profile %s: failed by the sweeper meanwhile; results dropped", profile.pk)
+        return "lost"
+    profile.finished_at = timezone.now()
+    profile.save()  # still running: the estimate reads what was measured
+    if profile.chosen_batch_size and training:
+        training_profile.estimate_build(profile)
+    elif profile.chosen_batch_size:
+        profiling.estimate_build(profile=profile)
+    # Done only once the estimate exists, so a page (or a test) that sees
+    # "done" finds it; no batch fitting even one heaviest input is a failure.
+    profile.state = Profile.State.DONE if profile.chosen_batch_size else Profile.State.FAILED
+    profile.save(update_fields=["state"])
+    return profile.state
 
 
 def record_device(profile: Profile, device: torch.device) -> int:

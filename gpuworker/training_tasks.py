@@ -10,17 +10,14 @@ checkpoint on disk; a stop request ends it after the step in progress.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
-import threading
 import traceback
 from pathlib import Path
 
 import torch
 from celery import shared_task
 from django.conf import settings
-from django.db import DatabaseError, connection
 from django.db.models import F
 from django.utils import timezone
 
@@ -35,6 +32,7 @@ from campaigns.software import software_versions
 from portal.log_context import bound
 
 from .batch_runner import worker_name
+from .heartbeat import Heartbeat
 from .training import (
     ClassifierTrainer,
     ContrastiveTrainer,
@@ -125,52 +123,6 @@ def image_trainer(params: dict):
 TRAINERS = {"text-adaptation": text_trainer, "image-adaptation": image_trainer}
 
 
-class Heartbeat:
-    """Renews `heartbeat_at` from a thread while this worker holds the training.
-
-    If the sweeper gave the training to another worker (this one looked dead),
-    `lost` is set and the loop stops at the next step without writing more.
-    """
-
-    def __init__(self, training_id: int, worker: str):
-        self.training_id, self.worker = training_id, worker
-        self.lost = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="training-heartbeat", daemon=True)
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def renew(self) -> int:
-        return Training.objects.filter(
-            pk=self.training_id,
-            worker=self.worker,
-            state__in=(Training.State.RUNNING, Training.State.STOPPING),
-        ).update(heartbeat_at=timezone.now())
-
-    def beat(self) -> None:
-        """From the training loop, between steps: renew, and notice a takeover."""
-        if not self.renew():
-            self.lost = True
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.wait(max(0.2, settings.TRAINING_HEARTBEAT_SECONDS)):
-                try:
-                    self.renew()  # during a long step; the loop itself judges a takeover
-                except DatabaseError as exc:
-                    log.warning("training %s: heartbeat failed: %s", self.training_id, exc)
-                    with contextlib.suppress(DatabaseError):
-                        connection.close()
-        finally:
-            connection.close()
-
-
 class TrainingLost(Exception):
     """Another worker holds this training now; this one must not write."""
 
@@ -194,7 +146,13 @@ def run_training(training_id: int) -> str:
     if not claimed:
         return "not runnable"
     training = Training.objects.select_related("campaign", "version").get(pk=training_id)
-    with bound(campaign=training.campaign_id), Heartbeat(training_id, worker) as heartbeat:
+    held = Training.objects.filter(
+        pk=training_id,
+        worker=worker,
+        state__in=(Training.State.RUNNING, Training.State.STOPPING),
+    )
+    heartbeat = Heartbeat(held, settings.TRAINING_HEARTBEAT_SECONDS, f"training {training_id}")
+    with bound(campaign=training.campaign_id), heartbeat:
         try:
             return _train(training, heartbeat)
         except TrainingLost:

@@ -181,6 +181,9 @@ BATCH_MAX_DELIVERIES = env.int("BATCH_MAX_DELIVERIES", default=5)
 # A running training renews its heartbeat this often; silent for three times
 # this, it is sent again and resumes from its last checkpoint.
 TRAINING_HEARTBEAT_SECONDS = env.float("TRAINING_HEARTBEAT_SECONDS", default=30.0)
+# A running batch-size profile renews its heartbeat this often; silent for
+# three times this, the sweeper fails it (its page keeps what was measured).
+PROFILE_HEARTBEAT_SECONDS = env.float("PROFILE_HEARTBEAT_SECONDS", default=30.0)
 # A batch still running after this many seconds fails its units as `timeout`.
 BATCH_TIME_LIMIT = env.int("BATCH_TIME_LIMIT", default=3600)
 # A worker hands a batch's writes and recording to a thread once its model has
@@ -326,6 +329,8 @@ CELERY_TASK_ROUTES["portal.tasks.*"] = {"queue": "portal"}
 # The rest of a large run a web request started: planning, no torch, and not
 # behind the batches it sends.
 CELERY_TASK_ROUTES["campaigns.tasks.plan_campaign"] = {"queue": "portal"}
+# A sweep of the database only: not behind a long batch on a busy GPU worker.
+CELERY_TASK_ROUTES["campaigns.tasks.fail_stale_profiles"] = {"queue": "portal"}
 # Run with `celery worker -B` (embedded default) or a separate `celery beat`.
 CELERY_BEAT_SCHEDULE = {
     "requeue-expired-leases": {
@@ -335,6 +340,10 @@ CELERY_BEAT_SCHEDULE = {
     "requeue-stale-trainings": {
         "task": "campaigns.tasks.requeue_stale_trainings",
         "schedule": max(1.0, TRAINING_HEARTBEAT_SECONDS),
+    },
+    "fail-stale-profiles": {
+        "task": "campaigns.tasks.fail_stale_profiles",
+        "schedule": max(1.0, PROFILE_HEARTBEAT_SECONDS),
     },
     "expire-unpaid-quotes": {"task": "portal.tasks.expire_unpaid_quotes", "schedule": 60.0},
     "rental-end-sweep": {"task": "portal.tasks.rental_end_sweep", "schedule": 300.0},

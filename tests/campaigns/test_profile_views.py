@@ -246,6 +246,30 @@ def test_a_tampered_margin_queues_nothing_and_says_why(client, owner, campaign, 
     assert "Not profiled yet" in html
 
 
+def test_the_largest_batch_to_try_is_the_form_s_or_the_default(client, owner, campaign):
+    client.force_login(owner)
+    with mock.patch.object(celery_app, "send_task"):
+        client.post(_start(campaign), {"margin": "20", "max_batch": "64"})
+        client.post(_start(campaign), {"margin": "20", "max_batch": ""})
+    sizes = list(Profile.objects.order_by("pk").values_list("max_batch_size", flat=True))
+    assert sizes == [64, 1024]
+    # the form offers again what the latest profile tried
+    page = _page(client, campaign)
+    assert _attr(_one(page, "input", name="max_batch"), "value") == "1024"
+
+
+@pytest.mark.parametrize("max_batch", ["0", "65537", "lots", "1.5", "-4"])
+def test_a_tampered_largest_batch_queues_nothing_and_says_why(client, owner, campaign, max_batch):
+    client.force_login(owner)
+    with mock.patch.object(celery_app, "send_task") as send:
+        response = client.post(
+            _start(campaign), {"margin": "20", "max_batch": max_batch}, follow=True
+        )
+    assert not Profile.objects.exists()
+    send.assert_not_called()
+    assert "a whole number from 1 to 65536: nothing was queued" in response.content.decode()
+
+
 # --- the report ---------------------------------------------------------------
 
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import time
+from datetime import timedelta
 from unittest import mock
 
 import pytest
+from django.conf import settings
 from django.urls import reverse
+from django.utils import timezone
 from PIL import Image
 
 from campaigns import processor_specs, profiling, selectors, services
@@ -32,6 +36,11 @@ def skewed_corpus(tmp_path):
         words = " ".join(f"token{i}x{j}" for j in range(400))
         (root / f"long-{i}.txt").write_text(f"report {i}: {words}\n")
     return root
+
+
+@pytest.fixture
+def campaign_for_sweeps(project, skewed_corpus):
+    return _campaign(project, skewed_corpus, name="swept")
 
 
 def _campaign(project, folder, name="skewed", **params):
@@ -181,6 +190,94 @@ def test_the_report_shows_each_step_while_the_profile_still_measures(
     assert len(seen) == len(profile.steps) > 5
     assert [shown for shown, _, _ in seen] == list(range(len(seen)))
     assert all(polling and device for _, polling, device in seen)
+
+
+def test_a_profile_whose_worker_went_silent_fails_and_keeps_what_it_measured(
+    client, owner, campaign_for_sweeps
+):
+    campaign = campaign_for_sweeps
+    now = timezone.now()
+    long_ago = now - timedelta(seconds=settings.PROFILE_HEARTBEAT_SECONDS * 3 + 1)
+    steps = [{"phase": "count", "batch_size": 1, "fits": True}] * 3
+
+    def made(state, heartbeat_at, **fields):
+        return Profile.objects.create(
+            campaign=campaign,
+            version=campaign.current_version,
+            state=state,
+            heartbeat_at=heartbeat_at,
+            **fields,
+        )
+
+    silent = made(Profile.State.RUNNING, long_ago, steps=steps)
+    beating = made(Profile.State.RUNNING, now)
+    waiting = made(Profile.State.QUEUED, None)
+    finished = made(Profile.State.DONE, long_ago)
+    from_before_heartbeats = made(Profile.State.RUNNING, None)
+    Profile.objects.filter(pk=from_before_heartbeats.pk).update(created_at=long_ago)
+
+    assert sorted(profiling.profiles_fail_stale(now=now)) == sorted(
+        [silent.pk, from_before_heartbeats.pk]
+    )
+
+    states = dict(Profile.objects.values_list("pk", "state"))
+    assert states[silent.pk] == states[from_before_heartbeats.pk] == Profile.State.FAILED
+    assert states[beating.pk] == Profile.State.RUNNING
+    assert states[waiting.pk] == Profile.State.QUEUED
+    assert states[finished.pk] == Profile.State.DONE
+    silent.refresh_from_db()
+    assert silent.steps == steps
+    assert "stopped answering" in silent.error and "after 3 measured" in silent.error
+    # its page says so, and stops polling
+    Profile.objects.exclude(pk=silent.pk).delete()
+    client.force_login(owner)
+    page = client.get(
+        reverse("campaign_profile", args=[campaign.name]),
+        HTTP_HX_REQUEST="true",
+        HTTP_HX_TARGET="profile-report",
+    )
+    assert page.status_code == 286
+    html = page.content.decode()
+    assert "stopped answering" in html and html.count("<tr data-phase=") == 3
+
+
+@pytest.mark.django_db(transaction=True)  # the heartbeat's thread has its own connection
+def test_the_heartbeat_beats_through_a_long_step_and_the_sweeper_leaves_it_running(
+    project, skewed_corpus, output_root, catalog, settings
+):
+    settings.PROFILE_HEARTBEAT_SECONDS = 0.2
+    campaign = _campaign(project, skewed_corpus)
+    profile = profiling.profile_create(campaign=campaign, max_batch_size=2, sample_size=6)
+    real_run = TextEmbeddingProcessor.run
+    swept: list[list[int]] = []
+
+    def slow_run(self, items):
+        time.sleep(1.0)  # a step five heartbeats long, as a CPU's large batch
+        swept.append(profiling.profiles_fail_stale())
+        return real_run(self, items)
+
+    with mock.patch.object(TextEmbeddingProcessor, "run", slow_run):
+        assert profile_run(profile.pk) == "done"
+    assert swept and all(found == [] for found in swept)
+
+
+def test_a_profile_the_sweeper_failed_meanwhile_stays_failed(
+    project, skewed_corpus, output_root, catalog
+):
+    campaign = _campaign(project, skewed_corpus)
+    profile = profiling.profile_create(campaign=campaign, max_batch_size=2, sample_size=6)
+    real_run = TextEmbeddingProcessor.run
+
+    def run_while_declared_dead(self, items):
+        # The worker stalled long enough for the sweeper to give up on it.
+        Profile.objects.filter(pk=profile.pk).update(state=Profile.State.FAILED, error="silent")
+        return real_run(self, items)
+
+    with mock.patch.object(TextEmbeddingProcessor, "run", run_while_declared_dead):
+        assert profile_run(profile.pk) == "lost"
+    profile.refresh_from_db()
+    assert (profile.state, profile.error) == (Profile.State.FAILED, "silent")
+    assert profile.chosen_batch_size is None
 
 
 # --- the sample's hard inputs ----------------------------------------------------

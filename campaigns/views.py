@@ -70,35 +70,60 @@ def campaign_list(request: HttpRequest) -> HttpResponse:
 def campaign_detail(request: HttpRequest, name: str) -> HttpResponse:
     if request.htmx and request.htmx.target == "counts":
         return _counts_fragment(request, name)
+    if request.htmx and request.htmx.target == "run-panels":
+        return _run_panels_fragment(request, name)
     if request.htmx and request.htmx.target == UNIT_TABLE:
         # Filtering and paging swap the table only: no counts, no charts.
         campaign = _get_campaign_for_user(request, name)
         context = {"campaign": campaign, **_unit_table(request, campaign)}
         return render(request, f"campaigns/campaign_detail.html#{UNIT_TABLE}", context)
 
-    page = selectors.campaign_page_for_user(user=request.user, name=name)
-    if page is None:
-        raise Http404("No such campaign.")
+    page = _campaign_page(request, name)
     campaign = page.campaign
     context = {
-        "campaign": campaign,
-        "counts": selectors.campaign_counts(campaign=campaign),
+        **_run_panels(page),
         **_unit_table(request, campaign),
         "failures": selectors.failure_reasons(campaign=campaign),
         "reconciliation": page.reconciliation,
-        "panels": batch_stats.PanelsOnDemand(
-            campaign=campaign, newest_finished=page.newest_finished_batch
-        ),
         "export_files": list(inventory.FILES),
         "latest_profile": page.latest_profile,
-        "verification": review.verification_of(page.checkpoint),
-        "open_review_items": page.open_review_items,
         "is_adaptation": adaptation.is_adaptation(campaign),
         "lineage": adaptation.lineage(campaign.current_version)
         if campaign.current_version
         else None,
     }
     return render(request, "campaigns/campaign_detail.html", context)
+
+
+def _campaign_page(request: HttpRequest, name: str) -> selectors.CampaignPage:
+    page = selectors.campaign_page_for_user(user=request.user, name=name)
+    if page is None:
+        raise Http404("No such campaign.")
+    return page
+
+
+def _run_panels(page: selectors.CampaignPage) -> dict:
+    """What a run changes besides the counts: batches, memory, verification."""
+    campaign = page.campaign
+    return {
+        "campaign": campaign,
+        "counts": selectors.campaign_counts(campaign=campaign),
+        "panels": batch_stats.PanelsOnDemand(
+            campaign=campaign, newest_finished=page.newest_finished_batch
+        ),
+        "verification": review.verification_of(page.checkpoint),
+        "open_review_items": page.open_review_items,
+    }
+
+
+def _run_panels_fragment(request: HttpRequest, name: str) -> HttpResponse:
+    """The run panels' poll (every 5 s while the campaign runs); the batch
+    panels come from the cache until another batch finishes."""
+    context = _run_panels(_campaign_page(request, name))
+    response = render(request, "campaigns/campaign_detail.html#run-panels", context)
+    if not context["counts"].active:
+        response.status_code = HttpResponseStopPolling.status_code
+    return response
 
 
 def _counts_fragment(request: HttpRequest, name: str) -> HttpResponse:

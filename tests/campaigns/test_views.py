@@ -57,6 +57,33 @@ def test_htmx_poll_returns_only_the_counts_fragment_and_stops_when_idle(client, 
     assert "hx-trigger" not in html
 
 
+HTMX_RUN_PANELS = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "run-panels"}
+
+
+def test_the_run_panels_poll_while_the_campaign_runs_and_stop_when_idle(
+    client, owner, outsider, campaign
+):
+    client.force_login(owner)
+    Unit.objects.filter(campaign=campaign).update(state=UnitState.QUEUED)
+    running = client.get(_detail(campaign), **HTMX_RUN_PANELS)
+    html = running.content.decode()
+    assert running.status_code == 200
+    assert html.lstrip().startswith('<div id="run-panels"')
+    assert "<html" not in html and 'id="counts"' not in html
+    assert 'hx-trigger="every 5s"' in html and 'id="batches"' in html
+    assert 'id="review-verification"' in html
+    # the page itself starts the polling while the campaign runs
+    assert 'id="run-panels" data-active="true"' in client.get(_detail(campaign)).content.decode()
+
+    Unit.objects.filter(campaign=campaign).update(state=UnitState.SUCCEEDED)
+    idle = client.get(_detail(campaign), **HTMX_RUN_PANELS)
+    assert idle.status_code == 286  # swap in the final panels, then stop
+    assert "hx-trigger" not in idle.content.decode()
+
+    client.force_login(outsider)
+    assert client.get(_detail(campaign), **HTMX_RUN_PANELS).status_code == 404
+
+
 def test_counts_keep_polling_while_units_are_queued(client, owner, campaign):
     Unit.objects.filter(campaign=campaign).update(state=UnitState.QUEUED)
     client.force_login(owner)

@@ -43,6 +43,7 @@ def test_counts_and_progress_move_live_while_the_worker_embeds(
     page.wait_for_url("**/campaigns/live/")
     assert _count(page, "pending") == total
     assert page.locator("#counts").get_attribute("data-active") == "false"
+    assert "No batch finished yet." in page.locator("#batches").inner_text()
 
     # when: the user presses Run while no worker runs yet, the units wait queued
     page.click("text=Run remaining units")
@@ -77,6 +78,13 @@ def test_counts_and_progress_move_live_while_the_worker_embeds(
     assert _count(page, "failed") == DEMO_BAD
     assert _count(page, "queued") == 0 and _count(page, "running") == 0
     assert page.locator("#progress").get_attribute("value") == str(total)
+    # and the batches' table and memory chart came in too, still without a reload
+    page.wait_for_selector('#run-panels[data-active="false"]')
+    row = page.locator("#batches table.policies tbody tr")
+    assert row.count() == 1
+    assert row.locator("td").nth(3).inner_text() == str(total)  # items: every unit, once
+    assert page.locator("#batches figure.memory-chart polyline").count() >= 1
+    assert page.evaluate("window.__notReloaded") is True
     assert Unit.objects.filter(campaign=campaign, state=UnitState.SUCCEEDED).count() == DEMO_GOOD
 
     # the failures are listed with their reasons after a reload

@@ -129,12 +129,12 @@ def order_new(request: HttpRequest) -> HttpResponse:
             for k, v in request.GET.items()
             if k in ("gpu", "quantity", "duration", "environment")
         }
-        form = OrderForm(initial=initial or None)
+        shortest = RentalDuration.objects.filter(active=True).values_list("pk", flat=True).first()
+        # The duration the summary prices is the one checked, until the user picks another.
+        form = OrderForm(initial={"duration": shortest, **initial})
         first = {
             "gpu": form.fields["gpu"].choices[0][0] if form.fields["gpu"].choices else "",
-            "duration": RentalDuration.objects.filter(active=True)
-            .values_list("pk", flat=True)
-            .first(),
+            "duration": shortest,
             "quantity": 1,
         }
         preview = _price_preview({**first, **initial})

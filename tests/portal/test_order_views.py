@@ -34,6 +34,35 @@ def test_configurator_shows_every_card_and_duration_purpose(client, db):
     assert "a first controlled campaign" in page  # what 7 days are for
 
 
+def test_the_duration_the_summary_prices_is_the_one_checked(client, db):
+    durations = RentalDuration.objects.filter(active=True).order_by("days")
+    shortest, longest = durations.first(), durations.last()
+    page = client.get("/order/").content.decode()
+    assert _checked_durations(page) == [str(shortest.pk)]
+    assert f"during {shortest.days} days" in page
+    # a link that names a duration checks that one instead
+    linked = client.get("/order/", {"duration": longest.pk}).content.decode()
+    assert _checked_durations(linked) == [str(longest.pk)]
+    assert f"during {longest.days} days" in linked
+
+
+def _checked_durations(html: str) -> list[str]:
+    from django.test.html import parse_html
+
+    def inputs(node):
+        for child in getattr(node, "children", []):
+            if not isinstance(child, str):
+                if child.name == "input":
+                    yield dict(child.attributes)
+                yield from inputs(child)
+
+    return [
+        attrs["value"]
+        for attrs in inputs(parse_html(html))
+        if attrs.get("name") == "duration" and "checked" in attrs
+    ]
+
+
 def test_price_partial_is_only_the_summary(client, db):
     data = _post_data()
     response = client.get("/order/price/", data, headers={"HX-Request": "true"})

@@ -102,9 +102,12 @@ def _doubling(limit: int) -> list[int]:
     return sizes
 
 
-def sweep(trainer, examples: list, *, budget: int, margin: float, max_batch: int) -> tuple:
+def sweep(
+    trainer, examples: list, *, budget: int, margin: float, max_batch: int, on_step=None
+) -> tuple:
     """(steps, chosen size): doubling on the heaviest examples, then a binary
-    search between the last size that kept the margin and the first that did not."""
+    search between the last size that kept the margin and the first that did not.
+    `on_step(steps)` after each one (the report page shows them as they come)."""
     limit = int((1 - margin) * budget)
     heaviest = sorted(examples, key=_weight, reverse=True)
     trainer._baseline = allocated_now(trainer.device) - _bytes(trainer.model.parameters())
@@ -116,6 +119,8 @@ def sweep(trainer, examples: list, *, budget: int, margin: float, max_batch: int
     def fits(size: int) -> bool:
         step = measure_step(trainer, batch_of(size), budget, limit)
         steps.append(step)
+        if on_step is not None:
+            on_step(steps)
         return step["fits"]
 
     good, bad = 0, None
@@ -171,12 +176,19 @@ def measure(profile: Profile) -> None:
 
     trainer, parse, _base = TRAINERS[campaign.processor](params)
     budget = record_device(profile, trainer.device)
+    # The device and its budget on the page while the steps come in.
+    profile.save(update_fields=["memory_budget", "runtime", "device"])
     units = list(Unit.objects.filter(pk__in=profile.sample).order_by("pk"))
     train, _heldout, _rows = read_examples(campaign, parse, units, fail=False)
     if not train:
         raise ValueError("no example of the sample could be read: nothing to measure")
     steps, chosen = sweep(
-        trainer, train, budget=budget, margin=profile.margin, max_batch=profile.max_batch_size
+        trainer,
+        train,
+        budget=budget,
+        margin=profile.margin,
+        max_batch=profile.max_batch_size,
+        on_step=lambda steps: Profile.objects.filter(pk=profile.pk).update(steps=steps),
     )
     profile.steps = steps
     if not chosen:

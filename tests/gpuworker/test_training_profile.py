@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from unittest import mock
 
 import pytest
 from django.urls import reverse
 
 from campaigns import profiling, services
+from campaigns.models import Profile
+from gpuworker import training_profile
 from gpuworker.profiler import profile_run
 
 MiB = 1024 * 1024
@@ -36,9 +39,18 @@ def test_a_training_profile_counts_each_part_of_memory_and_plans_the_epochs(
         holdout_share=0.1,
     )
     profile = profiling.profile_create(campaign=campaign, max_batch_size=4, sample_size=24)
+    saved_before_each: list[int] = []
+    real_measure_step = training_profile.measure_step
 
-    assert profile_run(profile.pk) == "done", profile.error
+    def measure_step(*args, **kwargs):
+        # the steps already measured are on the report before the next begins
+        saved_before_each.append(len(Profile.objects.get(pk=profile.pk).steps))
+        return real_measure_step(*args, **kwargs)
+
+    with mock.patch.object(training_profile, "measure_step", measure_step):
+        assert profile_run(profile.pk) == "done", profile.error
     profile.refresh_from_db()
+    assert saved_before_each[:3] == [0, 1, 2]  # the sweep's three; then the leak check
 
     steps = profile.steps
     assert [s["batch_size"] for s in steps] == [1, 2, 4]

@@ -434,6 +434,14 @@ _KEPT_ON_FAILURE = (
 )
 
 
+# What a finished measurement writes; the state and heartbeat_at are not its own.
+_MEASURED = [
+    f.name
+    for f in Profile._meta.concrete_fields
+    if f.name not in ("id", "campaign", "version", "state", "heartbeat_at", "created_at")
+]
+
+
 def profile_run(profile_id: int) -> str:
     profile = Profile.objects.select_related("campaign", "version").filter(pk=profile_id).first()
     if profile is None:
@@ -483,7 +491,9 @@ def _profile(profile: Profile, heartbeat: Heartbeat, workdir: Path) -> str:
         log.warning("profile %s: failed by the sweeper meanwhile; results dropped", profile.pk)
         return "lost"
     profile.finished_at = timezone.now()
-    profile.save()  # still running: the estimate reads what was measured
+    # Still running: the estimate reads what was measured. Not the state nor
+    # the heartbeat, which the sweeper and the heartbeat's thread own.
+    profile.save(update_fields=_MEASURED)
     if profile.chosen_batch_size and training:
         training_profile.estimate_build(profile)
     elif profile.chosen_batch_size:
@@ -491,7 +501,11 @@ def _profile(profile: Profile, heartbeat: Heartbeat, workdir: Path) -> str:
     # Done only once the estimate exists, so a page (or a test) that sees
     # "done" finds it; no batch fitting even one heaviest input is a failure.
     profile.state = Profile.State.DONE if profile.chosen_batch_size else Profile.State.FAILED
-    profile.save(update_fields=["state"])
+    if not Profile.objects.filter(pk=profile.pk, state=Profile.State.RUNNING).update(
+        state=profile.state
+    ):
+        log.warning("profile %s: failed by the sweeper meanwhile; not marked done", profile.pk)
+        return "lost"
     return profile.state
 
 

@@ -280,6 +280,23 @@ def test_a_profile_the_sweeper_failed_meanwhile_stays_failed(
     assert profile.chosen_batch_size is None
 
 
+def test_a_profile_the_sweeper_failed_during_its_estimate_is_not_marked_done(
+    project, skewed_corpus, output_root, catalog
+):
+    campaign = _campaign(project, skewed_corpus)
+    profile = profiling.profile_create(campaign=campaign, max_batch_size=2, sample_size=6)
+    real_estimate = profiling.estimate_build
+
+    def estimate_while_declared_dead(**kwargs):
+        Profile.objects.filter(pk=profile.pk).update(state=Profile.State.FAILED, error="silent")
+        return real_estimate(**kwargs)
+
+    with mock.patch.object(profiling, "estimate_build", estimate_while_declared_dead):
+        assert profile_run(profile.pk) == "lost"
+    profile.refresh_from_db()
+    assert (profile.state, profile.error) == (Profile.State.FAILED, "silent")
+
+
 # --- the sample's hard inputs ----------------------------------------------------
 
 

@@ -12,11 +12,29 @@ import contextlib
 import logging
 import threading
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
 log = logging.getLogger(__name__)
+
+#: How long a renewal waits for a row another transaction holds (PostgreSQL).
+LOCK_WAIT = "5s"
+
+
+def update_without_waiting(rows: QuerySet, **values) -> int:
+    """`rows.update(**values)` from a heartbeat's thread, which must not wait on
+    a row lock: a renewal that waited would hold up the task that stops it
+    (joining the thread) for as long as the lock is held — for ever, if that
+    task's own transaction holds it. On PostgreSQL it gives up after
+    LOCK_WAIT with a DatabaseError, a missed beat; SQLite's busy timeout bounds
+    its wait already."""
+    if connection.vendor != "postgresql":
+        return rows.update(**values)
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET LOCAL lock_timeout = '{LOCK_WAIT}'")
+        return rows.update(**values)
 
 
 class Heartbeat:
@@ -43,7 +61,7 @@ class Heartbeat:
         self._thread.join()
 
     def renew(self) -> int:
-        return self.rows.update(heartbeat_at=timezone.now())
+        return update_without_waiting(self.rows, heartbeat_at=timezone.now())
 
     def beat(self) -> None:
         """From the task's own loop, between steps: renew, and notice a takeover."""

@@ -13,6 +13,8 @@ from django.utils import timezone
 
 from campaigns.models import Batch
 
+from .heartbeat import update_without_waiting
+
 log = logging.getLogger(__name__)
 
 
@@ -47,9 +49,12 @@ class LeaseKeeper:
         try:
             while not self._stop.wait(interval):
                 try:
-                    renewed = Batch.objects.filter(
-                        pk=self.batch_id, state=Batch.State.RUNNING, lease_token=self.token
-                    ).update(lease_expires_at=lease_deadline())
+                    renewed = update_without_waiting(
+                        Batch.objects.filter(
+                            pk=self.batch_id, state=Batch.State.RUNNING, lease_token=self.token
+                        ),
+                        lease_expires_at=lease_deadline(),
+                    )
                 except DatabaseError as exc:
                     # Three quarters of the lease are left: if the database is
                     # back before they run out, the batch keeps its worker.

@@ -420,21 +420,8 @@ def _output_pass(stepper: _Stepper, sample: _Sample, size: int, limit: int) -> N
         stepper.run(chunk, len(chunk), "outputs", limit, tolerate=True, write_all=True)
 
 
-# Fields a failed profile keeps from what it measured (the steps an inference
-# profile also saved as it went; a training profile's only here).
-_KEPT_ON_FAILURE = (
-    "sample",
-    "heavy",
-    "steps",
-    "heaviest_tried",
-    "sample_failures",
-    "device",
-    "runtime",
-    "memory_budget",
-)
-
-
-# What a finished measurement writes; the state and heartbeat_at are not its own.
+# What a measurement writes (a failed one: those it has); the state and
+# heartbeat_at are not its own.
 _MEASURED = [
     f.name
     for f in Profile._meta.concrete_fields
@@ -462,7 +449,11 @@ def profile_run(profile_id: int) -> str:
         log.exception("profile %s failed", profile_id)
         # What it had measured stays on the report, unless the sweeper already
         # failed it (then held is empty and its verdict stands).
-        kept = {f: getattr(profile, f) for f in _KEPT_ON_FAILURE if getattr(profile, f)}
+        kept = {
+            field: getattr(profile, field)
+            for field in _MEASURED
+            if field not in ("error", "finished_at") and getattr(profile, field)
+        }
         held.update(
             **kept,
             state=Profile.State.FAILED,

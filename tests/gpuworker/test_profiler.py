@@ -280,6 +280,29 @@ def test_a_profile_the_sweeper_failed_meanwhile_stays_failed(
     assert profile.chosen_batch_size is None
 
 
+def test_a_profile_whose_model_fails_says_why_and_keeps_what_it_measured(
+    project, skewed_corpus, output_root, catalog
+):
+    campaign = _campaign(project, skewed_corpus)
+    profile = profiling.profile_create(campaign=campaign, max_batch_size=8, sample_size=6)
+    real_run = TextEmbeddingProcessor.run
+    calls: list[int] = []
+
+    def run_then_break(self, items):
+        calls.append(len(items))
+        if len(calls) == 3:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real_run(self, items)
+
+    with mock.patch.object(TextEmbeddingProcessor, "run", run_then_break):
+        assert profile_run(profile.pk) == "failed"
+    profile.refresh_from_db()
+    assert profile.state == Profile.State.FAILED and profile.finished_at is not None
+    assert profile.error == "RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert [s["batch_size"] for s in profile.steps] == [1, 2]  # measured before it broke
+    assert profile.sample and profile.device.startswith("CPU") and profile.memory_budget
+
+
 def test_a_profile_the_sweeper_failed_during_its_estimate_is_not_marked_done(
     project, skewed_corpus, output_root, catalog
 ):

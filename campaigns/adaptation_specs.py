@@ -104,6 +104,7 @@ IMAGE_ADAPTATION = ProcessorSpec(
         "batch_size": ParamSpec(32, type=int, minimum=1, maximum=4096),
     },
     check_input=_check_image,
+    cost_unit="pixels",
 )
 
 ADAPTATION = (TEXT_ADAPTATION, IMAGE_ADAPTATION)

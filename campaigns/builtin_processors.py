@@ -299,6 +299,7 @@ IMAGE_TRANSFORM = ProcessorSpec(
     deep_check=_image_deep_check,
     cost=image_pixel_cost,
     cost_params=(),  # pixels: the image's own
+    cost_unit="pixels",
     check_input=_decode_image,
 )
 
@@ -382,6 +383,7 @@ IMAGE_CLASSIFICATION = ProcessorSpec(
     deep_check=check_classification_output,
     cost=image_pixel_cost,
     cost_params=(),  # pixels: the image's own
+    cost_unit="pixels",
     check_input=_decode_image,
 )
 

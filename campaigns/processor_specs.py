@@ -69,6 +69,8 @@ class ProcessorSpec:
     # pads every item to the longest (texts), "sum" when each item weighs its
     # own cost. The profiler's estimate plans the corpus's batches with it.
     padding: str = "sum"
+    # What a cost counts, for the pages' columns ("Real pixels", "Pixels/s").
+    cost_unit: str = "tokens"
     help: str = ""
     # Raises campaigns.inputs.InputError for input bytes the processor will refuse;
     # lets the setup page show the failing inputs before anything runs.
@@ -174,3 +176,10 @@ def get_spec(name: str) -> ProcessorSpec:
         raise ValidationError(
             f"unknown processor {name!r}; available: {', '.join(sorted(_registry()))}"
         ) from None
+
+
+def cost_unit(name: str) -> str:
+    """What the processor's costs count ("tokens", "pixels"); a processor no
+    longer installed still shows its campaign's figures, as tokens."""
+    spec = _registry().get(name)
+    return spec.cost_unit if spec else "tokens"

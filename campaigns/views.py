@@ -23,6 +23,7 @@ from . import (
     batch_stats,
     importing,
     inventory,
+    processor_specs,
     profile_charts,
     profiling,
     reconcile,
@@ -41,8 +42,10 @@ from .models import (
     UnitState,
 )
 
-# The unit table's partial, and its htmx target id.
+# The unit table's partial, and its htmx target id; and its rows', which
+# redraw by themselves while the campaign runs.
 UNIT_TABLE = "unit-table"
+UNIT_ROWS = "unit-rows"
 TIME = "%Y-%m-%d %H:%M"
 
 
@@ -72,18 +75,14 @@ def campaign_detail(request: HttpRequest, name: str) -> HttpResponse:
         return _counts_fragment(request, name)
     if request.htmx and request.htmx.target == "run-panels":
         return _run_panels_fragment(request, name)
-    if request.htmx and request.htmx.target == UNIT_TABLE:
-        # Filtering and paging swap the table only: no counts, no charts.
-        campaign = _get_campaign_for_user(request, name)
-        context = {"campaign": campaign, **_unit_table(request, campaign)}
-        return render(request, f"campaigns/campaign_detail.html#{UNIT_TABLE}", context)
+    if request.htmx and request.htmx.target in (UNIT_TABLE, UNIT_ROWS):
+        return _unit_table_fragment(request, name, request.htmx.target)
 
     page = _campaign_page(request, name)
     campaign = page.campaign
     context = {
         **_run_panels(page),
         **_unit_table(request, campaign),
-        "failures": selectors.failure_reasons(campaign=campaign),
         "reconciliation": page.reconciliation,
         "export_files": list(inventory.FILES),
         "latest_profile": page.latest_profile,
@@ -92,6 +91,7 @@ def campaign_detail(request: HttpRequest, name: str) -> HttpResponse:
         if campaign.current_version
         else None,
     }
+    context["live"] = context["counts"].active
     return render(request, "campaigns/campaign_detail.html", context)
 
 
@@ -113,6 +113,8 @@ def _run_panels(page: selectors.CampaignPage) -> dict:
         ),
         "verification": review.verification_of(page.checkpoint),
         "open_review_items": page.open_review_items,
+        "failures": selectors.failure_reasons(campaign=campaign),
+        "cost_unit": processor_specs.cost_unit(campaign.processor),
     }
 
 
@@ -122,6 +124,19 @@ def _run_panels_fragment(request: HttpRequest, name: str) -> HttpResponse:
     context = _run_panels(_campaign_page(request, name))
     response = render(request, "campaigns/campaign_detail.html#run-panels", context)
     if not context["counts"].active:
+        response.status_code = HttpResponseStopPolling.status_code
+    return response
+
+
+def _unit_table_fragment(request: HttpRequest, name: str, target: str) -> HttpResponse:
+    """Filtering and paging swap the table only (no counts panel, no charts);
+    its rows' poll (every 5 s while the campaign runs) the rows and pager only,
+    so a filter being typed is left alone."""
+    campaign = _get_campaign_for_user(request, name)
+    live = selectors.campaign_counts(campaign=campaign).active
+    context = {"campaign": campaign, "live": live, **_unit_table(request, campaign)}
+    response = render(request, f"campaigns/campaign_detail.html#{target}", context)
+    if target == UNIT_ROWS and not live:
         response.status_code = HttpResponseStopPolling.status_code
     return response
 
@@ -149,11 +164,10 @@ def _cursor(raw: str) -> int | None:
 def _unit_table(request: HttpRequest, campaign: Campaign) -> dict:
     """The unit table's context: one keyset page and the links around it."""
     unit_filter = selectors.UnitFilter.parse(request.GET)
+    after = _cursor(request.GET.get("after", ""))
+    before = _cursor(request.GET.get("before", ""))
     page = selectors.unit_page(
-        campaign=campaign,
-        unit_filter=unit_filter,
-        after=_cursor(request.GET.get("after", "")),
-        before=_cursor(request.GET.get("before", "")),
+        campaign=campaign, unit_filter=unit_filter, after=after, before=before
     )
     base = reverse("campaign_detail", args=[campaign.name])
 
@@ -190,6 +204,8 @@ def _unit_table(request: HttpRequest, campaign: Campaign) -> dict:
         "next_url": url(**kept, after=page.next_after) if page.next_after else "",
         "previous_url": url(**kept, before=page.previous_before) if page.previous_before else "",
         "first_url": url(**kept) if "after" in request.GET or "before" in request.GET else "",
+        # This very page again, for the rows' poll.
+        "this_url": url(**kept, after=after, before=before),
     }
 
 
@@ -414,6 +430,7 @@ def campaign_profile(request: HttpRequest, name: str) -> HttpResponse:
         "max_margin_percent": MAX_MARGIN_PERCENT,
         "max_batch": profile.max_batch_size if profile else DEFAULT_MAX_BATCH,
         "max_profile_batch": MAX_PROFILE_BATCH,
+        "cost_unit": processor_specs.cost_unit(campaign.processor),
     }
     if profile is not None:
         estimate = Estimate.objects.filter(profile=profile).first()

@@ -309,7 +309,7 @@ def test_the_report_lists_every_step_and_marks_the_ones_that_did_not_fit(client,
     # batch, prepare, compute and write seconds (0.6 ms × 64), items/s, tokens/s
     # (430 × 40), peak allocated, peak reserved, result
     count64 = _one(steps, "tr", data_phase="count", data_batch="64")
-    assert _words(count64) == "count 64 0.026 0.149 0.038 430.0 17200 3.7 GB 3.9 GB fits"
+    assert _words(count64) == "count 64 0.026 0.149 0.038 430.0 17,200 3.7 GB 3.9 GB fits"
     headers = [_words(th) for th in _all(_one(steps, "thead"), "th")]
     assert headers[2:5] == ["Prepare s", "Compute s", "Write s"]
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 from unittest import mock
 
 import pytest
+from django.core.cache import cache
 from django.urls import reverse
 
 from campaigns import services
@@ -342,6 +343,22 @@ def test_the_page_compares_batch_policies_with_real_and_padded_tokens(client, ow
     assert "×1.01" in grouped and "32.0" in grouped
     assert "<svg" in html and "<polyline" in html
     assert 'id="memory-warning"' not in html
+
+
+def test_an_image_campaign_counts_its_batches_in_pixels(client, owner, campaign):
+    # Text: tokens. The same figures for an image processor are pixels.
+    _finished_batches(campaign, [("original", 16, 2_304_000, 2_304_000, 2.0, 500 << 20)])
+    client.force_login(owner)
+    text = client.get(_detail(campaign)).content.decode()
+    assert "<th>Real tokens</th>" in text and "<th>Tokens/s</th>" in text
+    campaign.processor = "image-classification"
+    campaign.save(update_fields=["processor"])
+    cache.clear()  # the batch panels are cached until the next batch finishes
+    html = client.get(_detail(campaign)).content.decode()
+    assert "<th>Real pixels</th>" in html and "<th>Padded pixels</th>" in html
+    assert "<th>Pixels/s</th>" in html and "tokens" not in html.split('id="batches"')[1][:2000]
+    row = html.split('data-policy="original"')[1].split("</tr>")[0]
+    assert "<td>1,152,000</td>" in row  # pixels a second, grouped like the other figures
 
 
 def test_the_policy_table_follows_each_finished_batch_without_aggregating_every_view(

@@ -87,7 +87,11 @@ def test_counts_and_progress_move_live_while_the_worker_embeds(
     assert page.evaluate("window.__notReloaded") is True
     assert Unit.objects.filter(campaign=campaign, state=UnitState.SUCCEEDED).count() == DEMO_GOOD
 
-    # the failures are listed with their reasons after a reload
-    page.reload()
-    failures = page.locator("table.failures").inner_text()
+    # and the failures with their reasons, and the unit table's final states
+    failures = page.locator("#failures table.failures").inner_text()
     assert "empty file" in failures and "not valid UTF-8" in failures
+    page.wait_for_selector("#unit-rows:not([hx-trigger])")
+    states = page.locator("#units tbody tr td:nth-child(2)").all_inner_texts()
+    assert len(states) == min(total, 50)
+    assert set(states) <= {"succeeded", "failed"} and "failed" in states
+    assert page.evaluate("window.__notReloaded") is True

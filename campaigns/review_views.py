@@ -8,15 +8,10 @@ without opening files by hand.
 
 from __future__ import annotations
 
-import base64
 import functools
-import io
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 from urllib.parse import urlencode
 
-import numpy as np
-from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
@@ -27,12 +22,9 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 from django_htmx.http import push_url
-from PIL import Image
 
-from . import holdout, review, selectors, services
+from . import holdout, previews, review, selectors, services
 from .flags import FlagReason
-from .images import MAX_ASPECT, MAX_PIXELS, decode_image
-from .inputs import InputError, decode_text, read_bytes
 from .models import (
     Attempt,
     Campaign,
@@ -42,19 +34,10 @@ from .models import (
     ReviewItem,
     Unit,
 )
-from .paths import resolve_input
-from .vector_shards import VectorReader, split_member
 
 Item = ReviewItem.State
 PANE = "review-item"
 ITEMS_SHOWN = 100
-EXCERPT_CHARS = 1500
-THUMBNAIL = (256, 256)
-# Read into memory for a preview at most this much: a pixel limit alone would
-# still read a multi-gigabyte file before refusing it.
-PREVIEW_MAX_BYTES = 64 * 1024 * 1024
-IMAGE_PROCESSORS = {"image-transform", "image-classification"}
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 STATE_CHOICES = [*Item.values, "all"]
 
 
@@ -357,8 +340,16 @@ def _pane_context(
             "reason_label": _reason_label(item.reason),
             "previous_url": filters.url(item=previous.pk) if previous else "",
             "next_url": filters.url(item=following.pk) if following else "",
-            "input": _input_preview(item),
-            "output": _output_summary(item),
+            "input": previews.input_preview(
+                unit=unit, campaign=item.campaign, params=item.version.params
+            ),
+            "output": previews.output_summary(
+                unit=unit,
+                attempt=_judged_attempt(item),
+                campaign=item.campaign,
+                params=item.version.params,
+                twins=_duplicates_named(item),
+            ),
             "history": ReviewDecision.objects.filter(item__unit=unit)
             .select_related("item", "reviewer")
             .order_by("created_at", "pk"),
@@ -366,78 +357,6 @@ def _pane_context(
         }
     )
     return context
-
-
-def _reason_label(reason: str) -> str:
-    return FlagReason(reason).label if reason in FlagReason.values else reason
-
-
-def _read_limited(root: Path, relative: str) -> bytes:
-    try:
-        size = resolve_input(root, relative).stat().st_size
-    except (OSError, ValueError):
-        size = 0  # read_bytes says what is wrong, classified
-    if size > PREVIEW_MAX_BYTES:
-        raise InputError("too_large", f"{size:,} bytes: too large to preview here")
-    return read_bytes(root, relative)
-
-
-def _thumbnail(data: bytes, params: dict) -> str:
-    """A small PNG as a data: URL: the browser never receives the original bytes."""
-    image = decode_image(
-        data,
-        max_pixels=int(params.get("max_pixels", MAX_PIXELS)),
-        max_aspect=int(params.get("max_aspect", MAX_ASPECT)),
-    )
-    image.thumbnail(THUMBNAIL)
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-@dataclass
-class Preview:
-    kind: str  # text / image / error
-    text: str = ""
-    cut: bool = False
-    thumbnail: str = ""
-    error: str = ""
-
-
-def _input_preview(item: ReviewItem) -> Preview:
-    unit, campaign = item.unit, item.campaign
-    is_image = (
-        campaign.processor in IMAGE_PROCESSORS or Path(unit.source_path).suffix in IMAGE_SUFFIXES
-    )
-    try:
-        data = _read_limited(Path(campaign.input_root), unit.source_path)
-        if is_image:
-            return Preview("image", thumbnail=_thumbnail(data, item.version.params))
-        text = decode_text(data)
-    except InputError as exc:
-        return Preview("error", error=f"{exc.error_class}: {exc.message}")
-    return Preview("text", text=text[:EXCERPT_CHARS], cut=len(text) > EXCERPT_CHARS)
-
-
-@dataclass
-class Nearest:
-    unit: Unit
-    cosine: float
-    compared: int
-
-
-@dataclass
-class OutputSummary:
-    kind: str  # classification / embedding / image / none / error
-    labels: list = field(default_factory=list)  # (label, probability)
-    margin: float | None = None
-    metrics: dict = field(default_factory=dict)
-    twins: list = field(default_factory=list)  # units named by a duplicate_vector flag
-    nearest: Nearest | None = None  # the closest vector of the same batch
-    thumbnail: str = ""
-    dimensions: str = ""  # a transformed image: width×height and format, and what was asked
-    asked: str = ""
-    error: str = ""
 
 
 def _judged_attempt(item: ReviewItem) -> Attempt | None:
@@ -451,116 +370,16 @@ def _judged_attempt(item: ReviewItem) -> Attempt | None:
     )
 
 
-def _output_summary(item: ReviewItem) -> OutputSummary:
-    attempt = _judged_attempt(item)
-    # The output the item is about: a unit processed again since (the holdout
-    # under a new version) has a new one, and an output its check refused has none.
-    rel = attempt.output_path if attempt is not None else item.unit.output_path
-    if not rel:
-        if attempt is not None and attempt.outcome == Attempt.Outcome.FAILED:
-            return OutputSummary("error", error=attempt.error_message)
-        return OutputSummary("none")
-    file_rel, row = split_member(rel)
-    if row is not None:
-        return _embedding_summary(item, attempt)  # a row of a batch's vector shard
-    suffix = Path(file_rel).suffix
-    root = Path(settings.OUTPUT_ROOT)
-    try:
-        if suffix == ".npz":
-            return _classification_summary(_read_limited(root, rel))
-        if suffix in IMAGE_SUFFIXES:
-            return _image_summary(item, _read_limited(root, rel))
-    except InputError as exc:
-        return OutputSummary("error", error=f"{exc.error_class}: {exc.message}")
-    if suffix == ".npy":
-        return _embedding_summary(item, attempt)
-    return OutputSummary("none")
-
-
-def _image_summary(item: ReviewItem, data: bytes) -> OutputSummary:
-    """The transformed file: a thumbnail, its dimensions and format beside what was asked."""
-    try:
-        with Image.open(io.BytesIO(data)) as image:  # the header only: no pixels decoded
-            width, height, fmt = image.width, image.height, image.format or "?"
-        thumbnail = _thumbnail(data, {})
-    except (OSError, ValueError, InputError) as exc:
-        return OutputSummary("error", error=f"unreadable image output: {exc}")
-    params = item.version.params
-    asked = ""
-    if item.campaign.processor == "image-transform" and "operation" in params:
-        box = f"{params.get('width')}×{params.get('height')}"
-        asked = {
-            "resize": f"resize to {box}",
-            "thumbnail": f"thumbnail within {box}",
-        }.get(params["operation"], "same size")
-        asked += f", {str(params.get('format', '')).upper()}"
-    return OutputSummary(
-        "image", thumbnail=thumbnail, dimensions=f"{width}×{height} {fmt}", asked=asked
-    )
-
-
-def _classification_summary(data: bytes) -> OutputSummary:
-    try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as out:
-            labels = [str(label) for label in out["top_labels"]]
-            probs = [float(p) for p in out["top_probs"]]
-            ranked = list(zip(labels, probs, strict=True))
-            margin = float(out["margin"])
-    except (OSError, ValueError, KeyError) as exc:
-        return OutputSummary("error", error=f"unreadable classification output: {exc}")
-    return OutputSummary("classification", labels=ranked, margin=margin)
-
-
-def _embedding_summary(item: ReviewItem, attempt: Attempt | None) -> OutputSummary:
-    summary = OutputSummary("embedding", metrics=attempt.metrics if attempt else {})
+def _duplicates_named(item: ReviewItem) -> list[str]:
+    """The unit ids a duplicate_vector flag's detail names."""
     prefix = "same vector as "
-    if item.reason == FlagReason.DUPLICATE_VECTOR and item.detail.startswith(prefix):
-        named = [uid.strip() for uid in item.detail.removeprefix(prefix).split(",")]
-        summary.twins = list(
-            Unit.objects.filter(campaign=item.campaign, uid__in=named).order_by("uid")
-        )
-    if attempt is not None and attempt.batch_id and attempt.output_path:
-        summary.nearest = _nearest_in_batch(attempt)
-    return summary
+    if item.reason != FlagReason.DUPLICATE_VECTOR or not item.detail.startswith(prefix):
+        return []
+    return [uid.strip() for uid in item.detail.removeprefix(prefix).split(",")]
 
 
-# Vectors read to find an item's nearest neighbour: its batch's, at most this
-# many (a few milliseconds each from a local disk; a token-budget batch can
-# hold thousands of short texts).
-NEAREST_MAX = 256
-
-
-def _nearest_in_batch(attempt: Attempt) -> Nearest | None:
-    """The most similar vector among the other outputs of the same batch.
-
-    Cheap because bounded: a batch, not the campaign (that would need an index
-    of every vector). A duplicate in another batch is found by the
-    duplicate_vector rule, by hash, when the worker writes it.
-    """
-    reader = VectorReader(settings.OUTPUT_ROOT)
-    own = holdout.unit_vector(reader, attempt.output_path)
-    if own is None:
-        return None
-    others = (
-        Attempt.objects.filter(batch_id=attempt.batch_id, outcome=Attempt.Outcome.SUCCEEDED)
-        .exclude(unit_id=attempt.unit_id)
-        .exclude(output_path="")
-        .order_by("pk")
-        .values_list("unit_id", "output_path")[:NEAREST_MAX]
-    )
-    best: tuple[float, int] | None = None
-    compared = 0
-    for unit_id, rel in others:
-        vector = holdout.unit_vector(reader, rel)
-        if vector is None or vector.shape != own.shape:
-            continue
-        compared += 1
-        cosine = float(np.dot(own, vector))
-        if best is None or cosine > best[0]:
-            best = (cosine, unit_id)
-    if best is None:
-        return None
-    return Nearest(unit=Unit.objects.get(pk=best[1]), cosine=best[0], compared=compared)
+def _reason_label(reason: str) -> str:
+    return FlagReason(reason).label if reason in FlagReason.values else reason
 
 
 # --- the checkpoint --------------------------------------------------------------

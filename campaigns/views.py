@@ -23,6 +23,7 @@ from . import (
     batch_stats,
     importing,
     inventory,
+    previews,
     processor_specs,
     profile_charts,
     profiling,
@@ -241,11 +242,23 @@ def unit_detail(request: HttpRequest, name: str, pk: int) -> HttpResponse:
     if found is None:
         raise Http404("No such unit.")
     unit, attempts = found
-    return render(
-        request,
-        "campaigns/unit_detail.html",
-        {"campaign": campaign, "unit": unit, "attempts": attempts},
+    # The attempt whose output the unit holds now, else its last (a failure says why).
+    shown = next(
+        (a for a in reversed(attempts) if unit.output_path and a.output_path == unit.output_path),
+        attempts[-1] if attempts else None,
     )
+    version = shown.version if shown else campaign.current_version
+    params = version.params if version else {}
+    context = {
+        "campaign": campaign,
+        "unit": unit,
+        "attempts": attempts,
+        "input": previews.input_preview(unit=unit, campaign=campaign, params=params),
+        "output": previews.output_summary(
+            unit=unit, attempt=shown, campaign=campaign, params=params
+        ),
+    }
+    return render(request, "campaigns/unit_detail.html", context)
 
 
 # A large campaign's first slice is queued in the request, the rest by a worker.

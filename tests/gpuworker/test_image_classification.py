@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from django.urls import reverse
 from PIL import Image, ImageDraw
 
 from campaigns import services
@@ -111,10 +113,8 @@ def _params(user_model, **extra):
     return classifier_params(user_model, top_k=3, **extra)
 
 
-@pytest.mark.django_db
-def test_a_user_torchscript_model_classifies_and_exports_features(
-    user_model, shapes, project, output_root, run_here
-):
+def _classified(user_model, shapes: Path, project, run_here):
+    """The shapes classified by the tiny model, in batches of 8."""
     campaign, _ = services.campaign_create(
         name="shapes",
         processor="image-classification",
@@ -123,6 +123,14 @@ def test_a_user_torchscript_model_classifies_and_exports_features(
         params=_params(user_model, batch_size=8),
     )
     run_here(campaign)
+    return campaign
+
+
+@pytest.mark.django_db
+def test_a_user_torchscript_model_classifies_and_exports_features(
+    user_model, shapes, project, output_root, run_here
+):
+    campaign = _classified(user_model, shapes, project, run_here)
 
     units = Unit.objects.filter(campaign=campaign)
     assert units.filter(state=UnitState.SUCCEEDED).count() == 30
@@ -143,6 +151,32 @@ def test_a_user_torchscript_model_classifies_and_exports_features(
     assert right >= 27, f"{right}/30 right: the tiny model or the preprocessing is off"
     report = campaign_verify(campaign=campaign, deep=True).as_dict()
     assert report["valid"] == 30 and report["input_invalid"] == 2
+
+
+@pytest.mark.django_db
+def test_a_unit_page_shows_the_image_beside_what_the_model_said(
+    user_model, shapes, project, output_root, run_here, client, owner
+):
+    campaign = _classified(user_model, shapes, project, run_here)
+    client.force_login(owner)
+
+    def page(uid: str) -> str:
+        unit = Unit.objects.get(campaign=campaign, uid=uid)
+        return client.get(reverse("unit_detail", args=[campaign.name, unit.pk])).content.decode()
+
+    square = Attempt.objects.get(unit__campaign=campaign, unit__uid="square/3.png").metrics
+    html = page("square/3.png")
+    assert 'id="input-thumbnail"' in html and 'src="data:image/png;base64,' in html
+    ranked = re.findall(r"<tr><td>(\w+)</td><td>([\d.]+)</td></tr>", html)
+    assert ranked[0][0] == square["category"]
+    assert sorted(label for label, _ in ranked) == sorted(CLASSES)  # top 3 of 3
+    assert float(ranked[0][1]) == pytest.approx(square["probability"], abs=1e-3)
+    assert f"<strong data-margin>{square['margin']:.3f}</strong>" in html
+
+    # An input the worker refused: the page says why, and shows no output.
+    html = page("bad/notes.jpg")
+    assert "Cannot show the input: input_invalid: not an image Pillow can read" in html
+    assert 'id="output-error">not an image Pillow can read' in html
 
 
 @pytest.mark.django_db

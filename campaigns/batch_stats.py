@@ -1,9 +1,11 @@
 """What the batches measured, for the campaign page: policies side by side,
-memory over the run as a chart, and a warning when memory creeps up."""
+the last batches one by one, memory over the run as a chart, and a warning
+when memory creeps up."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from functools import cached_property
 
 from django.core.cache import cache
@@ -13,6 +15,7 @@ from django.db.models import Count, Sum
 from .models import Batch, Campaign
 
 CHART_BATCHES = 200
+RECENT_BATCHES = 10
 CREEP_WINDOW = 8
 WARM_UP = 3
 
@@ -52,6 +55,7 @@ class BatchPanels:
     batch finishes."""
 
     policies: list[PolicyRow]
+    recent: list[BatchRow]
     memory_chart: MemoryChart | None
     memory_warning: str | None
 
@@ -88,12 +92,16 @@ def batch_panels(*, campaign: Campaign, newest_finished=_NOT_READ) -> BatchPanel
 
 
 def _batch_panels(campaign: Campaign) -> BatchPanels:
-    chart = memory_chart(campaign=campaign)
+    recent = _recent_rows(campaign)
+    chart = _memory_chart(recent)
     if chart is not None:
         # Drawn now, once: the points are kept with the cached panels.
         chart.lines  # noqa: B018
     return BatchPanels(
-        policies=_policy_rows(campaign), memory_chart=chart, memory_warning=memory_creep(chart)
+        policies=_policy_rows(campaign),
+        recent=recent[:RECENT_BATCHES],
+        memory_chart=chart,
+        memory_warning=memory_creep(chart),
     )
 
 
@@ -118,6 +126,10 @@ class PanelsOnDemand:
     @property
     def policies(self) -> list[PolicyRow]:
         return self._panels.policies
+
+    @property
+    def recent(self) -> list[BatchRow]:
+        return self._panels.recent
 
     @property
     def memory_chart(self) -> MemoryChart | None:
@@ -188,18 +200,70 @@ class MemoryChart:
         return [(name, self.points(name)) for name, v in self.series.items() if v]
 
 
-def memory_chart(*, campaign: Campaign) -> MemoryChart | None:
-    recent = list(
+# What a batch measured, as BatchRow holds it after its first three fields
+# (and batches.csv lists it).
+MEASURED = (
+    "size",
+    "real_tokens",
+    "padded_tokens",
+    "compute_seconds",
+    "metrics__seconds",
+    "mem_allocated",
+    "mem_reserved",
+    "mem_peak_allocated",
+    "mem_peak_reserved",
+    "rss",
+)
+
+
+@dataclass
+class BatchRow:
+    """One finished batch as the page lists it."""
+
+    pk: int
+    finished_at: datetime
+    worker: str
+    items: int
+    real_tokens: int | None
+    padded_tokens: int | None
+    compute_seconds: float | None  # the model's time
+    seconds: float | None  # the whole batch: reads, model, writes, checks, recording
+    allocated: int | None
+    reserved: int | None
+    peak_allocated: int | None
+    peak_reserved: int | None
+    rss: int | None
+
+    @property
+    def padding(self) -> float | None:
+        return self.padded_tokens / self.real_tokens if self.real_tokens else None
+
+
+def _recent_rows(campaign: Campaign) -> list[BatchRow]:
+    """The last CHART_BATCHES finished batches, newest first: one query for
+    the chart and the list of the last few."""
+    rows = (
         Batch.objects.filter(campaign=campaign, state=Batch.State.DONE)
         .exclude(finished_at=None)
-        .order_by("-finished_at")
-        .values_list("mem_allocated", "mem_reserved", "mem_peak_reserved", "rss")[:CHART_BATCHES]
-    )[::-1]
+        .order_by("-finished_at", "-pk")
+        .values_list("pk", "finished_at", "worker", *MEASURED)[:CHART_BATCHES]
+    )
+    return [BatchRow(*row) for row in rows]
+
+
+def memory_chart(*, campaign: Campaign) -> MemoryChart | None:
+    return _memory_chart(_recent_rows(campaign))
+
+
+def _memory_chart(recent: list[BatchRow]) -> MemoryChart | None:
     if not recent:
         return None
-    names = ("allocated", "reserved", "peak reserved", "RSS")
+    oldest_first = recent[::-1]
+    names = ("allocated", "reserved", "peak_reserved", "rss")
+    labels = ("allocated", "reserved", "peak reserved", "RSS")
     series = {
-        name: [row[i] for row in recent if row[i] is not None] for i, name in enumerate(names)
+        label: [getattr(row, name) for row in oldest_first if getattr(row, name) is not None]
+        for name, label in zip(names, labels, strict=True)
     }
     series = {name: values for name, values in series.items() if values}
     if "allocated" in series:

@@ -1,4 +1,5 @@
-"""The campaign's dossier as files: manifest, results, errors, parameter versions.
+"""The campaign's dossier as files: manifest, results, errors, batches,
+parameter versions.
 
 Written by `campaign export NAME --to DIR` and served from the campaign page;
 both read rows in keyset-paginated chunks, so a million units stream in
@@ -19,9 +20,10 @@ import numpy as np
 from django.conf import settings
 from numpy.lib import format as npy_format
 
+from .batch_stats import MEASURED
 from .models import Batch, Campaign, Unit, UnitState
 from .outputs import write_atomic
-from .processor_specs import get_spec
+from .processor_specs import cost_unit, get_spec
 from .vector_shards import VectorReader
 
 _CHUNK = 5000
@@ -30,6 +32,7 @@ FILES = {
     "manifest.csv": "text/csv",
     "results.csv": "text/csv",
     "errors.csv": "text/csv",
+    "batches.csv": "text/csv",
     "versions.json": "application/json",
 }
 
@@ -99,6 +102,45 @@ def errors_csv(campaign: Campaign) -> Iterator[str]:
     )
 
 
+_BATCH_FIELDS = (
+    "version__number",
+    "version__fingerprint",
+    *("policy", "state", "worker", "deliveries", "started_at", "finished_at"),
+    *MEASURED,
+    "error",
+)
+
+
+def _batches(campaign: Campaign) -> Iterator[tuple]:
+    last = 0
+    while True:
+        rows = list(
+            Batch.objects.filter(campaign=campaign, pk__gt=last)
+            .order_by("pk")
+            .values_list("pk", *_BATCH_FIELDS)[:_CHUNK]
+        )
+        if not rows:
+            return
+        last = rows[-1][0]
+        for pk, number, fingerprint, *rest in rows:
+            yield (pk, f"v{number}-{fingerprint[:10]}", *rest)
+
+
+def batches_csv(campaign: Campaign) -> Iterator[str]:
+    """Every batch with what it measured: sizes, time, memory (bytes after the
+    batch; allocated and reserved on CUDA, RSS on a CPU)."""
+    unit = cost_unit(campaign.processor)
+    return _csv(
+        [
+            *("batch", "version", "policy", "state", "worker", "deliveries"),
+            *("started_at", "finished_at", "items", f"real_{unit}", f"padded_{unit}"),
+            *("model_seconds", "batch_seconds", "allocated_bytes", "reserved_bytes"),
+            *("peak_allocated_bytes", "peak_reserved_bytes", "rss_bytes", "error"),
+        ],
+        _batches(campaign),
+    )
+
+
 def versions_json(campaign: Campaign) -> Iterator[str]:
     versions = []
     for version in campaign.versions.order_by("number"):
@@ -130,6 +172,7 @@ GENERATORS = {
     "manifest.csv": manifest_csv,
     "results.csv": results_csv,
     "errors.csv": errors_csv,
+    "batches.csv": batches_csv,
     "versions.json": versions_json,
 }
 

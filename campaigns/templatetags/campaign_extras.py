@@ -1,4 +1,5 @@
 from django import template
+from django.template.defaultfilters import filesizeformat
 from django.utils.html import format_html, format_html_join
 
 from campaigns.vector_shards import split_member
@@ -10,6 +11,13 @@ register = template.Library()
 def get_item(mapping, key):
     """mapping[key] in a template, for JSON fields keyed by verdict."""
     return (mapping or {}).get(key, [])
+
+
+@register.filter
+def size_or_dash(value):
+    """A byte count as filesizeformat writes it; "—" where none was measured
+    (filesizeformat would say "0 bytes")."""
+    return "—" if value is None else filesizeformat(value)
 
 
 _UNIT_ROW = (

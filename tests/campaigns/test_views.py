@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from unittest import mock
 
 import pytest
@@ -359,6 +360,73 @@ def test_an_image_campaign_counts_its_batches_in_pixels(client, owner, campaign)
     assert "<th>Pixels/s</th>" in html and "tokens" not in html.split('id="batches"')[1][:2000]
     row = html.split('data-policy="original"')[1].split("</tr>")[0]
     assert "<td>1,152,000</td>" in row  # pixels a second, grouped like the other figures
+
+
+def test_the_page_lists_the_last_batches_one_by_one_and_every_batch_downloads(
+    client, owner, make_campaign, run_here, output_root
+):
+    import csv
+    import io
+
+    from campaigns.models import Batch
+
+    campaign = make_campaign("batches", batch_size=3)
+    run_here(campaign)
+    batches = Batch.objects.filter(campaign=campaign, state="done")
+    assert batches.count() > 10
+    client.force_login(owner)
+    html = client.get(_detail(campaign)).content.decode()
+
+    # The newest ten, newest first, each with its own figures (a CPU: RSS).
+    table = html.split('class="grid recent-batches"')[1].split("</table>")[0]
+    newest = list(batches.order_by("-finished_at", "-pk")[:10])
+    assert re.findall(r'data-batch="(\d+)"', table) == [str(b.pk) for b in newest]
+    heads = re.findall(r"<th>([^<]+)</th>", table)
+    assert heads[3:] == [
+        "Items",
+        "Real tokens",
+        "Padded tokens",
+        "Padding",
+        "Model s",
+        "Batch s",
+        "RSS",
+    ]
+    first = table.split(f'data-batch="{newest[0].pk}">')[1].split("</tr>")[0]
+    cells = re.findall(r"<td>([^<]*)</td>", first)
+    assert cells[3] == str(newest[0].size)
+    assert cells[4] == f"{newest[0].real_tokens:,}" and cells[5] == f"{newest[0].padded_tokens:,}"
+    assert float(cells[8]) >= float(cells[7]) > 0  # the batch holds its model's time
+    assert cells[9].endswith("MB")
+
+    # Every batch, in batches.csv, as the campaign page offers it.
+    response = client.get(reverse("campaign_export", args=[campaign.name, "batches.csv"]))
+    rows = list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))
+    assert [int(r["batch"]) for r in rows] == sorted(b.pk for b in batches)
+    assert sum(int(r["real_tokens"]) for r in rows) == sum(b.real_tokens for b in batches)
+    assert {r["version"] for r in rows} == {campaign.current_version.label}
+    assert all(int(r["rss_bytes"]) > 0 and r["allocated_bytes"] == "" for r in rows)
+    assert all(float(r["batch_seconds"]) >= float(r["model_seconds"]) for r in rows)
+
+
+def test_on_cuda_the_last_batches_show_allocated_reserved_and_their_peaks(client, owner, campaign):
+    from campaigns.models import Batch
+
+    _finished_batches(campaign, [("original", 16, 1000, 4000, 2.0, 500 << 20)])
+    Batch.objects.filter(campaign=campaign).update(
+        mem_allocated=300 << 20,
+        mem_reserved=1 << 30,
+        mem_peak_allocated=700 << 20,
+        mem_peak_reserved=2 << 30,
+    )
+    client.force_login(owner)
+    table = client.get(_detail(campaign)).content.decode().split("recent-batches")[1]
+    table = table.split("</table>")[0]
+    assert "<th>Allocated</th><th>Reserved</th><th>Peak allocated</th><th>Peak reserved</th>" in (
+        table
+    )
+    assert "<th>RSS</th>" not in table
+    sizes = "<td>300.0 MB</td><td>1.0 GB</td><td>700.0 MB</td><td>2.0 GB</td>"
+    assert sizes in table.replace("\xa0", " ")  # filesizeformat's no-break spaces
 
 
 def test_the_policy_table_follows_each_finished_batch_without_aggregating_every_view(

@@ -213,8 +213,13 @@ def throughput_chart(profile: Profile) -> StepChart | None:
         label="items per second by batch size",
         series=series,
         x_ticks=scale.x_ticks([s["batch_size"] for s in steps]),
-        y_ticks=scale.y_ticks(lambda v: f"{v:.3g}"),
+        y_ticks=scale.y_ticks(_rate),
     )
+
+
+def _rate(value: float) -> str:
+    """A tick's items/s as a person reads it: 1,460 rather than 1.46e+03."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
 def headroom(profile: Profile) -> dict | None:

@@ -731,3 +731,14 @@ def test_order_this_plan_prefills_no_environment_when_none_matches_and_says_so(
     assert "no catalog environment has torch" in _words(note)
     assert f"CUDA {runtime['cuda']}" in _words(note)
     assert "error" in _classes(note)
+
+
+def test_the_throughput_axis_reads_as_people_write_rates():
+    """Ticks of a fast model read 1,460, not 1.46e+03; slow ones keep decimals."""
+    from campaigns import profile_charts
+
+    fast = Profile(steps=[{**step, "items_per_s": 5549.9} for step in STEPS[:7]])
+    labels = [t.label for t in profile_charts.throughput_chart(fast).y_ticks]
+    assert labels[-1] == f"{5549.9 * 1.05:,.0f}" and "e+" not in "".join(labels)
+    slow = Profile(steps=[{**step, "items_per_s": 0.8} for step in STEPS[:7]])
+    assert [t.label for t in profile_charts.throughput_chart(slow).y_ticks][-1] == "0.84"

@@ -175,8 +175,10 @@ def _policy_rows(campaign: Campaign) -> list[PolicyRow]:
 @dataclass
 class MemoryChart:
     series: dict[str, list[int]]  # name -> bytes after each batch, oldest first
-    width: int = 600
+    width: int = 600  # the plot; the labels of its axes lie outside it
     height: int = 160
+    left: int = 64  # room for the memory axis's labels
+    bottom_pad: int = 18  # and for the batches axis's
 
     @property
     def batches(self) -> int:
@@ -186,12 +188,27 @@ class MemoryChart:
     def top(self) -> int:
         return max((max(v) for v in self.series.values() if v), default=0) or 1
 
+    @property
+    def full_width(self) -> int:
+        return self.left + self.width + 8
+
+    @property
+    def full_height(self) -> int:
+        return self.height + self.bottom_pad + 6
+
+    @property
+    def y_ticks(self) -> list[tuple[float, int]]:
+        """(y, bytes) at 0, ¼, ½, ¾ and the top: memory from zero, so a flat
+        line high up reads as steady, not as a scale cut to exaggerate."""
+        top = self.top
+        return [(round(self.height + 6 - self.height * i / 4, 1), top * i // 4) for i in range(5)]
+
     def points(self, name: str) -> str:
         values = self.series[name]
         step = self.width / max(1, len(values) - 1)
         top = self.top  # once, not per point: it scans every series
         return " ".join(
-            f"{i * step:.1f},{self.height - self.height * v / top:.1f}"
+            f"{self.left + i * step:.1f},{self.height + 6 - self.height * v / top:.1f}"
             for i, v in enumerate(values)
         )
 

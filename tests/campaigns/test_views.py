@@ -344,6 +344,9 @@ def test_the_page_compares_batch_policies_with_real_and_padded_tokens(client, ow
     assert "×1.01" in grouped and "32.0" in grouped
     assert "<svg" in html and "<polyline" in html
     assert 'id="memory-warning"' not in html
+    # Its memory axis is labelled from zero to the top (500 MiB here).
+    ticks = re.findall(r'<text class="tick"[^>]*>([^<]+)</text>', html.replace("\xa0", " "))
+    assert ticks[:5] == ["0 bytes", "125.0 MB", "250.0 MB", "375.0 MB", "500.0 MB"]
 
 
 def test_an_image_campaign_counts_its_batches_in_pixels(client, owner, campaign):

@@ -131,6 +131,7 @@ TEXT_EMBEDDING = ProcessorSpec(
     output_suffix=".npy",
     implementation="gpuworker.processors.text_embedding:TextEmbeddingProcessor",
     padding="longest",
+    model_params=("model",),
     params={
         "model": ParamSpec(
             DEFAULT_TEXT_MODEL,
@@ -348,6 +349,7 @@ IMAGE_CLASSIFICATION = ProcessorSpec(
     "from your TorchScript model.",
     output_suffix=".npz",
     implementation="gpuworker.processors.image_classification:ImageClassificationProcessor",
+    model_params=("model", "labels", "weights"),
     params={
         "model": ParamSpec(
             "",

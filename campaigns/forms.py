@@ -10,6 +10,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.utils.text import slugify
 
+from . import model_files
 from .processor_specs import ProcessorSpec, all_specs, get_spec
 
 PARAM_PREFIX = "param_"
@@ -80,6 +81,8 @@ class ParamsMixin:
             return
         try:
             self.cleaned_data["params"] = self.spec.clean(self.params())
+            # A model or labels file that is not there, said here, not by the first batch.
+            model_files.digests(self.spec.model_params, self.cleaned_data["params"])
         except ValidationError as exc:
             self.add_error(None, exc)
 

@@ -71,6 +71,10 @@ class ProcessorSpec:
     padding: str = "sum"
     # What a cost counts, for the pages' columns ("Real pixels", "Pixels/s").
     cost_unit: str = "tokens"
+    # The parameters naming files or folders the outputs depend on (a model,
+    # its labels): their sha256 goes into the version, and a worker checks
+    # them before each batch (campaigns/model_files.py).
+    model_params: tuple[str, ...] = ()
     help: str = ""
     # Raises campaigns.inputs.InputError for input bytes the processor will refuse;
     # lets the setup page show the failing inputs before anything runs.

@@ -19,6 +19,7 @@ from django.utils.text import slugify
 
 from portal.celery import app as celery_app
 
+from . import model_files
 from .batching import plan_batches
 from .importing import ImportReport, file_identity, import_folder, import_manifest
 from .models import (
@@ -59,8 +60,13 @@ def fingerprint(*, processor: str, params: dict[str, Any], software: dict[str, s
 
 def version_create(*, campaign: Campaign, params: dict[str, Any] | None = None) -> ParameterVersion:
     """The version for these parameters and this software: the existing one if identical."""
-    cleaned = get_spec(campaign.processor).clean(params)
+    spec = get_spec(campaign.processor)
+    cleaned = spec.clean(params)
     software = software_versions()
+    files = model_files.digests(spec.model_params, cleaned)
+    if files:
+        # Part of the fingerprint: the same path holding another model is another version.
+        software["files"] = files
     fp = fingerprint(processor=campaign.processor, params=cleaned, software=software)
     with transaction.atomic():
         Campaign.objects.select_for_update().filter(pk=campaign.pk).first()
@@ -141,7 +147,8 @@ def campaign_create(
     if not 0 <= holdout_share < 1:
         raise ValidationError("holdout share is a fraction between 0 and 1 (0.05 = 5%)")
     spec = get_spec(processor)
-    spec.clean(params)  # refuse bad parameters before anything is written
+    # Bad parameters, and a model file that is not there, refused before anything is written.
+    model_files.digests(spec.model_params, spec.clean(params))
     if manifest is not None:
         root = (input_root or manifest.parent).resolve()
     else:

@@ -190,7 +190,10 @@ class _BatchRun:
         """Read the inputs and run the model (the part that needs the device)."""
         started = time.perf_counter()
         try:
-            self.processor = get_processor(self.batch.campaign.processor, self.batch.version.params)
+            version = self.batch.version
+            self.processor = get_processor(
+                self.batch.campaign.processor, version.params, version.software.get("files")
+            )
             self.parts, adopted, splits = _compute(self.batch, self.processor, self.outcomes)
             self.metrics.update(adopted=adopted)
             if self.parts or splits:

@@ -523,7 +523,9 @@ def record_device(profile: Profile, device: torch.device) -> int:
 
 
 def _measure(profile: Profile, workdir: Path) -> None:
-    processor = get_processor(profile.campaign.processor, profile.version.params)
+    processor = get_processor(
+        profile.campaign.processor, profile.version.params, profile.version.software.get("files")
+    )
     budget = record_device(profile, getattr(processor, "device", torch.device("cpu")))
     # The device and its budget on the page while the steps come in.
     profile.save(update_fields=["memory_budget", "runtime", "device"])

@@ -11,18 +11,29 @@ import json
 
 from django.utils.module_loading import import_string
 
+from campaigns import model_files
 from campaigns.processor_specs import get_spec
 
 
 @functools.lru_cache(maxsize=4)
-def _load(processor: str, params_json: str):
+def _load(processor: str, params_json: str, files_json: str):
+    # Before the model loads, once a process (a refusal is not cached: the
+    # next batch looks again); the loaded model then serves the version.
+    model_files.check(json.loads(files_json))
     implementation = get_spec(processor).implementation.replace(":", ".")
     return import_string(implementation)(json.loads(params_json))
 
 
-def get_processor(processor: str, params: dict):
-    """The loaded processor for these parameters; the model loads on first use only."""
-    return _load(processor, json.dumps(params, sort_keys=True))
+def get_processor(processor: str, params: dict, files: dict | None = None):
+    """The loaded processor for these parameters; the model loads on first use only.
+
+    `files`: the model files a version recorded (`software["files"]`,
+    campaigns/model_files.py): the model is not loaded if one is not what it
+    was, so a version's outputs all come from the model it names.
+    """
+    return _load(
+        processor, json.dumps(params, sort_keys=True), json.dumps(files or {}, sort_keys=True)
+    )
 
 
 def sharded(processor) -> bool:

@@ -169,3 +169,26 @@ def test_changing_parameters_after_a_run_makes_a_new_version_and_says_so(
     assert campaign.current_version.number == 2
     assert campaign.current_version.params["pooling"] == "cls"
     assert f"New parameter version {campaign.current_version.label}" in changed
+
+
+def test_a_model_folder_that_is_not_there_is_refused_on_the_form_not_by_a_batch(
+    client, owner, roots, make_campaign, tmp_path, send
+):
+    client.force_login(owner)
+    missing = tmp_path / "my-encoder"
+    form = _form(roots, param_model=str(missing))
+    for action in ({"preview": "1"}, {}):
+        response = client.post(NEW, {**form, **action})
+        assert response.status_code == 400
+        assert f"model: cannot read {missing}" in response.content.decode()
+    assert not Campaign.objects.filter(name="web-made").exists()
+    assert not send.called
+
+    campaign = make_campaign()
+    url = reverse("campaign_params", args=[campaign.name])
+    params = {f"param_{k}": v for k, v in campaign.current_version.params.items()}
+    response = client.post(url, {**params, "param_model": str(missing)})
+    assert response.status_code == 400
+    assert f"model: cannot read {missing}" in response.content.decode()
+    campaign.refresh_from_db()
+    assert campaign.versions.count() == 1

@@ -113,15 +113,20 @@ def _params(user_model, **extra):
     return classifier_params(user_model, top_k=3, **extra)
 
 
-def _classified(user_model, shapes: Path, project, run_here):
-    """The shapes classified by the tiny model, in batches of 8."""
+def _classifier(name: str, project, folder: Path, params: dict):
     campaign, _ = services.campaign_create(
-        name="shapes",
+        name=name,
         processor="image-classification",
         project=project,
-        input_folder=shapes,
-        params=_params(user_model, batch_size=8),
+        input_folder=folder,
+        params=params,
     )
+    return campaign
+
+
+def _classified(user_model, shapes: Path, project, run_here):
+    """The shapes classified by the tiny model, in batches of 8."""
+    campaign = _classifier("shapes", project, shapes, _params(user_model, batch_size=8))
     run_here(campaign)
     return campaign
 
@@ -187,13 +192,7 @@ def test_a_labels_file_that_does_not_match_the_model_fails_the_batch_clearly(
     labels.write_text("circle\nsquare\n")
     params = _params(user_model)
     params["labels"] = str(labels)
-    campaign, _ = services.campaign_create(
-        name="mismatch",
-        processor="image-classification",
-        project=project,
-        input_folder=shapes / "circle",
-        params=params,
-    )
+    campaign = _classifier("mismatch", project, shapes / "circle", params)
     run_here(campaign)
     messages = set(Unit.objects.filter(campaign=campaign).values_list("error_message", flat=True))
     assert messages == {"ValueError: model gives 3 classes, labels file has 2"}
@@ -267,3 +266,57 @@ def test_versions_that_differ_in_a_flag_share_one_model_and_a_replaced_file_is_r
     x = torch.from_numpy(_tensor(Image.new("RGB", (SIZE, SIZE), (200, 30, 30)))[None])
     assert torch.allclose(replaced.model(x)[0], other(x)[0])
     assert not torch.allclose(first.model(x)[0], other(x)[0])
+
+
+@pytest.mark.django_db
+def test_a_version_records_its_model_and_a_model_replaced_under_it_fails_clearly(
+    user_model, shapes, project, output_root, tmp_path, run_here
+):
+    import hashlib
+    from unittest import mock
+
+    from django.core.exceptions import ValidationError
+
+    from campaigns.models import Campaign, ParameterVersion
+
+    model_file, labels = tmp_path / "user.pt", user_model[1]
+    model_file.write_bytes(user_model[0].read_bytes())
+    params = _params((model_file, labels))
+
+    # A model path that is not there: refused before anything is made.
+    with pytest.raises(ValidationError, match=r"model: cannot read .*/nowhere\.pt"):
+        _classifier("typo", project, shapes, {**params, "model": str(tmp_path / "nowhere.pt")})
+    assert not Campaign.objects.filter(name="typo").exists()
+
+    campaign = _classifier("shapes", project, shapes / "circle", params)
+    v1 = campaign.current_version
+    files = v1.software["files"]
+    assert files["model"] == {
+        "path": str(model_file),
+        "sha256": hashlib.sha256(model_file.read_bytes()).hexdigest(),
+    }
+    assert files["labels"]["sha256"] == hashlib.sha256(labels.read_bytes()).hexdigest()
+    assert "weights" not in files  # left out: optional
+
+    # The user saves another model over the file while the campaign waits.
+    torch.jit.script(TinyCNN().eval()).save(str(model_file))
+    run_here(campaign)
+    units = Unit.objects.filter(campaign=campaign)
+    assert set(units.values_list("state", flat=True)) == {UnitState.FAILED}
+    message = units.first().error_message
+    assert units.first().error_class == "processing_error"
+    assert f"model {model_file} changed since this parameter version was made" in message
+    assert "save the parameters again" in message
+    assert not any(output_root.rglob("*.npz"))  # nothing written under v1's label
+
+    # Saving the same parameters again is a new version, with the new model's digest.
+    v2 = services.version_create(campaign=campaign, params=params)
+    assert v2.pk != v1.pk and ParameterVersion.objects.filter(campaign=campaign).count() == 2
+    assert v2.software["files"]["model"]["sha256"] != files["model"]["sha256"]
+    with mock.patch.object(services.celery_app, "send_task"):
+        services.campaign_resume(campaign=campaign, retry_failed=True)
+    run_here(campaign)
+    # Every unit has its output under v2 (the untrained model's low confidence
+    # sends some to review: flagged, not failed).
+    assert not units.exclude(output_path__startswith=f"shapes/{v2.label}/").exists()
+    assert not units.filter(state=UnitState.FAILED).exists()

@@ -8,8 +8,6 @@ constant memory.
 
 from __future__ import annotations
 
-import csv
-import io
 import itertools
 import json
 import os
@@ -21,12 +19,15 @@ from django.conf import settings
 from numpy.lib import format as npy_format
 
 from .batch_stats import MEASURED
+from .csv_stream import stream_csv
 from .models import Batch, Campaign, Unit, UnitState
 from .outputs import write_atomic
+from .prediction_exports import export_classifications, predictions_csv
 from .processor_specs import cost_unit, get_spec
 from .vector_shards import VectorReader
 
 _CHUNK = 5000
+CLASSIFICATION = "image-classification"
 
 FILES = {
     "manifest.csv": "text/csv",
@@ -52,22 +53,9 @@ def _units(campaign: Campaign, fields: tuple[str, ...], **filters) -> Iterator[t
             yield row[1:]
 
 
-def _csv(header: list[str], rows) -> Iterator[str]:
-    buf = io.StringIO()
-    writer = csv.writer(buf)
-    writer.writerow(header)
-    for row in rows:
-        writer.writerow(row)
-        if buf.tell() > 1 << 16:
-            yield buf.getvalue()
-            buf.seek(0)
-            buf.truncate()
-    yield buf.getvalue()
-
-
 def manifest_csv(campaign: Campaign) -> Iterator[str]:
     fields = ("uid", "source_path", "size", "sha256", "category")
-    return _csv(["id", "source_path", "size", "sha256", "category"], _units(campaign, fields))
+    return stream_csv(["id", "source_path", "size", "sha256", "category"], _units(campaign, fields))
 
 
 def results_csv(campaign: Campaign) -> Iterator[str]:
@@ -80,7 +68,7 @@ def results_csv(campaign: Campaign) -> Iterator[str]:
         "output_size",
         "output_sha256",
     )
-    return _csv(
+    return stream_csv(
         [
             "id",
             "source_path",
@@ -96,7 +84,7 @@ def results_csv(campaign: Campaign) -> Iterator[str]:
 
 def errors_csv(campaign: Campaign) -> Iterator[str]:
     fields = ("uid", "source_path", "error_class", "error_message")
-    return _csv(
+    return stream_csv(
         ["id", "source_path", "error_class", "message"],
         _units(campaign, fields, state=UnitState.FAILED),
     )
@@ -130,7 +118,7 @@ def batches_csv(campaign: Campaign) -> Iterator[str]:
     """Every batch with what it measured: sizes, time, memory (bytes after the
     batch; allocated and reserved on CUDA, RSS on a CPU)."""
     unit = cost_unit(campaign.processor)
-    return _csv(
+    return stream_csv(
         [
             *("batch", "version", "policy", "state", "worker", "deliveries"),
             *("started_at", "finished_at", "items", f"real_{unit}", f"padded_{unit}"),
@@ -186,7 +174,23 @@ def export(campaign: Campaign, folder: Path) -> list[Path]:
         written.append(path)
     if get_spec(campaign.processor).output_suffix == ".npy":
         written.extend(consolidate_vectors(campaign, folder))
+    if campaign.processor == CLASSIFICATION:
+        written.extend(export_classifications(campaign, folder))
     return written
+
+
+def files_for(campaign: Campaign) -> dict[str, str]:
+    """What the campaign page offers to download: the inventory, and an image
+    classification's predictions (its current version's)."""
+    if campaign.processor == CLASSIFICATION:
+        return {**FILES, "predictions.csv": "text/csv"}
+    return FILES
+
+
+def generate(campaign: Campaign, filename: str) -> Iterator[str]:
+    if filename == "predictions.csv":
+        return predictions_csv(campaign)
+    return GENERATORS[filename](campaign)
 
 
 def consolidate_vectors(campaign: Campaign, folder: Path) -> list[Path]:
@@ -225,7 +229,8 @@ def consolidate_vectors(campaign: Campaign, folder: Path) -> list[Path]:
         del matrix
         os.replace(tmp, matrix_path)
         write_atomic(
-            ids_path, (c.encode() for c in _csv(["row", "id", "source_path", "output_path"], rows))
+            ids_path,
+            (c.encode() for c in stream_csv(["row", "id", "source_path", "output_path"], rows)),
         )
         written += [matrix_path, ids_path]
     return written

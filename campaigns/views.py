@@ -85,7 +85,7 @@ def campaign_detail(request: HttpRequest, name: str) -> HttpResponse:
         **_run_panels(page),
         **_unit_table(request, campaign),
         "reconciliation": page.reconciliation,
-        "export_files": list(inventory.FILES),
+        "export_files": list(inventory.files_for(campaign)),
         "latest_profile": page.latest_profile,
         "is_adaptation": adaptation.is_adaptation(campaign),
         "lineage": adaptation.lineage(campaign.current_version)
@@ -226,10 +226,11 @@ def campaign_verify(request: HttpRequest, name: str) -> HttpResponse:
 @login_required
 def campaign_export(request: HttpRequest, name: str, filename: str) -> HttpResponse:
     campaign = _get_campaign_for_user(request, name)
-    if filename not in inventory.FILES:
+    files = inventory.files_for(campaign)
+    if filename not in files:
         raise Http404("No such export file.")
     response = StreamingHttpResponse(
-        inventory.GENERATORS[filename](campaign), content_type=inventory.FILES[filename]
+        inventory.generate(campaign, filename), content_type=files[filename]
     )
     response["Content-Disposition"] = f'attachment; filename="{campaign.name}-{filename}"'
     return response

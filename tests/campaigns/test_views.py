@@ -409,6 +409,10 @@ def test_the_page_lists_the_last_batches_one_by_one_and_every_batch_downloads(
     assert {r["version"] for r in rows} == {campaign.current_version.label}
     assert all(int(r["rss_bytes"]) > 0 and r["allocated_bytes"] == "" for r in rows)
     assert all(float(r["batch_seconds"]) >= float(r["model_seconds"]) for r in rows)
+    # An image classification's predictions table: not a text campaign's.
+    assert "predictions.csv" not in html
+    predictions = reverse("campaign_export", args=[campaign.name, "predictions.csv"])
+    assert client.get(predictions).status_code == 404
 
 
 def test_on_cuda_the_last_batches_show_allocated_reserved_and_their_peaks(client, owner, campaign):

@@ -320,3 +320,54 @@ def test_a_version_records_its_model_and_a_model_replaced_under_it_fails_clearly
     # sends some to review: flagged, not failed).
     assert not units.exclude(output_path__startswith=f"shapes/{v2.label}/").exists()
     assert not units.filter(state=UnitState.FAILED).exists()
+
+
+@pytest.mark.django_db
+def test_the_export_gathers_predictions_and_features_and_says_which_output_it_could_not_read(
+    user_model, shapes, project, output_root, run_here, tmp_path, client, owner
+):
+    import csv
+
+    from campaigns.inventory import export
+
+    campaign = _classified(user_model, shapes, project, run_here)
+    label = campaign.current_version.label
+    done = list(Unit.objects.filter(campaign=campaign, state=UnitState.SUCCEEDED).order_by("pk"))
+    assert len(done) == 30
+
+    written = {p.name for p in export(campaign, tmp_path / "out")}
+    assert {f"predictions-{label}.csv", f"features-{label}.npy"} <= written
+    with open(tmp_path / "out" / f"predictions-{label}.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    features = np.load(tmp_path / "out" / f"features-{label}.npy")
+    assert features.shape == (30, 16) and features.dtype == np.float32
+    assert [r["id"] for r in rows] == [u.uid for u in done]  # unit order, row i = matrix row i
+    for unit, row in zip(done, rows, strict=True):
+        metrics = Attempt.objects.get(unit=unit).metrics
+        assert row["label_1"] == metrics["category"]
+        assert float(row["probability_1"]) == pytest.approx(metrics["probability"], abs=1e-4)
+        assert float(row["margin"]) == pytest.approx(metrics["margin"], abs=1e-4)
+        assert {row["label_1"], row["label_2"], row["label_3"]} == set(CLASSES)
+        with np.load(output_root / unit.output_path) as out:
+            assert np.array_equal(features[int(row["row"])], out["features"])
+
+    # An output deleted since: its row says so, the others are whole.
+    lost = done[4]
+    (output_root / lost.output_path).unlink()
+    export(campaign, tmp_path / "again")
+    with open(tmp_path / "again" / f"predictions-{label}.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    again = np.load(tmp_path / "again" / f"features-{label}.npy")
+    assert rows[4]["id"] == lost.uid and rows[4]["label_1"] == ""
+    assert rows[4]["error"].startswith("output unreadable: ") and np.isnan(again[4]).all()
+    assert all(r["error"] == "" for i, r in enumerate(rows) if i != 4)
+    assert np.array_equal(np.delete(again, 4, axis=0), np.delete(features, 4, axis=0))
+
+    # The page offers the same table to download (a text campaign has none: test_views).
+    client.force_login(owner)
+    page = client.get(reverse("campaign_detail", args=[campaign.name])).content.decode()
+    url = reverse("campaign_export", args=[campaign.name, "predictions.csv"])
+    assert f'href="{url}"' in page
+    body = b"".join(client.get(url).streaming_content).decode()
+    assert body.splitlines()[0].startswith("row,id,source_path,category,output_path,label_1,")
+    assert len(body.splitlines()) == 31

@@ -21,7 +21,7 @@ from numpy.lib import format as npy_format
 from .batch_stats import MEASURED
 from .csv_stream import stream_csv
 from .models import Batch, Campaign, Unit, UnitState
-from .outputs import write_atomic
+from .outputs import InvalidOutput, write_atomic
 from .prediction_exports import export_classifications, predictions_csv
 from .processor_specs import cost_unit, get_spec
 from .vector_shards import VectorReader
@@ -218,19 +218,22 @@ def consolidate_vectors(campaign: Campaign, folder: Path) -> list[Path]:
             output_path__startswith=prefix,
         )
         rows = [
-            (row, uid, source, rel)
+            [row, uid, source, rel, ""]
             for row, (uid, source, rel) in itertools.islice(enumerate(units), count)
         ]
         # Filled in output-path order: a batch's rows share a shard, read once,
         # though a token budget scatters a batch's units over the id order.
-        for row, _uid, _source, rel in sorted(rows, key=lambda r: r[3]):
-            matrix[row] = reader.vector(rel)
+        for entry in sorted(rows, key=lambda r: r[3]):
+            try:
+                matrix[entry[0]] = reader.vector(entry[3])
+            except (OSError, InvalidOutput) as exc:
+                # Deleted or damaged since: NaN, the reason in its row, the rest goes on.
+                matrix[entry[0]] = np.nan
+                entry[4] = f"output unreadable: {exc}"
         matrix.flush()
         del matrix
         os.replace(tmp, matrix_path)
-        write_atomic(
-            ids_path,
-            (c.encode() for c in stream_csv(["row", "id", "source_path", "output_path"], rows)),
-        )
+        header = ["row", "id", "source_path", "output_path", "error"]
+        write_atomic(ids_path, (c.encode() for c in stream_csv(header, rows)))
         written += [matrix_path, ids_path]
     return written

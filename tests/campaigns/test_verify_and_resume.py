@@ -249,6 +249,21 @@ def test_export_consolidates_the_vectors_of_each_version(done, output_root, tmp_
     for row in rows[:5]:
         vector = unit_vector(output_root, row["output_path"])
         assert np.array_equal(matrix[int(row["row"])], vector)
+    assert all(row["error"] == "" for row in rows)
+
+    # A shard deleted since: its rows say so and hold NaN, the others are whole.
+    lost = rows[0]["output_path"].split("#")[0]
+    (output_root / lost).unlink()
+    export(done, tmp_path / "again")
+    again = np.load(tmp_path / "again" / f"vectors-{label}.npy")
+    with open(tmp_path / "again" / f"vectors-{label}.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    gone = [int(r["row"]) for r in rows if r["output_path"].startswith(lost + "#")]
+    assert gone and all(rows[i]["error"].startswith("output unreadable: ") for i in gone)
+    assert np.isnan(again[gone]).all()
+    kept = [i for i in range(len(rows)) if i not in gone]
+    assert all(rows[i]["error"] == "" for i in kept)
+    assert np.array_equal(again[kept], matrix[kept])
 
 
 def test_a_redelivered_batch_recomputes_the_rows_of_a_damaged_shard(

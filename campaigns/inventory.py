@@ -29,13 +29,7 @@ from .vector_shards import VectorReader
 _CHUNK = 5000
 CLASSIFICATION = "image-classification"
 
-FILES = {
-    "manifest.csv": "text/csv",
-    "results.csv": "text/csv",
-    "errors.csv": "text/csv",
-    "batches.csv": "text/csv",
-    "versions.json": "application/json",
-}
+CONTENT_TYPES = {".csv": "text/csv", ".json": "application/json"}
 
 
 def _units(campaign: Campaign, fields: tuple[str, ...], **filters) -> Iterator[tuple]:
@@ -179,18 +173,14 @@ def export(campaign: Campaign, folder: Path) -> list[Path]:
     return written
 
 
-def files_for(campaign: Campaign) -> dict[str, str]:
-    """What the campaign page offers to download: the inventory, and an image
-    classification's predictions (its current version's)."""
-    if campaign.processor == CLASSIFICATION:
-        return {**FILES, "predictions.csv": "text/csv"}
-    return FILES
+# What the campaign page offers besides the inventory, by processor (an image
+# classification's predictions: its current version's).
+PROCESSOR_FILES = {CLASSIFICATION: {"predictions.csv": predictions_csv}}
 
 
-def generate(campaign: Campaign, filename: str) -> Iterator[str]:
-    if filename == "predictions.csv":
-        return predictions_csv(campaign)
-    return GENERATORS[filename](campaign)
+def files_for(campaign: Campaign) -> dict:
+    """File name -> generator of its text, for the campaign page's downloads."""
+    return {**GENERATORS, **PROCESSOR_FILES.get(campaign.processor, {})}
 
 
 def consolidate_vectors(campaign: Campaign, folder: Path) -> list[Path]:

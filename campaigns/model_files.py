@@ -3,7 +3,8 @@ labels file, fine-tuned weights.
 
 Their sha256 goes into the parameter version (`software["files"]`), so the
 same path holding another model makes another version, and a worker checks
-them before each batch, so a model replaced under a running campaign fails its
+them before it loads the version's model (once a process: a model loaded stays
+the one that was checked), so a model replaced under a campaign fails its
 batches with the reason instead of mixing two models' outputs under one label.
 A processor names the parameters that hold such paths in
 `ProcessorSpec.model_params`.
@@ -45,29 +46,25 @@ def digests(model_params: tuple[str, ...], params: dict) -> dict[str, dict[str, 
 
 
 def check(recorded: dict[str, dict[str, str]]) -> None:
-    """Raise ModelFilesChanged, saying what to do, unless the files are as recorded."""
-    problem = changed(recorded)
-    if problem:
-        raise ModelFilesChanged(
-            f"{problem}: save the parameters again to make a new version, then run the "
-            "failed units again (resume --retry-failed)"
-        )
-
-
-def changed(recorded: dict[str, dict[str, str]]) -> str | None:
-    """Why the files a version recorded are not what it recorded, or None."""
+    """Raise ModelFilesChanged, saying what to do, unless the files a version
+    recorded are still what it recorded."""
     for name, record in recorded.items():
         path = Path(record["path"])
         try:
             now = digest(path)
         except OSError as exc:
-            return f"{name} {path} cannot be read ({exc.strerror or exc})"
-        if now != record["sha256"]:
-            return (
+            problem = f"{name} {path} cannot be read ({exc.strerror or exc})"
+        else:
+            if now == record["sha256"]:
+                continue
+            problem = (
                 f"{name} {path} changed since this parameter version was made "
                 f"(sha256 {record['sha256'][:12]}…, now {now[:12]}…)"
             )
-    return None
+        raise ModelFilesChanged(
+            f"{problem}: save the parameters again to make a new version, then run the "
+            "failed units again (resume --retry-failed)"
+        )
 
 
 def digest(path: Path) -> str:
@@ -99,12 +96,12 @@ def _files(folder: Path) -> list[tuple[str, tuple[int, int]]]:
 
 
 @functools.lru_cache(maxsize=64)
-def _digest(path: str, _stamp: tuple) -> str:
+def _digest(path: str, stamp: tuple) -> str:
     folder = Path(path)
     if not folder.is_dir():
         return _file_sha256(folder)
     listing = hashlib.sha256()
-    for rel, _ in _files(folder):
+    for rel, *_ in stamp:  # a folder's stamp lists its files
         listing.update(f"{rel}\0{_file_sha256(folder / rel)}\n".encode())
     return listing.hexdigest()
 

@@ -226,11 +226,11 @@ def campaign_verify(request: HttpRequest, name: str) -> HttpResponse:
 @login_required
 def campaign_export(request: HttpRequest, name: str, filename: str) -> HttpResponse:
     campaign = _get_campaign_for_user(request, name)
-    files = inventory.files_for(campaign)
-    if filename not in files:
+    generate = inventory.files_for(campaign).get(filename)
+    if generate is None:
         raise Http404("No such export file.")
     response = StreamingHttpResponse(
-        inventory.generate(campaign, filename), content_type=files[filename]
+        generate(campaign), content_type=inventory.CONTENT_TYPES[Path(filename).suffix]
     )
     response["Content-Disposition"] = f'attachment; filename="{campaign.name}-{filename}"'
     return response

@@ -35,7 +35,7 @@ IMAGE_PROCESSORS = {"image-transform", "image-classification"}
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 
 
-def read_limited(root: Path, relative: str) -> bytes:
+def _read_limited(root: Path, relative: str) -> bytes:
     try:
         size = resolve_input(root, relative).stat().st_size
     except (OSError, ValueError):
@@ -72,7 +72,7 @@ def input_preview(*, unit: Unit, campaign: Campaign, params: dict) -> Preview:
         campaign.processor in IMAGE_PROCESSORS or Path(unit.source_path).suffix in IMAGE_SUFFIXES
     )
     try:
-        data = read_limited(Path(campaign.input_root), unit.source_path)
+        data = _read_limited(Path(campaign.input_root), unit.source_path)
         if is_image:
             return Preview("image", thumbnail=_thumbnail(data, params))
         text = decode_text(data)
@@ -126,9 +126,9 @@ def output_summary(
     root = Path(settings.OUTPUT_ROOT)
     try:
         if suffix == ".npz":
-            return _classification_summary(read_limited(root, rel))
+            return _classification_summary(_read_limited(root, rel))
         if suffix in IMAGE_SUFFIXES:
-            return _image_summary(campaign, params, read_limited(root, rel))
+            return _image_summary(campaign, params, _read_limited(root, rel))
     except InputError as exc:
         return OutputSummary("error", error=f"{exc.error_class}: {exc.message}")
     if suffix == ".npy":

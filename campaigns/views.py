@@ -523,26 +523,28 @@ def campaign_profile_rerun(request: HttpRequest, name: str, pk: int) -> HttpResp
     return redirect(f"{url}?{urlencode({'compare': profile.pk})}")
 
 
-def _margin_percent(raw: str) -> float | None:
-    """The form's margin, a percentage of memory kept free; None when it is not one."""
+def _form_number(raw: str, *, parse, default, low, high):
+    """A number from a form field: the default when left empty, None when it
+    is not a number of that kind within [low, high]."""
     if not raw.strip():
-        return DEFAULT_MARGIN_PERCENT
+        return default
     try:
-        value = float(raw)
+        value = parse(raw)
     except ValueError:
         return None
-    return value if math.isfinite(value) and 0 <= value <= MAX_MARGIN_PERCENT else None
+    return value if math.isfinite(value) and low <= value <= high else None
+
+
+def _margin_percent(raw: str) -> float | None:
+    """The form's margin, a percentage of memory kept free."""
+    return _form_number(
+        raw, parse=float, default=DEFAULT_MARGIN_PERCENT, low=0, high=MAX_MARGIN_PERCENT
+    )
 
 
 def _max_batch(raw: str) -> int | None:
-    """The form's largest batch to try; None when it is not a whole number in range."""
-    if not raw.strip():
-        return DEFAULT_MAX_BATCH
-    try:
-        value = int(raw)
-    except ValueError:
-        return None
-    return value if 1 <= value <= MAX_PROFILE_BATCH else None
+    """The form's largest batch to try, a whole number."""
+    return _form_number(raw, parse=int, default=DEFAULT_MAX_BATCH, low=1, high=MAX_PROFILE_BATCH)
 
 
 @login_required

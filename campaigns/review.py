@@ -25,10 +25,10 @@ from datetime import datetime
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Exists, F, Max, OuterRef, Q, QuerySet
+from django.db.models import Count, F, Max, Q, QuerySet
 from django.utils import timezone
 
-from . import holdout, selectors
+from . import batch_statements, holdout, selectors
 from .flags import FlagReason
 from .models import (
     Attempt,
@@ -161,17 +161,6 @@ def units_runnable(*, campaign: Campaign, version: ParameterVersion) -> QuerySet
     """Pending units a run of this version may take: not those reviewed out under it."""
     return Unit.objects.filter(campaign=campaign, state=UnitState.PENDING).exclude(
         pk__in=units_reviewed_out(campaign_id=campaign.pk, version_id=version.pk)
-    )
-
-
-def reviewed_out_under(version_id: int) -> Exists:
-    """Whether a unit (the outer row) was rejected or requeued under this
-    version: the worker reads it with its batch's units, so the check below
-    costs a query only for a batch that holds one."""
-    return Exists(
-        ReviewItem.objects.filter(
-            unit_id=OuterRef("pk"), version_id=version_id, state__in=REVIEWED_OUT
-        )
     )
 
 
@@ -473,7 +462,7 @@ def after_batch(*, campaign: Campaign, version: ParameterVersion) -> None:
     its finished report once the campaign is done. The checkpoint is read once
     for both (two statements a batch once it exists, where each asking alone
     took four)."""
-    checkpoint = Checkpoint.objects.filter(campaign=campaign, version=version).first()
+    checkpoint = batch_statements.checkpoint_of(campaign.pk, version.pk)
     if checkpoint is None:
         checkpoint = checkpoint_open_if_due(campaign=campaign, version=version)
     if checkpoint is not None:

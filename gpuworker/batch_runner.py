@@ -26,14 +26,18 @@ import torch
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import DatabaseError, connections, transaction
-from django.db.models import CharField, F
 from django.utils import timezone
 
+from campaigns.batch_statements import (
+    batch_to_run,
+    claim_batch,
+    claimed_units,
+    earlier_outputs,
+    record_batch,
+)
 from campaigns.flags import DRIFT_MIN_BATCH, FlagReason, drifting_categories
 from campaigns.inputs import InputError, corpus_real_path, read_bytes
 from campaigns.models import (
-    VECTOR_HASH,
-    AsInIndex,
     Attempt,
     Batch,
     Checkpoint,
@@ -44,11 +48,7 @@ from campaigns.models import (
 )
 from campaigns.outputs import InvalidOutput, WrittenFile, write_atomic, write_atomic_group
 from campaigns.paths import output_relpath, shard_folder, shard_prefix, shard_relpath
-from campaigns.review import (
-    after_batch,
-    reviewed_out_under,
-    units_release_reviewed,
-)
+from campaigns.review import REVIEWED_OUT, after_batch, units_release_reviewed
 from campaigns.row_inserts import insert_rows
 from campaigns.row_updates import update_rows
 from campaigns.vector_shards import (
@@ -112,7 +112,7 @@ def run_batch(batch_id: int, *, hand_off: bool = False) -> str:
     recorded; if the process dies first, the lease runs out, the sweeper
     requeues the batch, and its outputs already written are adopted.
     """
-    batch = Batch.objects.select_related("campaign", "version").filter(pk=batch_id).first()
+    batch = batch_to_run(batch_id)
     if batch is None:
         return "gone"
     # Every line logged while this batch runs names it and its campaign.
@@ -124,22 +124,16 @@ def _run_claimed(batch: Batch, *, hand_off: bool = False) -> str:
     batch_id = batch.pk
     # Claim by update: a second delivery of the same message finds nothing to do.
     token = uuid.uuid4().hex
-    claimed = Batch.objects.filter(pk=batch_id, state=Batch.State.QUEUED).update(
-        state=Batch.State.RUNNING,
+    claimed = claim_batch(
+        batch_id,
         started_at=timezone.now(),
         worker=worker_name(),
         lease_token=token,
         lease_expires_at=lease_deadline(),
-        deliveries=F("deliveries") + 1,
     )
     if not claimed:
         return "not runnable"
-    Unit.objects.filter(batch=batch, state=UnitState.QUEUED).update(state=UnitState.RUNNING)
-    units = list(
-        Unit.objects.filter(batch=batch, state=UnitState.RUNNING)
-        .annotate(reviewed_out=reviewed_out_under(batch.version_id))
-        .order_by("pk")
-    )
+    units = claimed_units(batch_id, batch.version_id, REVIEWED_OUT)
     # A unit a reviewer rejected or requeued under this version is neither run
     # nor adopted under it again: its output here is the one reviewed.
     suspects = [u.pk for u in units if u.reviewed_out]
@@ -584,8 +578,7 @@ def _flag_duplicates(batch: Batch, outcomes: list[Outcome]) -> None:
     if not by_hash:
         return
     earlier = {
-        digest: (uid, sha)
-        for digest, uid, sha in earlier_outputs_with_hashes(batch.version_id, list(by_hash))
+        digest: (uid, sha) for digest, uid, sha in earlier_outputs(batch.version_id, list(by_hash))
     }
     for digest, group in by_hash.items():
         for o in group:
@@ -596,21 +589,6 @@ def _flag_duplicates(batch: Batch, outcomes: list[Outcome]) -> None:
                 o.flags.append(
                     (FlagReason.DUPLICATE_VECTOR, f"same vector as {', '.join(sorted(twins)[:3])}")
                 )
-
-
-def earlier_outputs_with_hashes(version_id: int, digests: list[str]):
-    """(vector hash, unit id, input sha256) of the version's successful
-    attempts with one of these hashes: a probe of the index
-    attempt_version_vector_hash, whose expression it repeats in its very text."""
-    # As text, so `__in` compares strings (on SQLite the JSON key lookup
-    # would parse each hash as JSON).
-    vector_hash = AsInIndex(VECTOR_HASH, output_field=CharField())
-    return (
-        Attempt.objects.annotate(vector_hash=vector_hash)
-        .filter(version_id=version_id, outcome=Attempt.Outcome.SUCCEEDED, vector_hash__in=digests)
-        .order_by()
-        .values_list("vector_hash", "unit__uid", "input_sha256")
-    )
 
 
 def _flag_drift(batch: Batch, outcomes: list[Outcome]) -> None:
@@ -773,10 +751,7 @@ def _record(batch: Batch, token: str, outcomes: list[Outcome], metrics: dict, er
     }
     with transaction.atomic():
         # The lease check and the batch's own results in one statement.
-        owned = Batch.objects.filter(
-            pk=batch.pk, state=Batch.State.RUNNING, lease_token=token
-        ).update(**results)
-        if not owned:
+        if not record_batch(batch.pk, token, results):
             log.warning("batch %s: lease lost before recording; results dropped", batch.pk)
             return False
         for name, value in results.items():

@@ -13,9 +13,9 @@ from django.db import connection
 from PIL import Image, ImageDraw
 
 from campaigns import review, selectors, services
+from campaigns.batch_statements import earlier_outputs, earlier_outputs_statement
 from campaigns.flags import classification_flags, image_input_flags, norm_flags
-from campaigns.models import Checkpoint, ReviewItem, Unit, UnitState
-from gpuworker.batch_runner import earlier_outputs_with_hashes
+from campaigns.models import Attempt, Checkpoint, ReviewItem, Unit, UnitState
 from tests.gpuworker.test_image_classification import (
     CLASSES,
     COLOURS,
@@ -161,7 +161,16 @@ def test_a_text_embedding_like_one_of_an_earlier_batch_is_flagged_through_the_in
 
     # The lookup can probe the index with both its columns: a scan of every
     # attempt of the version, each batch, grew with the campaign.
-    lookup = earlier_outputs_with_hashes(campaign.current_version_id, ["0" * 16, "1" * 16])
+    # The statement the worker sends (compiled once, with as many hashes as asked).
+    digests = ["0" * 16, "1" * 16, "2" * 16]
+    sql, params = earlier_outputs_statement(campaign.current_version_id, digests)
+    explain = "EXPLAIN " if connection.vendor == "postgresql" else "EXPLAIN QUERY PLAN "
+
+    def plan_of() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute(explain + sql, params)
+            return "\n".join(" ".join(map(str, row)) for row in cursor.fetchall())
+
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:  # a handful of rows: a scan would win otherwise
             cursor.execute("SET LOCAL enable_seqscan = off")
@@ -174,15 +183,22 @@ def test_a_text_embedding_like_one_of_an_earlier_batch_is_flagged_through_the_in
             )
             for (name,) in cursor.fetchall():
                 cursor.execute(f'DROP INDEX "{name}"')
-        plan = lookup.explain()
+        plan = plan_of()
         # With five rows the planner filters the index's own expression
         # instead of probing with it; at scale it probes (bench/RESULTS.md).
         assert "using attempt_version_vector_hash" in plan, plan
         assert "(metrics ->> 'vector_hash'::text)" in plan, plan
     else:
-        plan = lookup.explain()
+        plan = plan_of()
         assert "attempt_version_vector_hash (version_id=? AND <expr>=?)" in plan, plan
-    assert sorted(lookup) == []
+    assert earlier_outputs(campaign.current_version_id, digests) == []
+    # The same statement finds a hash that is there, with its unit and input.
+    twins = Attempt.objects.filter(unit__uid__in=["a.txt", "z.txt"], unit__campaign=campaign)
+    digest = twins[0].metrics["vector_hash"]
+    found = earlier_outputs(campaign.current_version_id, [digest, "0" * 16])
+    assert sorted(found) == sorted((digest, t.unit.uid, t.input_sha256) for t in twins)
+    assert {uid for _, uid, _ in found} == {"a.txt", "z.txt"}
+    assert earlier_outputs(campaign.current_version_id + 1, [digest]) == []
 
 
 def test_a_text_cut_beyond_the_share_is_flagged_truncated(make_campaign, output_root, run_here):

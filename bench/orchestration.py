@@ -3,6 +3,7 @@
     DEBUG=0 .venv/bin/python bench/orchestration.py --limit 3000
     DEBUG=0 .venv/bin/python bench/orchestration.py --limit 3000 --profile 32768
     DEBUG=0 .venv/bin/python bench/orchestration.py --limit 3000 --processes 2
+    DEBUG=0 .venv/bin/python bench/orchestration.py --limit 3000 --statements
 
 On a GPU the model is a fraction of a batch's time (bench/RESULTS.md, the H200
 figures): what a worker does around it — claim, read and check inputs, write
@@ -23,6 +24,8 @@ import os
 import pstats
 import sys
 import time
+from collections import defaultdict
+from contextlib import nullcontext
 from pathlib import Path
 from unittest import mock
 
@@ -40,6 +43,11 @@ def main() -> None:
     parser.add_argument("--profile", type=int, default=0, help="cProfile the run at this budget")
     parser.add_argument("--profile-out", type=Path, help="and save those stats here (pstats)")
     parser.add_argument(
+        "--statements",
+        action="store_true",
+        help="time each SQL statement (the database's answer, as the client waits for it)",
+    )
+    parser.add_argument(
         "--processes", type=int, default=1, help="run the batches in N processes at once"
     )
     parser.add_argument(
@@ -49,8 +57,8 @@ def main() -> None:
         "instead of a fresh SQLite file. It is EMPTIED first (flush): give one of its own",
     )
     args = parser.parse_args()
-    if args.profile and args.processes > 1:
-        parser.error("--profile measures one process: leave --processes at 1")
+    if (args.profile or args.statements) and args.processes > 1:
+        parser.error("--profile and --statements measure one process: leave --processes at 1")
 
     work = setup("bench-orchestration-", args.database_url)
     import logging
@@ -133,10 +141,13 @@ def main() -> None:
         for budget in (int(b) for b in args.budgets.split(",")):
             batches = campaign(f"budget-{budget}", budget)
             profile = cProfile.Profile() if budget == args.profile else None
+            timer = StatementTimer()
             started = time.perf_counter()
             if profile:
                 profile.enable()
-            run_all(batches)
+            timing = connections["default"].execute_wrapper(timer)
+            with timing if args.statements else nullcontext():
+                run_all(batches)
             if profile:
                 profile.disable()
             seconds = time.perf_counter() - started
@@ -149,10 +160,36 @@ def main() -> None:
                 f"{seconds:.2f} s, {1000 * seconds / len(texts):.3f} ms a unit, "
                 f"{1000 * seconds / len(batches):.1f} ms a batch"
             )
+            if args.statements:
+                timer.report(len(batches))
             if profile:
                 pstats.Stats(profile).sort_stats("cumulative").print_stats(40)
                 if args.profile_out:
                     profile.dump_stats(args.profile_out)
+
+
+class StatementTimer:
+    """A connection's execute wrapper: the time each kind of statement took,
+    from sending it to its answer (named by its first words)."""
+
+    def __init__(self):
+        self.seconds: dict[str, list[float]] = defaultdict(list)
+
+    def __call__(self, execute, sql, params, many, context):
+        started = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            self.seconds[" ".join(sql.split()[:6])[:70]].append(time.perf_counter() - started)
+
+    def report(self, batches: int) -> None:
+        total = sum(sum(t) for t in self.seconds.values())
+        print(f"  statements: {1000 * total / batches:.2f} ms a batch")
+        for key, times in sorted(self.seconds.items(), key=lambda kv: -sum(kv[1])):
+            print(
+                f"  {1000 * sum(times) / batches:6.2f} ms a batch, "
+                f"{len(times) / batches:4.1f} a batch  {key}"
+            )
 
 
 if __name__ == "__main__":

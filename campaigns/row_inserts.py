@@ -1,5 +1,8 @@
 """Many new rows of one table in one statement per chunk, their ids returned.
 
+On PostgreSQL the values go as one array a column (`INSERT … SELECT * FROM
+UNNEST(…)`), on SQLite as VALUES rows.
+
 `bulk_create` builds a model instance per row and prepares every value through
 its field (a fifth of the worker's host work per unit, bench/orchestration.py):
 for a batch's attempts that is the cost, not the database. Here the rows are
@@ -58,25 +61,47 @@ def insert_rows(
     defaulted = [f for f in meta.concrete_fields if not f.primary_key and f.attname not in given]
     defaults = [f.get_db_prep_save(f.get_default(), connection) for f in defaulted]
     names = ", ".join(quote(f.column) for f in [*columns, *defaulted])
-    head = f"INSERT INTO {quote(meta.db_table)} ({names}) VALUES "
-    row_marks = f"({', '.join(['%s'] * (len(columns) + len(defaulted)))})"
-    per_chunk = max(1, MAX_PARAMS // (len(columns) + len(defaulted)))
+    head = f"INSERT INTO {quote(meta.db_table)} ({names}) "
+    returning = f" RETURNING {quote(meta.pk.column)}"
+    width = len(columns) + len(defaulted)
+    row_marks = f"({', '.join(['%s'] * width)})"
+    arrays = connection.vendor == "postgresql"
+    if arrays:
+        unnest = f"SELECT * FROM UNNEST({array_marks([*columns, *defaulted])})"
+    per_chunk = max(1, MAX_PARAMS // width)
     ids: list[int] = []
     with connection.cursor() as cursor:
         for start in range(0, len(rows), per_chunk):
             chunk = rows[start : start + per_chunk]
-            params: list = []
+            prepared = []
             for row in chunk:
                 if converted:
                     row = list(row)
                     for i in converted:
                         row[i] = prepare[i](row[i])
-                params.extend(row)
-                params.extend(defaults)
-            cursor.execute(
-                f"{head}{', '.join([row_marks] * len(chunk))} RETURNING {quote(meta.pk.column)}",
-                params,
-            )
-            # Both databases return RETURNING rows in VALUES order (bulk_create relies on it too).
+                prepared.append((*row, *defaults))
+            if arrays:
+                columns_of = [list(c) for c in zip(*prepared, strict=True)]
+                cursor.execute(f"{head}{unnest}{returning}", columns_of)
+            else:
+                cursor.execute(
+                    f"{head}VALUES {', '.join([row_marks] * len(chunk))}{returning}",
+                    [value for row in prepared for value in row],
+                )
+            # RETURNING rows come in the VALUES' (or the arrays') order on both
+            # databases: bulk_create relies on it too.
             ids.extend(pk for (pk,) in cursor.fetchall())
     return ids
+
+
+def array_marks(fields: Sequence[models.Field]) -> str:
+    """`(%s)::type[]` for each field: on PostgreSQL a column's values go as one
+    array, so a statement carries a value a column, not one a row and column.
+
+    psycopg parses a statement's placeholders in Python, on every call for a
+    long one: a batch's attempts as VALUES (~40 rows × 16) cost more to parse
+    than to run (bench/RESULTS.md, session 15). Django's bulk_create does the
+    same (its UNNEST insert), with the types' lengths dropped so that nothing
+    is cut to a varchar's length on the way.
+    """
+    return ", ".join(f"(%s)::{f.db_type(connection).split('(')[0]}[]" for f in fields)

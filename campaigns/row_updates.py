@@ -3,8 +3,9 @@
 `bulk_update` builds a CASE expression per field and row (a fifth of a small
 batch's time in the worker-path benchmark), and an UPDATE per row makes
 PostgreSQL run campaigns_unit's statement-level counter trigger once per row.
-`WITH v(…) AS (VALUES …) UPDATE … FROM v` does neither, on SQLite (3.33+) and
-PostgreSQL alike.
+`UPDATE … FROM` a set of rows does neither: on SQLite (3.33+) `WITH v(…) AS
+(VALUES …)`, on PostgreSQL `UNNEST` of one array a column (typed by its
+column, so a NULL in the first row does not make it text).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from django.db import connection, models
+
+from .row_inserts import array_marks
 
 #: Rows per statement: PostgreSQL takes 65,535 parameters, SQLite 32,766.
 CHUNK_ROWS = 1000
@@ -32,15 +35,7 @@ def update_rows(
     table, pk = quote(meta.db_table), quote(meta.pk.column)
     columns = [meta.get_field(name) for name in fields]
 
-    def mark(field) -> str:
-        # PostgreSQL types a VALUES list from its first row, where a NULL is
-        # text: a column that may hold one says its type (text needs none).
-        # SQLite converts by affinity.
-        if connection.vendor != "postgresql" or not field.null or _textual(field):
-            return "%s"
-        return f"CAST(%s AS {field.db_type(connection)})"
-
-    row = f"({', '.join(mark(f) for f in [meta.pk, *columns])})"
+    row = f"({', '.join(['%s'] * (len(columns) + 1))})"
     names = ", ".join(["id", *(f"v{i}" for i in range(len(columns)))])
     assignments = [f"{quote(f.column)} = v.v{i}" for i, f in enumerate(columns)]
     extra = []
@@ -48,15 +43,20 @@ def update_rows(
         field = meta.get_field(name)
         assignments.append(f"{quote(field.column)} = %s")
         extra.append(field.get_db_prep_save(value, connection))
+    update = f"UPDATE {table} SET {', '.join(assignments)}"
     with connection.cursor() as cursor:
         for start in range(0, len(rows), CHUNK_ROWS):
             chunk = rows[start : start + CHUNK_ROWS]
-            cursor.execute(
-                f"WITH v({names}) AS (VALUES {', '.join([row] * len(chunk))}) "
-                f"UPDATE {table} SET {', '.join(assignments)} FROM v WHERE {table}.{pk} = v.id",
-                [*(value for r in chunk for value in r), *extra],
-            )
-
-
-def _textual(field) -> bool:
-    return isinstance(field, models.CharField | models.TextField)
+            if connection.vendor == "postgresql":
+                # A column's values as one array (row_inserts.array_marks says why).
+                cursor.execute(
+                    f"{update} FROM UNNEST({array_marks([meta.pk, *columns])}) AS v({names}) "
+                    f"WHERE {table}.{pk} = v.id",
+                    [*extra, *(list(c) for c in zip(*chunk, strict=True))],
+                )
+            else:
+                cursor.execute(
+                    f"WITH v({names}) AS (VALUES {', '.join([row] * len(chunk))}) "
+                    f"{update} FROM v WHERE {table}.{pk} = v.id",
+                    [*(value for r in chunk for value in r), *extra],
+                )

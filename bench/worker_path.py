@@ -27,6 +27,7 @@ the Celery rows), and sentence-transformers' process peak.
 from __future__ import annotations
 
 import argparse
+import itertools
 import multiprocessing
 import os
 import resource
@@ -63,6 +64,12 @@ def main() -> None:
         "--pipeline",
         action="store_true",
         help="each in-process row once more with the batch pipeline (BATCH_PIPELINE)",
+    )
+    parser.add_argument(
+        "--worker-log",
+        type=Path,
+        help="the Celery workers' log at INFO (each task's receipt and end, in ms) "
+        "to this file, one after another, instead of nothing",
     )
     parser.add_argument(
         "--broker-url",
@@ -110,7 +117,7 @@ def main() -> None:
     logging.getLogger("gpuworker").setLevel(logging.WARNING)  # a line per batch otherwise
     import torch
     from django.core.management import call_command
-    from django.db.models import Max
+    from django.db.models import Max, Min
 
     from campaigns import selectors, services
     from campaigns.builtin_processors import TEXT_EMBEDDING, resolve_model_path
@@ -204,6 +211,7 @@ def main() -> None:
             conn.default_channel.queue_purge("gpu")
         tag = f"{policy.replace('_', '-')}-{int(pipeline)}-{processes}"
         c = campaign(policy, f"celery-{tag}")
+        log = args.worker_log.open("ab") if args.worker_log else subprocess.DEVNULL
         worker = subprocess.Popen(
             [
                 sys.executable,
@@ -220,7 +228,7 @@ def main() -> None:
                 "--without-mingle",
                 "--without-heartbeat",
                 "-l",
-                "WARNING",
+                "INFO" if args.worker_log else "WARNING",
             ],
             cwd=REPO,
             env={
@@ -229,8 +237,8 @@ def main() -> None:
                 "BATCH_PIPELINE": "1" if pipeline else "0",
                 "WORKERS_PER_DEVICE": str(processes),
             },
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         try:
             # Let the pool processes load torch and the model first: a batch a
@@ -253,11 +261,18 @@ def main() -> None:
             # look seldom: polling every 0.1 s took CPU from the worker's model.
             while selectors.campaign_counts(campaign=c).active:
                 time.sleep(1.0)
-            last = Batch.objects.filter(campaign=c).aggregate(end=Max("finished_at"))["end"]
-            run_s = last.timestamp() - started
+            span = Batch.objects.filter(campaign=c).aggregate(
+                start=Min("started_at"), end=Max("finished_at")
+            )
+            run_s = span["end"].timestamp() - started
+            # Planning and the first message's way to a worker: the time
+            # before any model runs, part of run_s.
+            head_s = span["start"].timestamp() - started
         finally:
             worker.terminate()
             worker.wait()
+            if args.worker_log:
+                log.close()
         batches = Batch.objects.filter(campaign=c)
         handing = "batch pipeline" if pipeline else "no pipeline"
         pool = "worker process" if processes == 1 else f"worker, {processes} processes"
@@ -266,13 +281,14 @@ def main() -> None:
             "processes": processes,
             "docs": selectors.campaign_counts(campaign=c).succeeded,
             "seconds": run_s,
-            "plan_s": 0.0,
+            "plan_s": head_s,
             "model_s": sum(b.compute_seconds or 0 for b in batches),
             "real": sum(b.real_tokens or 0 for b in batches),
             "padded": sum(b.padded_tokens or 0 for b in batches),
             "batches": batches.count(),
             # The worker's pool process, after each batch.
             "rss": max(b.rss or 0 for b in batches),
+            "where": time_outside_model(batches, started, started + run_s),
         }
 
     # sentence-transformers before the Celery rows, so the table can be
@@ -331,11 +347,37 @@ def main() -> None:
                 ("token_budget", False),
                 ("length_grouped", True),
             ):
-                print_row(celery_row(policy, pipeline, processes))
+                row = celery_row(policy, pipeline, processes)
+                print_row(row)
+                where = ", ".join(f"{k} {v:.2f} s" for k, v in row["where"].items())
+                print(f"#   its processes' time outside the model: {where}", flush=True)
     print(
         "# peak RSS of this process "
         f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB"
     )
+
+
+def time_outside_model(batches, start: float, end: float) -> dict[str, float]:
+    """Where the Celery processes' time outside the model went, summed over
+    processes (it adds up to N × wall − the model's time): before each one's
+    first batch (planning, the first message), within batches (claim, reads,
+    writes, recording), between one batch's recorded end and the next one's
+    claim (the task's return, the acknowledgement, the next message, the
+    post-record checks), and after each one's last batch while another still
+    ran. With the pipeline a process's batches overlap (the next one's model
+    runs while the last one records), so "between" goes below zero."""
+    head = within = between = tail = 0.0
+    by_process: dict[str, list] = {}
+    for b in sorted(batches, key=lambda b: b.started_at):
+        by_process.setdefault(b.worker, []).append(b)
+    for own in by_process.values():
+        head += own[0].started_at.timestamp() - start
+        tail += end - max(b.finished_at.timestamp() for b in own)
+        for b in own:
+            within += (b.finished_at - b.started_at).total_seconds() - (b.compute_seconds or 0)
+        for before, after in itertools.pairwise(own):
+            between += (after.started_at - before.finished_at).total_seconds()
+    return {"before": head, "within": within, "between": between, "after": tail}
 
 
 def sentence_transformers_encode(

@@ -11,6 +11,7 @@ What the worker does less often stays in the ORM.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 from django.db import connection
 from django.db.models import CharField, Model, QuerySet
@@ -112,7 +113,31 @@ def _update_batch(batch_id: int, values: dict, *, where: dict, also: str = "") -
         return cursor.rowcount
 
 
-def claimed_units(batch_id: int, version_id: int, reviewed_out: tuple[str, ...]) -> list[Unit]:
+@dataclass(slots=True)
+class ClaimedUnit:
+    """A unit as the worker runs it: what it reads (where the input is, the
+    hash recorded at import) and the results it writes back (the `Unit`
+    columns of the same names). A plain record: a `Unit` instance a row, every
+    column converted, took a tenth of a batch's host work (bench/RESULTS.md,
+    session 16)."""
+
+    pk: int
+    uid: str
+    source_path: str
+    sha256: str
+    # A review item of this version holds it (review.REVIEWED_OUT).
+    reviewed_out: bool
+    state: str = UnitState.RUNNING
+    error_class: str = ""
+    error_message: str = ""
+    output_path: str = ""
+    output_size: int | None = None
+    output_sha256: str = ""
+
+
+def claimed_units(
+    batch_id: int, version_id: int, reviewed_out: tuple[str, ...]
+) -> list[ClaimedUnit]:
     """The batch's queued units set running, then all its running units in id
     order, each with `reviewed_out`: whether a review item of this version
     in one of those states holds it (campaigns.review.REVIEWED_OUT: the
@@ -122,22 +147,16 @@ def claimed_units(batch_id: int, version_id: int, reviewed_out: tuple[str, ...])
         cursor.execute(set_running, [UnitState.RUNNING, batch_id, UnitState.QUEUED])
         cursor.execute(select, [version_id, *reviewed_out, batch_id, UnitState.RUNNING])
         rows = cursor.fetchall()
-    read = sql_rows.reader(Unit)
-    units = []
-    for row in rows:
-        values = iter(row)
-        unit = read(values)
-        unit.reviewed_out = bool(next(values))
-        units.append(unit)
-    return units
+    return [ClaimedUnit(pk, uid, path, sha, bool(held)) for pk, uid, path, sha, held in rows]
 
 
 @functools.cache
 def _units_sql(vendor: str, states: int) -> tuple[str, str]:
     state, batch = _column(Unit, "state"), _column(Unit, "batch")
     set_running = f"UPDATE {_table(Unit)} SET {state} = %s WHERE {batch} = %s AND {state} = %s"
+    read = sql_rows.columns(Unit, "u", ("id", "uid", "source_path", "sha256"))
     select = (
-        f"SELECT {sql_rows.columns(Unit, 'u')}, EXISTS (SELECT 1 FROM {_table(ReviewItem)} r "
+        f"SELECT {read}, EXISTS (SELECT 1 FROM {_table(ReviewItem)} r "
         f"WHERE r.{_column(ReviewItem, 'unit')} = u.{_q('id')} "
         f"AND r.{_column(ReviewItem, 'version')} = %s "
         f"AND r.{_column(ReviewItem, 'state')} IN ({', '.join(['%s'] * states)})) "

@@ -29,6 +29,7 @@ from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 
 from campaigns.batch_statements import (
+    ClaimedUnit,
     batch_to_run,
     claim_batch,
     claimed_units,
@@ -74,7 +75,7 @@ def worker_name() -> str:
 
 @dataclass
 class Outcome:
-    unit: Unit
+    unit: ClaimedUnit
     error_class: str = ""
     message: str = ""
     output_path: str = ""
@@ -650,7 +651,7 @@ _RESULT_FIELDS = (
 )
 
 
-def _save_unit_results(units: list[Unit], now) -> None:
+def _save_unit_results(units: list[ClaimedUnit], now) -> None:
     """The batch's results in one statement (campaigns/row_updates.py): on
     PostgreSQL the unit counters' trigger then runs once for the batch, not
     once per unit (4.2 → 2.3 ms for 64 units, bench/RESULTS.md)."""
@@ -705,7 +706,6 @@ def _record(batch: Batch, token: str, outcomes: list[Outcome], metrics: dict, er
             o.output_size,
             o.output_sha256,
         )
-        unit.updated_at = now
         finished = o.finished or time.time()
         attempts.append(
             (
@@ -763,7 +763,7 @@ def _record(batch: Batch, token: str, outcomes: list[Outcome], metrics: dict, er
         ReviewItem.objects.bulk_create(
             ReviewItem(
                 campaign_id=batch.campaign_id,
-                unit=o.unit,
+                unit_id=o.unit.pk,
                 attempt_id=attempt_of[id(o)],
                 version_id=batch.version_id,
                 reason=reason,

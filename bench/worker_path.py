@@ -17,7 +17,11 @@ overlap the next batch's model), and token_budget without it. With
 --processes 1,2 they run once per count: `celery worker -c N` with
 WORKERS_PER_DEVICE=N, N processes feeding the one device (their host work on
 N cores, not under one GIL); the orchestration column is then the processes'
-time outside the model (N × wall − the model's time) over the model's time.
+time outside the model (N × wall − the model's time) over the model's time,
+and a line under each Celery row says where it went: before each process's
+first batch (planning: weighing every text), within batches, between them,
+and after a process's last batch (time_outside_model). `plan s` is, for a
+Celery row, the time from `campaign run` to the first batch's start.
 sentence-transformers' encode runs on the same texts at the same batch size,
 in a process of its own. Peak RSS: the largest resident size any batch
 recorded (this process for the in-process rows, the worker's pool process for
@@ -64,6 +68,12 @@ def main() -> None:
         "--pipeline",
         action="store_true",
         help="each in-process row once more with the batch pipeline (BATCH_PIPELINE)",
+    )
+    parser.add_argument(
+        "--weighed",
+        action="store_true",
+        help="weigh every text before the run is timed, as a profile of the campaign "
+        "does (the method's order): the run then plans without tokenizing",
     )
     parser.add_argument(
         "--worker-log",
@@ -145,6 +155,10 @@ def main() -> None:
             input_folder=corpus,
             params=params,
         )
+        if args.weighed:
+            # As after a profile (docs/profiling.md), which weighs the whole
+            # corpus under the version's parameters: the run finds every cost.
+            services.measure_costs(campaign=c, params=c.current_version.params, pending_only=False)
         return c
 
     # In-process rows run the batches here: no message goes to the broker.
@@ -326,6 +340,7 @@ def main() -> None:
         f"# database {connection.vendor}, broker {broker}; "
         f"{len(texts)} texts, batch {args.batch_size}, token budget {args.token_budget}, "
         f"truncation 256, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{'texts weighed before the runs, ' if args.weighed else ''}"
         f"{os.cpu_count()} cores, {device}"
     )
     print(
@@ -361,9 +376,10 @@ def time_outside_model(batches, start: float, end: float) -> dict[str, float]:
     """Where the Celery processes' time outside the model went, summed over
     processes (it adds up to N × wall − the model's time): before each one's
     first batch (planning, the first message), within batches (claim, reads,
-    writes, recording), between one batch's recorded end and the next one's
-    claim (the task's return, the acknowledgement, the next message, the
-    post-record checks), and after each one's last batch while another still
+    writes), between one batch's end and the next one's claim (its
+    `finished_at` is taken as its recording starts: the recording's
+    statements, the checkpoint's read, the task's return, the acknowledgement,
+    the next message), and after each one's last batch while another still
     ran. With the pipeline a process's batches overlap (the next one's model
     runs while the last one records), so "between" goes below zero."""
     head = within = between = tail = 0.0

@@ -149,12 +149,18 @@ def test_before_the_checkpoint_a_run_weighs_only_the_units_it_sends(
     assert set(units.filter(cost__isnull=False).values_list("pk", flat=True)) == sent
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_large_run_sends_its_first_batches_before_it_weighs_the_rest(make_campaign, monkeypatch):
-    monkeypatch.setattr(services, "RUN_SLICE_UNITS", 10)
+def token_budget_campaign_past_checkpoint(make_campaign) -> Campaign:
+    """A token-budget campaign whose whole run goes at once (no checkpoint first)."""
     campaign = make_campaign(batch_policy="token_budget", token_budget=1024)
     Campaign.objects.filter(pk=campaign.pk).update(checkpoint_after=0)
     campaign.refresh_from_db()
+    return campaign
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_large_run_sends_its_first_batches_before_it_weighs_the_rest(make_campaign, monkeypatch):
+    monkeypatch.setattr(services, "RUN_SLICE_UNITS", 10)
+    campaign = token_budget_campaign_past_checkpoint(make_campaign)
     units = Unit.objects.filter(campaign=campaign)
     weighed_when_sent: list[int] = []
 
@@ -177,13 +183,54 @@ def test_a_large_run_sends_its_first_batches_before_it_weighs_the_rest(make_camp
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_web_start_plans_a_small_first_slice_and_leaves_the_rest_to_the_worker(
+    make_campaign, monkeypatch
+):
+    # given: slices of 20 units, a web start's first slice of 6
+    monkeypatch.setattr(services, "RUN_SLICE_UNITS", 20)
+    monkeypatch.setattr(services, "START_SLICE_UNITS", 6)
+    campaign = token_budget_campaign_past_checkpoint(make_campaign)
+    units = Unit.objects.filter(campaign=campaign)
+    planned: list[tuple] = []
+
+    def send(name, args):
+        planned.append((name, args))
+
+    # when: the page's Start
+    with (
+        mock.patch.object(services.celery_app, "send_task", side_effect=send),
+        transaction.atomic(),
+    ):
+        batches, more = services.campaign_start(campaign=campaign)
+
+    # then: only the first 6 units were weighed and queued in the request,
+    # and the rest was handed to the portal worker's planning task
+    first_six = set(units.order_by("pk").values_list("pk", flat=True)[:6])
+    assert set(units.filter(state=UnitState.QUEUED).values_list("pk", flat=True)) == first_six
+    assert set(units.filter(cost__isnull=False).values_list("pk", flat=True)) == first_six
+    assert more and batches == Batch.objects.filter(campaign=campaign).count() >= 1
+    assert planned[-1][0] == services.PLAN_TASK
+
+    # and: the worker's part plans the rest in slices of 20, none of them
+    # sharing a batch with another
+    with mock.patch.object(services.celery_app, "send_task"):
+        services.campaign_run_rest(campaign=campaign, since=campaign.created_at)
+    total = DEMO_GOOD + DEMO_BAD
+    assert units.filter(state=UnitState.QUEUED).count() == total
+    ids = list(units.order_by("pk").values_list("pk", "batch_id"))
+    slice_of = {pk: 0 if i < 6 else 1 + (i - 6) // 20 for i, (pk, _) in enumerate(ids)}
+    slices_of_batch: dict[int, set[int]] = {}
+    for pk, batch_id in ids:
+        slices_of_batch.setdefault(batch_id, set()).add(slice_of[pk])
+    assert all(len(slices) == 1 for slices in slices_of_batch.values())
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_pause_while_a_large_run_is_planned_stops_it_at_the_next_slice(
     make_campaign, monkeypatch
 ):
     monkeypatch.setattr(services, "RUN_SLICE_UNITS", 10)
-    campaign = make_campaign(batch_policy="token_budget", token_budget=1024)
-    Campaign.objects.filter(pk=campaign.pk).update(checkpoint_after=0)
-    campaign.refresh_from_db()
+    campaign = token_budget_campaign_past_checkpoint(make_campaign)
 
     paused: list[int] = []
 

@@ -1,4 +1,5 @@
-"""How long the campaign page's Start keeps its request: services.campaign_start.
+"""How long the campaign page's Start keeps its request (services.campaign_start),
+and how soon `campaign run` sends its first batch.
 
     DEBUG=0 .venv/bin/python bench/start_latency.py --units 60000 --rounds 2
 
@@ -7,9 +8,10 @@ repeated with a number so each file differs; one file a text), past its
 checkpoint. Start in a web request weighs (tokenizes) and plans the first
 slice of the run in the request and leaves the rest to a `portal` worker
 (campaigns.tasks.plan_campaign, not run here: the broker send is mocked).
-This times the request's part with the first slice at START_SLICE_UNITS
-against a first slice of RUN_SLICE_UNITS (what the request planned before),
-alternated, the units put back to pending and unweighed between rounds.
+`campaign run` plans every slice itself; its workers start once the first
+slice's batches are sent. This times both with the first slice at
+FIRST_SLICE_UNITS against a first slice of RUN_SLICE_UNITS (as before),
+alternated, the units put back to pending and unweighed before each.
 """
 
 from __future__ import annotations
@@ -54,11 +56,15 @@ def main() -> None:
     campaign.refresh_from_db()
     units = Unit.objects.filter(campaign=campaign)
 
-    def start(first: int) -> tuple[float, int]:
+    def reset() -> None:
         units.update(state=UnitState.PENDING, batch=None, cost=None)
         Batch.objects.filter(campaign=campaign).delete()
+
+    def start(first: int) -> tuple[float, int]:
+        """The page's Start: the request's seconds, the units it queued."""
+        reset()
         with (
-            mock.patch.object(services, "START_SLICE_UNITS", first),
+            mock.patch.object(services, "FIRST_SLICE_UNITS", first),
             mock.patch.object(services.celery_app, "send_task"),
         ):
             started = time.perf_counter()
@@ -66,20 +72,40 @@ def main() -> None:
             seconds = time.perf_counter() - started
         return seconds, units.filter(state=UnitState.QUEUED).count()
 
-    start(services.START_SLICE_UNITS)  # the tokenizer and the files' pages loaded first
+    def run(first: int) -> tuple[float, float]:
+        """`campaign run`: seconds until its first batch is sent, and in all."""
+        reset()
+        sent: list[float] = []
+        with (
+            mock.patch.object(services, "FIRST_SLICE_UNITS", first),
+            mock.patch.object(
+                services.celery_app,
+                "send_task",
+                side_effect=lambda *_a, **_k: sent.append(time.perf_counter()),
+            ),
+        ):
+            started = time.perf_counter()
+            services.campaign_run(campaign=campaign)
+            seconds = time.perf_counter() - started
+        return sent[0] - started, seconds
+
+    start(services.FIRST_SLICE_UNITS)  # the tokenizer and the files' pages loaded first
+    small_n, large_n = services.FIRST_SLICE_UNITS, services.RUN_SLICE_UNITS
     print(f"# {connection.vendor}, {args.units:,} texts, token_budget, 2,048 tokens a batch")
     print(
-        f"| round | first slice {services.START_SLICE_UNITS:,}, s | queued | "
-        f"first slice {services.RUN_SLICE_UNITS:,}, s | queued |"
+        "| round | first slice | Start's request, s | queued by it | "
+        "`campaign run`: first batch sent after, s | whole run planned, s |"
     )
-    print("|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|")
     for round_ in range(1, args.rounds + 1):
-        small, small_queued = start(services.START_SLICE_UNITS)
-        large, large_queued = start(services.RUN_SLICE_UNITS)
-        print(
-            f"| {round_} | {small:.2f} | {small_queued:,} | {large:.2f} | {large_queued:,} |",
-            flush=True,
-        )
+        for first in (small_n, large_n):
+            seconds, queued = start(first)
+            first_sent, whole = run(first)
+            print(
+                f"| {round_} | {first:,} | {seconds:.2f} | {queued:,} | "
+                f"{first_sent:.2f} | {whole:.2f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -195,9 +195,7 @@ def campaign_start(*, campaign: Campaign) -> tuple[int, bool]:
     Returns the batches queued now, and whether more are being planned.
     """
     since = timezone.now()
-    batches, more = _run(
-        campaign, slices=1, since=since, first_slice=min(START_SLICE_UNITS, RUN_SLICE_UNITS)
-    )
+    batches, more = _run(campaign, slices=1, since=since)
     if more:
         args = [campaign.pk, since.isoformat()]
         transaction.on_commit(lambda: celery_app.send_task(PLAN_TASK, args=args))
@@ -206,16 +204,17 @@ def campaign_start(*, campaign: Campaign) -> tuple[int, bool]:
 
 def campaign_run_rest(*, campaign: Campaign, since: dt.datetime) -> int:
     """The rest of the run campaign_start began at `since`, unless paused since."""
-    return _run(campaign, slices=None, since=since)[0]
+    # Its first slice went out with the request: the rest goes in full slices.
+    return _run(campaign, slices=None, since=since, small_first=False)[0]
 
 
 def _run(
-    campaign: Campaign, *, slices: int | None, since: dt.datetime, first_slice: int | None = None
+    campaign: Campaign, *, slices: int | None, since: dt.datetime, small_first: bool = True
 ) -> tuple[int, bool]:
     """campaign_run, stopping after `slices` slices (None: all), or at a Pause
     after `since` (when the run was asked for); returns the batches queued and
-    whether pending units were left for later. `first_slice`: the first
-    slice's size, if not RUN_SLICE_UNITS."""
+    whether pending units were left for later. `small_first`: the first slice
+    is FIRST_SLICE_UNITS, not RUN_SLICE_UNITS."""
     version = campaign.current_version
     if version is None:
         raise ValidationError(f"campaign {campaign.name} has no parameter version")
@@ -262,7 +261,8 @@ def _run(
         rest = pending_units.filter(pk__gt=after).order_by("pk")
         if planned == slices:
             return sent, rest.exists()
-        size = first_slice if first_slice and not planned else RUN_SLICE_UNITS
+        first = small_first and not planned
+        size = min(FIRST_SLICE_UNITS, RUN_SLICE_UNITS) if first else RUN_SLICE_UNITS
         ids = list(rest.values_list("pk", flat=True)[:size])
         if not ids or _paused_since(campaign, since):
             return sent, False
@@ -284,11 +284,11 @@ def _run(
 #: slice of this size pads as little as over the whole campaign, and a million
 #: units reach the workers a slice at a time instead of after the whole plan.
 RUN_SLICE_UNITS = 50_000
-#: The first slice a web request plans (campaign_start): weighing and planning
-#: 50,000 texts in the request kept the page waiting for seconds (tokenizing
-#: alone ~0.15 ms a text here); this many answers in about a second, and a
-#: `portal` worker plans the rest RUN_SLICE_UNITS at a time.
-START_SLICE_UNITS = 5_000
+#: A run's first slice is smaller: weighing and planning 50,000 texts took
+#: 11-17 s here (bench/start_latency.py), the workers idle and, when the
+#: campaign page's Start ran it, the request waiting; 5,000 take 1-2 s. Its
+#: units are grouped among themselves, which pads them a little more.
+FIRST_SLICE_UNITS = 5_000
 
 
 def _paused_since(campaign: Campaign, since: dt.datetime, *, hold: bool = False) -> bool:

@@ -159,7 +159,9 @@ def token_budget_campaign_past_checkpoint(make_campaign) -> Campaign:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_large_run_sends_its_first_batches_before_it_weighs_the_rest(make_campaign, monkeypatch):
+    # a first slice of 4 units, then slices of 10
     monkeypatch.setattr(services, "RUN_SLICE_UNITS", 10)
+    monkeypatch.setattr(services, "FIRST_SLICE_UNITS", 4)
     campaign = token_budget_campaign_past_checkpoint(make_campaign)
     units = Unit.objects.filter(campaign=campaign)
     weighed_when_sent: list[int] = []
@@ -171,13 +173,14 @@ def test_a_large_run_sends_its_first_batches_before_it_weighs_the_rest(make_camp
         sent = services.campaign_run(campaign=campaign)
     total = DEMO_GOOD + DEMO_BAD
     assert sent == len(weighed_when_sent) == Batch.objects.filter(campaign=campaign).count()
-    assert weighed_when_sent[0] == 10  # out while 29 texts were still to weigh
+    assert weighed_when_sent[0] == 4  # out while 35 texts were still to weigh
+    assert 14 in weighed_when_sent  # then the next 10
     assert weighed_when_sent[-1] == total
     assert units.filter(state=UnitState.QUEUED).count() == total
     # Grouped by length within a slice: no batch spans two.
     slices_of: dict[int, set[int]] = {}
     for i, batch_id in enumerate(units.order_by("pk").values_list("batch_id", flat=True)):
-        slices_of.setdefault(batch_id, set()).add(i // 10)
+        slices_of.setdefault(batch_id, set()).add(0 if i < 4 else 1 + (i - 4) // 10)
     assert len(slices_of) == sent
     assert all(len(slices) == 1 for slices in slices_of.values())
 
@@ -188,7 +191,7 @@ def test_a_web_start_plans_a_small_first_slice_and_leaves_the_rest_to_the_worker
 ):
     # given: slices of 20 units, a web start's first slice of 6
     monkeypatch.setattr(services, "RUN_SLICE_UNITS", 20)
-    monkeypatch.setattr(services, "START_SLICE_UNITS", 6)
+    monkeypatch.setattr(services, "FIRST_SLICE_UNITS", 6)
     campaign = token_budget_campaign_past_checkpoint(make_campaign)
     units = Unit.objects.filter(campaign=campaign)
     planned: list[tuple] = []

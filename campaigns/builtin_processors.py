@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
+import json
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from PIL import Image
+
 from . import flags as flag_params
-from .images import MAX_ASPECT, MAX_PIXELS, decode_image
+from .images import MAX_ASPECT, MAX_PIXELS, decode_image, image_pixels, open_image
 from .inputs import InputError, decode_text, read_bytes
+from .models import ErrorClass
 from .outputs import (
     NON_FINITE,
     WRONG_OUTPUT,
@@ -107,6 +115,46 @@ def text_token_costs(root: Path, source_paths: list[str], params: dict) -> list[
         return [weight for share in pool.map(weigh, shares) for weight in share]
 
 
+def _check_text_input(data: bytes, params: dict) -> str:
+    """What the worker's prepare refuses, said by the setup page's preview."""
+    text = decode_text(data)
+    if params["truncation"] == "refuse":
+        tokens = len(_tokenizer(params["model"]).encode(text).ids)
+        if tokens > int(params["max_tokens"]):
+            raise InputError(
+                ErrorClass.INPUT_INVALID,
+                f"{tokens} tokens, over max_tokens {params['max_tokens']} (truncation=refuse)",
+            )
+    return text
+
+
+def _validate_encoder_folder(params: dict) -> None:
+    """A user's encoder folder has what planning and the worker read.
+
+    Said when the version is made: without it, a folder with no tokenizer.json
+    stopped the first run with a bare "No such file or directory", and a 768-d
+    model failed every batch against the default dimension of 384.
+    """
+    folder = resolve_model_path(params["model"])
+    if not folder.is_dir():
+        return  # model_files.digests says it cannot be read, naming the path
+    if not (folder / "tokenizer.json").is_file():
+        raise ValidationError(
+            f"model: {folder} has no tokenizer.json (a fast tokenizer's file, which counting "
+            "tokens needs); save the tokenizer there with tokenizer.save_pretrained(folder)"
+        )
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValidationError(f"model: cannot read {folder / 'config.json'} ({exc})") from None
+    hidden = config.get("hidden_size") if isinstance(config, dict) else None
+    if isinstance(hidden, int) and hidden != int(params["dimension"]):
+        raise ValidationError(
+            f"dimension: the model gives {hidden}-d vectors (hidden_size in its config.json), "
+            f"not {params['dimension']}; set dimension to {hidden}"
+        )
+
+
 def _embedding_quick_check(path: Path, expected_size: int | None, params: dict) -> None:
     check_npy_header(path, expected_size=expected_size, dimension=int(params["dimension"]))
 
@@ -182,13 +230,17 @@ TEXT_EMBEDDING = ProcessorSpec(
     cost=text_token_cost,
     costs=text_token_costs,
     cost_params=("model", "max_tokens"),
-    check_input=lambda data, _params: decode_text(data),
+    check_input=_check_text_input,
+    validate=_validate_encoder_folder,
 )
 
 
 # --- image transformation ------------------------------------------------------
 
 IMAGE_FORMATS = {"png": "PNG", "jpeg": "JPEG", "webp": "WEBP"}
+# The output formats that store transparency: a transformation keeps an
+# input's alpha in these and flattens it onto white for the others.
+IMAGE_FORMATS_WITH_ALPHA = ("png", "webp")
 # What every image processor refuses at decoding (campaigns/images.py).
 IMAGE_INPUT_PARAMS = {
     "max_pixels": ParamSpec(
@@ -235,43 +287,55 @@ def _image_quick_check(path: Path, expected: int | None, params: dict) -> None:
 
 
 def check_image_output(path: Path, params: dict, source_size: tuple[int, int] | None = None):
-    """It decodes whole, in the asked format, with the asked dimensions."""
-    from PIL import Image
+    """It decodes whole, in the asked format, with the dimensions asked.
 
+    With its input's size (the worker's check of what it just wrote) every
+    operation's dimensions are exact: those expected_size gives. Without it
+    (verify, an output adopted after a crash) only what the parameters alone
+    say: resize's size, thumbnail's box; a conversion's size is its input's.
+    """
+    # No output of these parameters is larger than this: a bigger file is not one.
+    bound = max(int(params["max_pixels"]), int(params["width"]) * int(params["height"]))
     try:
-        with Image.open(path) as image:
+        with open_image(path, bound) as image:
             image.load()
             fmt, size = image.format, image.size
-    except (OSError, SyntaxError, ValueError) as exc:
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         raise InvalidOutput(f"does not decode: {exc}") from exc
     if fmt != IMAGE_FORMATS[params["format"]]:
         raise InvalidOutput(f"format {fmt}, asked {IMAGE_FORMATS[params['format']]}", WRONG_OUTPUT)
-    if params["operation"] == "resize" and size != (int(params["width"]), int(params["height"])):
-        raise InvalidOutput(
-            f"{size[0]}×{size[1]}, asked {params['width']}×{params['height']}", WRONG_OUTPUT
-        )
-    if params["operation"] == "thumbnail" and (
-        size[0] > int(params["width"]) or size[1] > int(params["height"])
-    ):
-        raise InvalidOutput(
-            f"{size[0]}×{size[1]} exceeds {params['width']}×{params['height']}", WRONG_OUTPUT
-        )
+    problem = _wrong_dimensions(size, params, source_size)
+    if problem:
+        raise InvalidOutput(problem, WRONG_OUTPUT)
+
+
+def _wrong_dimensions(
+    size: tuple[int, int], params: dict, source_size: tuple[int, int] | None
+) -> str | None:
+    """What is wrong with an output's width × height, or None."""
+    width, height = size
+    asked = int(params["width"]), int(params["height"])
+    if params["operation"] == "resize":
+        return None if size == asked else f"{width}×{height}, asked {asked[0]}×{asked[1]}"
     if source_size is not None:
         want = expected_size(*source_size, params)
-        if abs(size[0] - want[0]) > 1 or abs(size[1] - want[1]) > 1:
-            raise InvalidOutput(f"{size[0]}×{size[1]}, expected {want[0]}×{want[1]}", WRONG_OUTPUT)
+        if size == want:
+            return None
+        return (
+            f"{width}×{height}, expected {want[0]}×{want[1]} "
+            f"from a {source_size[0]}×{source_size[1]} input"
+        )
+    if params["operation"] == "thumbnail" and (width > asked[0] or height > asked[1]):
+        return f"{width}×{height} exceeds {asked[0]}×{asked[1]}"
+    return None
 
 
 def _image_deep_check(path: Path, params: dict) -> None:
     check_image_output(path, params)
 
 
-def image_pixel_cost(path: Path, params: dict) -> int:
-    from PIL import Image
-
-    with Image.open(path) as image:
-        width, height = image.size
-    return max(1, width * height)
+def image_pixel_cost(path: Path, params: dict) -> int | None:
+    return image_pixels(path)
 
 
 IMAGE_TRANSFORM = ProcessorSpec(
@@ -342,11 +406,69 @@ def check_classification_output(path: Path, params: dict) -> None:
         raise InvalidOutput("feature vector holds NaN or Inf", NON_FINITE)
 
 
+def _channel_values(params: dict, key: str) -> list[float]:
+    try:
+        values = [float(v) for v in str(params[key]).split(",")]
+    except ValueError:
+        values = []
+    if len(values) != 3 or not all(math.isfinite(v) for v in values):
+        raise ValidationError(
+            f"{key} must be three numbers, R,G,B (like {IMAGE_CLASSIFICATION.params[key].default}),"
+            f" got {params[key]!r}"
+        )
+    return values
+
+
+def image_architectures() -> dict[str, str]:
+    """Architectures a state dict can be loaded into, by name: the setting
+    BRIEFGPU_IMAGE_ARCHITECTURES, {name: "module:callable"}, each callable
+    building the network from num_classes. torchvision's come by
+    "torchvision:NAME" besides."""
+    return dict(getattr(settings, "BRIEFGPU_IMAGE_ARCHITECTURES", {}))
+
+
+#: What a state dict file of an architecture may be.
+STATE_DICT_SUFFIXES = (".safetensors", ".pt", ".pth")
+
+
+def _validate_architecture(params: dict) -> None:
+    name = params["architecture"]
+    if not name:
+        return
+    if name.startswith("torchvision:"):
+        # Found, not imported: the web process never imports torch.
+        if importlib.util.find_spec("torchvision") is None:
+            raise ValidationError(
+                f"architecture {name}: torchvision is not installed here; install it beside "
+                "torch (matching versions) on the portal and the workers, or give the model "
+                "as a .pt2 or TorchScript file"
+            )
+    elif name not in image_architectures():
+        known = ", ".join(sorted(image_architectures())) or "none registered"
+        raise ValidationError(
+            f"unknown architecture {name!r}: torchvision:NAME, or one of "
+            f"BRIEFGPU_IMAGE_ARCHITECTURES ({known})"
+        )
+    if Path(params["model"]).suffix.lower() not in STATE_DICT_SUFFIXES:
+        raise ValidationError(
+            f"model: with an architecture, the model is its state dict: "
+            f"a {', '.join(STATE_DICT_SUFFIXES)} file"
+        )
+
+
+def _validate_classification(params: dict) -> None:
+    # Checked here rather than by the worker, where a bad value failed every batch.
+    _channel_values(params, "mean")
+    if any(v <= 0 for v in _channel_values(params, "std")):
+        raise ValidationError(f"std values must be above 0, got {params['std']!r}")
+    _validate_architecture(params)
+
+
 IMAGE_CLASSIFICATION = ProcessorSpec(
     name="image-classification",
     title="Image classification and features",
     help="Top-k categories, top-2 margin and the penultimate-layer features per image, "
-    "from your TorchScript model.",
+    "from your model file (.pt2, TorchScript) or an architecture's state dict.",
     output_suffix=".npz",
     implementation="gpuworker.processors.image_classification:ImageClassificationProcessor",
     model_params=("model", "labels", "weights"),
@@ -355,7 +477,14 @@ IMAGE_CLASSIFICATION = ProcessorSpec(
             "",
             required=True,
             help="a torch.export (.pt2) or TorchScript file whose forward(x) returns logits, "
-            "or (logits, features)",
+            "or (logits, features); with an architecture, its state dict "
+            "(.safetensors, .pt, .pth)",
+        ),
+        "architecture": ParamSpec(
+            "",
+            help="empty when the model file is the whole model; else the network its state "
+            "dict fills: torchvision:NAME (e.g. torchvision:resnet50) or a name registered "
+            "in BRIEFGPU_IMAGE_ARCHITECTURES",
         ),
         "labels": ParamSpec("", required=True, help="a text file, one category per line"),
         "weights": ParamSpec(
@@ -387,6 +516,7 @@ IMAGE_CLASSIFICATION = ProcessorSpec(
     cost_params=(),  # pixels: the image's own
     cost_unit="pixels",
     check_input=_decode_image,
+    validate=_validate_classification,
 )
 
 BUILTIN = (TEXT_EMBEDDING, IMAGE_TRANSFORM, IMAGE_CLASSIFICATION)

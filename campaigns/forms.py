@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 from django import forms
@@ -14,6 +15,8 @@ from . import model_files
 from .processor_specs import ProcessorSpec, all_specs, get_spec
 
 PARAM_PREFIX = "param_"
+# The hidden field naming the processor whose parameter fields the form holds.
+PARAMS_FOR = "params_for"
 
 
 def corpus_folders() -> list[Path]:
@@ -62,6 +65,9 @@ def param_fields(spec: ProcessorSpec, *, initial: dict | None = None) -> dict[st
 
 class ParamsMixin:
     spec: ProcessorSpec | None = None
+    # True when the posted parameter fields were another processor's and were
+    # replaced by this one's defaults (CampaignSetupForm).
+    params_reset = False
 
     def add_params(self, spec: ProcessorSpec, initial: dict | None = None) -> None:
         self.spec = spec
@@ -71,16 +77,28 @@ class ParamsMixin:
         return {
             key[len(PARAM_PREFIX) :]: value
             for key, value in self.cleaned_data.items()
-            # A field left empty (or absent, after a processor switch without
-            # JavaScript) takes the schema's default.
+            # A field left empty (or not posted) takes the schema's default.
             if key.startswith(PARAM_PREFIX) and value not in (None, "")
+        }
+
+    def unknown_params(self) -> dict:
+        """Posted parameter fields the schema does not have: a typo or a tampered form."""
+        if not self.is_bound:
+            return {}
+        return {
+            key[len(PARAM_PREFIX) :]: self.data.get(key)
+            for key in self.data
+            if key.startswith(PARAM_PREFIX) and key not in self.fields
         }
 
     def check_params(self) -> None:
         if self.spec is None:
             return
         try:
-            self.cleaned_data["params"] = self.spec.clean(self.params())
+            # Unknown keys go to the schema too, which refuses them with the
+            # message the command line gives, rather than dropping them unseen.
+            given = {**self.unknown_params(), **self.params()}
+            self.cleaned_data["params"] = self.spec.clean(given)
             # A model or labels file that is not there, said here, not by the first batch.
             model_files.digests(self.spec.model_params, self.cleaned_data["params"])
         except ValidationError as exc:
@@ -99,12 +117,28 @@ class CampaignSetupForm(ParamsMixin, forms.Form):
         help_text="optional CSV or JSONL (id, path, category…); paths relative to the folder",
     )
 
-    def __init__(self, *args, processor: str | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        data=None,
+        *args,
+        processor: str | None = None,
+        refused_uploads: Collection[str] = (),
+        **kwargs,
+    ):
         specs = all_specs()
+        chosen = processor if processor in specs else "text-embedding"
+        params_for = data.get(PARAMS_FOR) if data is not None else None
+        if params_for in specs and params_for != chosen:
+            # Another processor was picked without JavaScript, so the fields
+            # posted are the previous one's: not a mistake to refuse, but not
+            # parameters to use either. The form comes back with this one's.
+            data = _with_defaults(data, specs[chosen])
+            self.params_reset = True
+        super().__init__(data, *args, **kwargs)
+        # Files the view's upload handler stopped as they arrived (over the cap).
+        self.refused_uploads = refused_uploads
         self.fields["processor"].choices = [(n, s.title) for n, s in sorted(specs.items())]
         self.fields["folder"].choices = [(str(p), str(p)) for p in corpus_folders()]
-        chosen = processor if processor in specs else "text-embedding"
         self.fields["processor"].initial = chosen
         self.add_params(get_spec(chosen))
 
@@ -120,13 +154,13 @@ class CampaignSetupForm(ParamsMixin, forms.Form):
 
     def clean_manifest(self):
         manifest = self.cleaned_data.get("manifest")
+        cap = settings.MANIFEST_UPLOAD_MAX_BYTES
+        # The setup view stops a larger file as it arrives (refused_uploads);
+        # the size covers a form given a file some other way.
+        if "manifest" in self.refused_uploads or (manifest is not None and manifest.size > cap):
+            raise ValidationError(f"manifest too large: the limit is {cap:,} bytes")
         if manifest is None:
             return None
-        if manifest.size > settings.MANIFEST_UPLOAD_MAX_BYTES:
-            raise ValidationError(
-                f"manifest is {manifest.size:,} bytes; the limit is "
-                f"{settings.MANIFEST_UPLOAD_MAX_BYTES:,}"
-            )
         suffix = Path(manifest.name).suffix.lower()
         if suffix not in (".csv", ".jsonl", ".ndjson"):
             raise ValidationError("a manifest is a .csv or .jsonl file")
@@ -136,6 +170,17 @@ class CampaignSetupForm(ParamsMixin, forms.Form):
         cleaned = super().clean()
         self.check_params()
         return cleaned
+
+
+def _with_defaults(data, spec: ProcessorSpec):
+    """The posted data with its parameter fields replaced by the spec's defaults."""
+    data = data.copy()
+    for key in [key for key in data if key.startswith(PARAM_PREFIX)]:
+        del data[key]
+    for key, param in spec.params.items():
+        if param.default is not None:
+            data[PARAM_PREFIX + key] = str(param.default)
+    return data
 
 
 class ParametersForm(ParamsMixin, forms.Form):

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import numpy as np
 from django.conf import settings
-from PIL import Image
 
 from . import holdout
-from .images import MAX_ASPECT, MAX_PIXELS, decode_image
+from .images import MAX_ASPECT, MAX_PIXELS, decode_image, open_image
 from .inputs import InputError, decode_text, read_bytes
 from .models import Attempt, Campaign, Unit
 from .paths import resolve_input
@@ -139,7 +138,7 @@ def output_summary(
 def _image_summary(campaign: Campaign, params: dict, data: bytes) -> OutputSummary:
     """The transformed file: a thumbnail, its dimensions and format beside what was asked."""
     try:
-        with Image.open(io.BytesIO(data)) as image:  # the header only: no pixels decoded
+        with open_image(io.BytesIO(data), None) as image:  # the header only: no pixel decoded
             width, height, fmt = image.width, image.height, image.format or "?"
         thumbnail = _thumbnail(data, {})
     except (OSError, ValueError, InputError) as exc:

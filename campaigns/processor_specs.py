@@ -84,6 +84,11 @@ class ProcessorSpec:
     # An adaptation processor: a run is one training that writes checkpoints,
     # not batches of outputs (campaigns/adaptation.py).
     training: bool = False
+    # Checks across parameters, or of the files they name, once each value is
+    # cleaned: params -> None, or ValidationError saying what to change. A
+    # mistake found here costs the user a form error, not a campaign of
+    # failed batches.
+    validate: Callable[[dict], None] | None = None
 
     def weigh(self, root: Path, source_paths: list[str], params: dict) -> list[int | None]:
         """The cost of each input under the corpus root, None where it could not
@@ -96,7 +101,11 @@ class ProcessorSpec:
         for source_path in source_paths:
             try:
                 weights.append(self.cost(resolve_input(root, source_path), params))
-            except (OSError, ValueError):
+            except Exception:
+                # Whatever a cost function raises on one input (an unreadable
+                # file, a decompression bomb, a plugin's own bug) must not stop
+                # the campaign's planning: the input weighs nothing, and the
+                # worker fails its unit with a classified reason when it reads it.
                 weights.append(None)
         return weights
 
@@ -142,6 +151,8 @@ class ProcessorSpec:
                     f"{key} must be one of {', '.join(map(str, spec.choices))}, got {value!r}"
                 )
             cleaned[key] = value
+        if self.validate is not None:
+            self.validate(cleaned)
         return cleaned
 
 

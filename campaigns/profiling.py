@@ -14,7 +14,6 @@ import heapq
 import logging
 import math
 import random
-import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -140,14 +139,12 @@ def unit_dimensions(root: Path, source_path: str, metadata: dict | None) -> tupl
     dims = _metadata_dimensions(metadata)
     if dims is not None or Path(source_path).suffix.lower() not in IMAGE_SUFFIXES:
         return dims
-    from PIL import Image
+    from .images import open_image  # Pillow, only where images are measured
 
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(resolve_input(root, source_path)) as image:
-                width, height = image.size  # the header only: no pixel is decoded
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
+        with open_image(resolve_input(root, source_path), None) as image:
+            width, height = image.size  # the header only: no pixel is decoded
+    except (OSError, ValueError, SyntaxError):
         return None  # the worker classifies it; it has no shape to offer here
     return (width, height) if width > 0 and height > 0 else None
 

@@ -37,7 +37,7 @@ from .processor_specs import get_spec
 from .reconcile import campaign_verify
 from .review import run_allowance, units_reviewed_out, units_runnable
 from .row_updates import update_rows
-from .software import software_versions
+from .software import processor_software, software_versions
 from .vector_shards import split_member
 
 RUN_BATCH_TASK = "gpuworker.tasks.run_batch"
@@ -62,7 +62,7 @@ def version_create(*, campaign: Campaign, params: dict[str, Any] | None = None) 
     """The version for these parameters and this software: the existing one if identical."""
     spec = get_spec(campaign.processor)
     cleaned = spec.clean(params)
-    software = software_versions()
+    software = {**software_versions(), **processor_software(spec.implementation)}
     files = model_files.digests(spec.model_params, cleaned)
     if files:
         # Part of the fingerprint: the same path holding another model is another version.

@@ -1,8 +1,6 @@
 from __future__ import annotations
 
 import math
-import re
-import uuid
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -14,6 +12,7 @@ from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpRespons
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_POST
 from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import HttpResponseStopPolling
@@ -32,6 +31,7 @@ from . import (
     selectors,
     services,
     training_views,
+    uploads,
 )
 from .forms import CampaignSetupForm, ParametersForm
 from .models import (
@@ -289,25 +289,56 @@ def campaign_run(request: HttpRequest, name: str) -> HttpResponse:
     return redirect("campaign_detail", name=campaign.name)
 
 
+@csrf_exempt
 @login_required
 def campaign_new(request: HttpRequest) -> HttpResponse:
     """Set up a campaign: inputs, processor, parameters; preview; then create and start."""
+    # Installed before anything reads request.POST, so that a manifest over the
+    # cap is stopped as it arrives rather than spooled whole to disk first. The
+    # CSRF middleware would read POST before this view; hence exempt here and
+    # checked by _campaign_new (Django's "Modifying upload handlers on the fly").
+    cap = uploads.CappedUploadHandler(request, max_bytes=settings.MANIFEST_UPLOAD_MAX_BYTES)
+    request.upload_handlers.insert(0, cap)
+    return _campaign_new(request, refused_uploads=cap.refused)
+
+
+@csrf_protect
+def _campaign_new(request: HttpRequest, *, refused_uploads: set[str]) -> HttpResponse:
     processor = request.POST.get("processor") or request.GET.get("processor")
     if request.method != "POST":
         form = CampaignSetupForm(processor=processor)
         if request.htmx and request.htmx.target == "params":
             return render(request, "campaigns/campaign_new.html#params", {"form": form})
         return render(request, "campaigns/campaign_new.html", {"form": form})
-    form = CampaignSetupForm(request.POST, request.FILES, processor=processor)
+    form = CampaignSetupForm(
+        request.POST, request.FILES, processor=processor, refused_uploads=refused_uploads
+    )
     if not form.is_valid():
         return render(request, "campaigns/campaign_new.html", {"form": form}, status=400)
     data = form.cleaned_data
-    manifest = _store_manifest(data["manifest"]) if data["manifest"] else None
     token = request.POST.get("manifest_token", "")
-    if manifest is None and MANIFEST_TOKEN.fullmatch(token):
+    if data["manifest"]:
+        manifest = uploads.manifest_store(upload=data["manifest"])
+    elif token:
         # Uploaded with the preview; a browser does not send a file twice.
-        manifest = Path(settings.VAR_DIR) / "manifests" / token
-        manifest = manifest if manifest.is_file() else None
+        manifest = uploads.manifest_for_token(token)
+        if manifest is None:
+            # Going on without it would import the whole folder instead.
+            form.add_error(
+                "manifest",
+                "the manifest uploaded with the preview is no longer kept "
+                "(a day after its last use); choose it again",
+            )
+            return render(request, "campaigns/campaign_new.html", {"form": form}, status=400)
+    else:
+        manifest = None
+    if form.params_reset:
+        # The template says the parameters were reset; the user checks them first.
+        return render(
+            request,
+            "campaigns/campaign_new.html",
+            {"form": form, "manifest_token": manifest.name if manifest else ""},
+        )
     if request.POST.get("action") != "create":
         spec = form.spec
         result = importing.preview(
@@ -345,20 +376,6 @@ def campaign_new(request: HttpRequest) -> HttpResponse:
         f"{batches} batch{'es' if batches != 1 else ''} queued.{_PLANNING_ON if more else ''}",
     )
     return redirect("campaign_detail", name=campaign.name)
-
-
-MANIFEST_TOKEN = re.compile(r"[0-9a-f]{32}\.(csv|jsonl|ndjson)")
-
-
-def _store_manifest(upload) -> Path:
-    """Uploaded manifests are kept: the campaign's inventory refers to them."""
-    folder = Path(settings.VAR_DIR) / "manifests"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{uuid.uuid4().hex}{Path(upload.name).suffix.lower()}"
-    with path.open("wb") as fh:
-        for chunk in upload.chunks():
-            fh.write(chunk)
-    return path
 
 
 def _project_for(request: HttpRequest, name: str):

@@ -7,6 +7,7 @@ reason; one bad input never stops the others.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import itertools
 import logging
@@ -61,6 +62,7 @@ from campaigns.vector_shards import (
 )
 from portal.log_context import bound
 
+from .input_prefetch import Prepared, prefetch
 from .lease import LeaseKeeper, lease_deadline
 from .memory import runtime_facts
 from .processors import get_processor, sharded
@@ -91,6 +93,7 @@ class Outcome:
     path: Path | None = None  # the same, absolute (made once: Path parsing adds up)
     # (reason, detail) of each flag rule the output tripped: it goes to review.
     flags: list = field(default_factory=list)
+    prefetched: bool = False  # its input was prepared while the last batch ran
 
     def fail(self, error_class: str, message: str, digest: str = "") -> None:
         self.error_class, self.message = error_class, message[:2000]
@@ -151,7 +154,7 @@ def _run_claimed(batch: Batch, *, hand_off: bool = False) -> str:
     run = _BatchRun(batch, token, [Outcome(unit=u) for u in units])
     run.lease.start()
     try:
-        run.compute()
+        run.compute(prefetch_next=hand_off)
     except BaseException:
         run.lease.stop()
         raise
@@ -181,16 +184,22 @@ class _BatchRun:
         self.processor = None
         self.parts: list = []
 
-    def compute(self) -> None:
-        """Read the inputs and run the model (the part that needs the device)."""
+    def compute(self, *, prefetch_next: bool = False) -> None:
+        """Read the inputs and run the model (the part that needs the device);
+        with `prefetch_next`, prepare the next batch's inputs meanwhile."""
         started = time.perf_counter()
         try:
             version = self.batch.version
             self.processor = get_processor(
                 self.batch.campaign.processor, version.params, version.software.get("files")
             )
-            self.parts, adopted, splits = _compute(self.batch, self.processor, self.outcomes)
+            self.parts, adopted, splits = _compute(
+                self.batch, self.processor, self.outcomes, prefetch_next=prefetch_next
+            )
             self.metrics.update(adopted=adopted)
+            prefetched = sum(1 for o in self.outcomes if o.prefetched)
+            if prefetched:
+                self.metrics["prefetched"] = prefetched
             if self.parts or splits:
                 self.metrics["oom_splits"] = splits
         except Exception as exc:  # the model itself failed: every unfinished unit says why
@@ -291,8 +300,11 @@ def _error_class(exc: BaseException) -> str:
     return ErrorClass.PROCESSING_ERROR
 
 
-def _compute(batch: Batch, processor, outcomes: list[Outcome]) -> tuple[list, int, list[int]]:
+def _compute(
+    batch: Batch, processor, outcomes: list[Outcome], *, prefetch_next: bool = False
+) -> tuple[list, int, list[int]]:
     """Read and prepare the inputs, run the model: (parts, adopted, OOM splits)."""
+    ahead = prefetch.take(batch.pk)  # what was prepared while the last batch ran
     root = Path(batch.campaign.input_root)
     output_root = Path(settings.OUTPUT_ROOT)
     adoptable: dict[str, tuple[str, np.ndarray]] | None = None
@@ -314,10 +326,15 @@ def _compute(batch: Batch, processor, outcomes: list[Outcome]) -> tuple[list, in
     # Reading and decoding in threads: file I/O and image decoding release
     # the GIL, so a slow disk or a large image does not serialise the batch.
     real_root = corpus_real_path(root)  # once a batch, not once an input
-    prepared = in_threads(lambda o: _prepare(processor, root, real_root, o, adoptable), outcomes)
+    prepared = in_threads(
+        lambda o: _prepare(processor, root, real_root, o, adoptable, ahead.get(o.unit.pk)),
+        outcomes,
+    )
     ready = [(o, item) for o, item in zip(outcomes, prepared, strict=True) if item is not _SKIP]
     adopted = sum(1 for o in outcomes if o.metrics.get("adopted"))
     splits: list[int] = []
+    if prefetch_next:
+        prefetch.start(batch, functools.partial(_prepare_ahead, processor, root, real_root))
     parts = _run_splitting(processor, ready, splits) if ready else []
     return parts, adopted, splits
 
@@ -348,6 +365,7 @@ def _complete(batch: Batch, processor, parts: list, token: str) -> dict:
 
 
 _SKIP = object()
+_NOT_PREPARED = object()
 IO_THREADS = 4
 _pool: ThreadPoolExecutor | None = None
 
@@ -498,12 +516,32 @@ def _shard_rows(batch: Batch, processor) -> dict[str, tuple[str, np.ndarray]]:
     return rows
 
 
-def _prepare(processor, root: Path, real_root, outcome: Outcome, adoptable: dict | None = None):
-    """The unit's model input, or _SKIP when it failed or its output was adopted."""
+def _prepare(
+    processor,
+    root: Path,
+    real_root,
+    outcome: Outcome,
+    adoptable: dict | None = None,
+    ahead: Prepared | None = None,
+):
+    """The unit's model input, or _SKIP when it failed or its output was adopted.
+
+    `ahead`: the unit's input as the prefetch prepared it while the last batch
+    ran; it goes through the same hash check and adoption as one read here.
+    """
     unit = outcome.unit
     try:
-        data = read_bytes(root, unit.source_path, real_root)
-        outcome.input_sha256 = hashlib.sha256(data).hexdigest()
+        # Prepared bytes other than the import's are read again: only this
+        # batch's own reading says an input changed.
+        if ahead is not None and (ahead.source_path, ahead.sha256) == (
+            unit.source_path,
+            unit.sha256 or ahead.sha256,
+        ):
+            outcome.input_sha256, made = ahead.sha256, ahead.item
+            outcome.prefetched = True
+        else:
+            data = read_bytes(root, unit.source_path, real_root)
+            outcome.input_sha256, made = hashlib.sha256(data).hexdigest(), _NOT_PREPARED
         if unit.sha256 and outcome.input_sha256 != unit.sha256:
             raise InputError(
                 ErrorClass.INPUT_CHANGED,
@@ -518,10 +556,40 @@ def _prepare(processor, root: Path, real_root, outcome: Outcome, adoptable: dict
                 return _SKIP
         elif _adopt(processor, outcome):
             return _SKIP
-        return processor.prepare(data)
+        if made is _NOT_PREPARED:
+            return processor.prepare(data)
+        if isinstance(made, InputError):
+            raise made
+        return made
     except InputError as exc:
         outcome.fail(exc.error_class, exc.message)
         return _SKIP
+
+
+def _prepare_ahead(
+    processor, root: Path, real_root, units: list[tuple[int, str]], stop: threading.Event
+) -> dict[int, Prepared]:
+    """input_prefetch's reader: the units' inputs read, hashed and prepared
+    as `_prepare` does, without a claim. An input that cannot be read is left
+    for the batch's own reading, which classifies it then."""
+
+    def one(unit: tuple[int, str]) -> tuple[int, Prepared] | None:
+        pk, source_path = unit
+        if stop.is_set():
+            return None
+        try:
+            data = read_bytes(root, source_path, real_root)
+        except InputError:
+            return None
+        try:
+            made = processor.prepare(data)
+        except InputError as exc:
+            made = exc  # refused now as it would be then: the same bytes
+        except Exception:
+            return None  # the batch's own prepare raises it, where it is handled
+        return pk, Prepared(source_path, hashlib.sha256(data).hexdigest(), made)
+
+    return dict(found for found in in_threads(one, units) if found is not None)
 
 
 def _run_splitting(processor, ready: list, splits: list[int]) -> list[tuple[list, object]]:

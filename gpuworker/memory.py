@@ -10,6 +10,8 @@ import subprocess
 import torch
 from django.conf import settings
 
+from campaigns.software import software_versions
+
 
 def _rss_bytes() -> int:
     try:
@@ -123,7 +125,14 @@ def runtime_facts() -> dict:
         facts["driver"] = _driver_version()
     facts["threads"] = torch.get_num_threads()
     facts["workers_per_device"] = workers_per_device()
+    # The worker's own packages: a version records the portal's, and a worker
+    # installed apart from it could differ.
+    software = software_versions()
+    facts.update({name: software[name] for name in _WORKER_PACKAGES})
     return facts
+
+
+_WORKER_PACKAGES = ("transformers", "tokenizers", "pillow", "numpy", "git_commit")
 
 
 def release_cached(device: torch.device) -> None:

@@ -14,6 +14,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 
 from .batch_runner import finisher, pipeline_enabled
 from .batch_runner import run_batch as _run_batch
+from .input_prefetch import prefetch
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,9 @@ def run_batch(batch_id: int) -> str:
 @signals.worker_shutdown.connect  # the main process (the solo pool runs tasks there)
 def _finish_handed_off_batches(**_) -> None:
     """A warm shutdown records the batches whose model already ran before the
-    process goes: their units are neither lost nor run twice."""
+    process goes: their units are neither lost nor run twice. A prefetch
+    under way is stopped: its batch was not claimed, another worker runs it."""
+    prefetch.drop()
     finisher.drain()
 
 

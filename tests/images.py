@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import struct
+import zlib
 from pathlib import Path
 
 from PIL import Image
@@ -12,6 +14,23 @@ def _save(image, fmt: str, **kwargs) -> bytes:
     buf = io.BytesIO()
     image.save(buf, format=fmt, **kwargs)
     return buf.getvalue()
+
+
+def _png_chunk(kind: bytes, body: bytes) -> bytes:
+    crc = zlib.crc32(kind + body)
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
+
+
+def png_claiming(width: int, height: int) -> bytes:
+    """A PNG of a few dozen bytes whose header claims width × height greyscale
+    pixels: a decompression bomb without allocating one (its data is one row)."""
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + _png_chunk(b"IHDR", header)
+        + _png_chunk(b"IDAT", zlib.compress(b"\x00" * 16))
+        + _png_chunk(b"IEND", b"")
+    )
 
 
 def write_image_corpus(root: Path) -> dict[str, str]:

@@ -1,10 +1,12 @@
-"""Classification and features from a user's TorchScript model.
+"""Classification and features from a user's model.
 
 The model file goes through load_model_file — torch.export programs (.pt2) or
 TorchScript — the same path for a user's file and for the tiny CNN the tests
 train. forward(x) returns logits (n, classes), or a
 tuple (logits, features) to also export the penultimate layer; without
-features the logits are exported as the feature vector.
+features the logits are exported as the feature vector. Or the file is a
+state dict of a named architecture (torchvision's, or one registered in
+settings), whose penultimate features are taken at its last Linear layer.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from django.utils.module_loading import import_string
 from PIL import Image
 
 from campaigns import checkpoint_files as checkpoints
-from campaigns.builtin_processors import check_classification_output
+from campaigns.builtin_processors import check_classification_output, image_architectures
 from campaigns.flags import classification_flags, image_input_flags
 from campaigns.images import decode_image
 
@@ -43,17 +46,104 @@ def load_checkpoint_weights(folder: Path) -> dict:
     return load_file(str(folder / "model.safetensors"))
 
 
+def build_architecture(name: str, num_classes: int) -> torch.nn.Module:
+    """An untrained network of a named architecture, for a state dict to fill:
+    "torchvision:NAME" (torchvision installed beside torch on the worker) or a
+    name of settings.BRIEFGPU_IMAGE_ARCHITECTURES ("module:callable", called
+    with num_classes)."""
+    if name.startswith("torchvision:"):
+        try:
+            import torchvision
+        except ImportError:
+            raise ValueError(
+                f"architecture {name}: torchvision is not installed on this worker"
+            ) from None
+        return torchvision.models.get_model(
+            name.split(":", 1)[1], weights=None, num_classes=num_classes
+        )
+    known = image_architectures()
+    if name not in known:
+        raise ValueError(f"unknown architecture {name!r}; known: {', '.join(sorted(known))}")
+    return import_string(known[name].replace(":", "."))(num_classes=num_classes)
+
+
+def load_state_dict_file(path: Path) -> dict:
+    """A state dict from .safetensors, or from a torch.save file read as
+    tensors only (weights_only: a pickle that would run code is refused)."""
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    state = torch.load(str(path), map_location="cpu", weights_only=True)
+    if not isinstance(state, dict):
+        raise ValueError(f"{path.name} holds a {type(state).__name__}, not a state dict")
+    return state
+
+
+class WithFeatures(torch.nn.Module):
+    """A network that returns logits alone, made to return (logits, features):
+    the features are the input of its last Linear layer — the penultimate
+    layer of a torchvision classifier (resnet's fc, vgg's last classifier)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+        self._features: torch.Tensor | None = None
+        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        if linears:
+            linears[-1].register_forward_hook(self._keep)
+
+    def _keep(self, _module, inputs, _output) -> None:
+        self._features = inputs[0]
+
+    def forward(self, x: torch.Tensor):
+        self._features = None
+        logits = self.model(x)
+        features, self._features = self._features, None
+        return logits if features is None else (logits, features)
+
+
 @functools.lru_cache(maxsize=2)
-def load_classifier(path: str, _stamp: tuple, weights: str, device, dtype):
+def load_classifier(
+    path: str,
+    _stamp: tuple,
+    weights: str,
+    device,
+    dtype,
+    architecture: str = "",
+    num_classes: int = 0,
+):
     """A user's model (with fine-tuned weights), once per worker process, file
     version and precision: parameter versions that differ in a flag or the
-    preprocessing share one copy in device memory."""
-    model = load_model_file(Path(path), device)
+    preprocessing share one copy in device memory.
+
+    Without `architecture` the file is the model (.pt2 or TorchScript); with
+    it, the file is that architecture's state dict."""
+    if architecture:
+        model = build_architecture(architecture, num_classes)
+        model.load_state_dict(load_state_dict_file(Path(path)))
+        model = model.to(device).eval()
+    else:
+        model = load_model_file(Path(path), device)
     if weights:
         model.load_state_dict(load_checkpoint_weights(Path(weights)))
+    if architecture:
+        model = WithFeatures(model)  # after the weights: their keys are the network's
     if dtype != torch.float32:
         model = model.to(dtype)
     return model
+
+
+def top_two_margin(ranked: np.ndarray) -> float:
+    """Top-1 minus top-2 of every class's probability, highest first; top_k only
+    says how many the output lists.
+
+    A model with a single class has no runner-up: its margin is the top-1
+    probability (1.0 after softmax), so it never counts as hesitating.
+    """
+    if len(ranked) < 2:
+        return float(ranked[0])
+    return float(ranked[0] - ranked[1])
 
 
 @dataclass
@@ -72,6 +162,11 @@ class ImageClassificationProcessor:
     def __init__(self, params: dict):
         self.params = params
         self.device, self.dtype = device_and_dtype(params["dtype"])
+        self.labels = [
+            line.strip()
+            for line in Path(params["labels"]).read_text(encoding="utf-8").splitlines()
+            if line.strip()
+        ]
         model = Path(params["model"])
         stat = model.stat()  # a file replaced in place is a new model
         self.model = load_classifier(
@@ -80,12 +175,9 @@ class ImageClassificationProcessor:
             params.get("weights") or "",
             self.device,
             self.dtype,
+            params.get("architecture") or "",
+            len(self.labels),
         )
-        self.labels = [
-            line.strip()
-            for line in Path(params["labels"]).read_text(encoding="utf-8").splitlines()
-            if line.strip()
-        ]
         self.mean = np.array([float(v) for v in params["mean"].split(",")], dtype=np.float32)
         self.std = np.array([float(v) for v in params["std"].split(",")], dtype=np.float32)
         self.probe = MemoryProbe(self.device)
@@ -139,14 +231,13 @@ class ImageClassificationProcessor:
 
     def output(self, result: ClassificationBatch, index: int) -> dict:
         probs = result.probs[index]
-        k = min(int(self.params["top_k"]), len(probs))
-        top = np.argsort(-probs)[:k]
-        margin = float(probs[top[0]] - probs[top[1]]) if k > 1 else float(probs[top[0]])
+        ranked = np.argsort(-probs)
+        top = ranked[: min(int(self.params["top_k"]), len(probs))]
         return {
             "top_indices": top.astype(np.int64),
             "top_labels": np.array([self.labels[i] for i in top]),
             "top_probs": probs[top].astype(np.float32),
-            "margin": np.float32(margin),
+            "margin": np.float32(top_two_margin(probs[ranked])),
             "features": result.features[index].astype(np.float32),
         }
 

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image
 
-from campaigns.builtin_processors import IMAGE_FORMATS, check_image_output, expected_size
+from campaigns.builtin_processors import (
+    IMAGE_FORMATS,
+    IMAGE_FORMATS_WITH_ALPHA,
+    check_image_output,
+    expected_size,
+)
 from campaigns.flags import image_input_flags
 from campaigns.images import decode_image
 
@@ -25,17 +32,49 @@ class TransformBatch:
     memory: dict
 
 
+class SourceSizes:
+    """The input size of each output serialized here, by its bytes' digest.
+
+    validate() gets only the path the runner wrote (the batch runner and the
+    profiler both call it so), yet a conversion's or a thumbnail's exact
+    dimensions follow from its input's. The runner's checks run in threads,
+    while the next batch computes: hence the lock. Bounded, oldest first: an
+    output whose write failed is never checked, and must not stay forever.
+    """
+
+    LIMIT = 2 * 4096  # two batches of the largest batch_size
+
+    def __init__(self):
+        self._sizes: dict[str, tuple[int, int]] = {}
+        self._lock = threading.Lock()
+
+    def remember(self, data: bytes, source: tuple[int, int]) -> None:
+        key = hashlib.sha256(data).hexdigest()
+        with self._lock:
+            self._sizes[key] = source
+            if len(self._sizes) > self.LIMIT:
+                del self._sizes[next(iter(self._sizes))]
+
+    def of(self, data: bytes) -> tuple[int, int] | None:
+        """None for a file this process did not serialize (an adopted output)."""
+        key = hashlib.sha256(data).hexdigest()
+        with self._lock:
+            return self._sizes.get(key)
+
+
 class ImageTransformProcessor:
     def __init__(self, params: dict):
         self.params = params
         self.suffix = ".jpg" if params["format"] == "jpeg" else f".{params['format']}"
         self.probe = MemoryProbe(cpu())
+        self.sources = SourceSizes()
 
     def prepare(self, data: bytes):
         return decode_image(
             data,
             max_pixels=int(self.params["max_pixels"]),
             max_aspect=int(self.params["max_aspect"]),
+            keep_alpha=self.params["format"] in IMAGE_FORMATS_WITH_ALPHA,
         )
 
     def run(self, items: list) -> TransformBatch:
@@ -59,15 +98,17 @@ class ImageTransformProcessor:
         return result.images[index], result.sources[index]
 
     def serialize(self, output) -> bytes:
-        image, _source = output
+        image, source = output
         buf = io.BytesIO()
         fmt = IMAGE_FORMATS[self.params["format"]]
         options = {"quality": int(self.params["quality"])} if fmt in ("JPEG", "WEBP") else {}
         image.save(buf, format=fmt, **options)
-        return buf.getvalue()
+        data = buf.getvalue()
+        self.sources.remember(data, source)
+        return data
 
     def validate(self, path: Path) -> None:
-        check_image_output(path, self.params)
+        check_image_output(path, self.params, self.sources.of(path.read_bytes()))
 
     def unit_metrics(self, result: TransformBatch, index: int) -> dict:
         width, height = result.sources[index]

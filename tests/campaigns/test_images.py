@@ -11,7 +11,7 @@ from campaigns.images import decode_image
 from campaigns.inputs import InputError
 from campaigns.models import Unit, UnitState
 from campaigns.reconcile import campaign_verify
-from tests.images import write_image_corpus
+from tests.images import png_claiming, write_image_corpus
 
 # The bomb test image is 36 Mpx; the tests set the guard below it.
 LIMIT = 20_000_000
@@ -111,3 +111,34 @@ def test_a_resized_output_of_the_wrong_size_is_not_a_result(images, project, out
     unit = Unit.objects.filter(campaign=campaign).first()
     assert unit.error_class == "output_invalid"
     assert "64×63, asked 64×64" in unit.error_message
+
+
+@pytest.mark.django_db
+def test_a_decompression_bomb_fails_its_unit_and_the_campaign_still_runs(
+    tmp_path, project, output_root, run_here
+):
+    # given: ordinary images and one whose header claims 30000×30000 pixels,
+    # over Pillow's own hard limit, in a campaign that weighs every input
+    root = tmp_path / "corpus"
+    root.mkdir()
+    for index in range(3):
+        Image.new("RGB", (40 + index, 30), (10, 20, 30)).save(root / f"ok-{index}.png")
+    (root / "bomb.png").write_bytes(png_claiming(30000, 30000))
+    campaign, _ = services.campaign_create(
+        name="bombed",
+        processor="image-transform",
+        project=project,
+        input_folder=root,
+        params={"operation": "thumbnail", "width": 16, "height": 16, "batch_size": 2}
+        | {"batch_policy": "length_grouped"},
+    )
+
+    # when
+    run_here(campaign)
+
+    # then
+    units = {u.uid: u for u in Unit.objects.filter(campaign=campaign)}
+    bomb = units.pop("bomb.png")
+    assert (bomb.state, bomb.error_class) == (UnitState.FAILED, "input_invalid")
+    assert "decompression bomb guard" in bomb.error_message
+    assert {u.state for u in units.values()} == {UnitState.SUCCEEDED}

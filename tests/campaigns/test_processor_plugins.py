@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+from importlib import metadata
 from io import StringIO
 from pathlib import Path
 
@@ -12,6 +14,7 @@ from django.core.management import call_command
 from campaigns import processor_specs, services
 from campaigns.models import Campaign, Unit
 from campaigns.reconcile import campaign_verify
+from campaigns.software import processor_software
 from tests.conftest import DEMO_BAD, DEMO_GOOD
 
 
@@ -52,6 +55,12 @@ def test_a_plugin_processor_runs_end_to_end(plugin, corpus, output_root, run_her
     assert unit.cost == (corpus / "short/question.txt").stat().st_size
     report = campaign_verify(campaign=campaign, deep=True).as_dict()
     assert (report["valid"], report["input_invalid"]) == (DEMO_GOOD, DEMO_BAD)
+    # Outside any distribution and the portal's own code: its source's hash says what ran.
+    source = Path(__file__).parent.parent / "plugins" / "text_stats.py"
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    software = campaign.current_version.software
+    assert software["processor"] == f"tests.plugins.text_stats sha256:{digest}"
+    assert software["pillow"] == metadata.version("pillow")
 
 
 @pytest.mark.django_db
@@ -83,10 +92,13 @@ def test_an_installed_package_registers_a_processor_by_entry_point(tmp_path, mon
     (dist / "entry_points.txt").write_text(
         "[briefgpu.processors]\ntext-stats = tests.plugins.text_stats:SPEC\n"
     )
+    (dist / "top_level.txt").write_text("tests\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     processor_specs._registry.cache_clear()
     try:
         spec = processor_specs.get_spec("text-stats")
         assert spec.implementation == "tests.plugins.text_stats:TextStats"
+        # A version names the package and its version.
+        assert processor_software(spec.implementation) == {"processor": "briefgpu-text-stats 0.1"}
     finally:
         processor_specs._registry.cache_clear()

@@ -192,3 +192,165 @@ def test_a_model_folder_that_is_not_there_is_refused_on_the_form_not_by_a_batch(
     assert f"model: cannot read {missing}" in response.content.decode()
     campaign.refresh_from_db()
     assert campaign.versions.count() == 1
+
+
+# --- parameters the processor does not have ---------------------------------
+
+
+@pytest.mark.parametrize("params_for", ["text-embedding", "no-such-processor", None])
+def test_an_unknown_parameter_is_refused_as_the_command_line_refuses_it(
+    client, owner, roots, send, params_for
+):
+    # given a typo'd (or tampered) parameter field, the form's processor named or not
+    form = _form(roots, action="create", param_poolng="cls")
+    if params_for is not None:
+        form["params_for"] = params_for
+    client.force_login(owner)
+    # when
+    response = client.post(NEW, form)
+    # then
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert "unknown parameter(s) for text-embedding: poolng; known: batch_policy" in html
+    assert not Campaign.objects.exists() and not send.called
+
+
+def test_the_form_names_the_processor_its_parameter_fields_belong_to(client, owner, roots):
+    client.force_login(owner)
+    assert 'name="params_for" value="text-embedding"' in client.get(NEW).content.decode()
+    swapped = client.get(
+        NEW, {"processor": "image-transform"}, headers={"HX-Request": "true", "HX-Target": "params"}
+    ).content.decode()
+    # Inside the swapped fieldset: htmx replaces it together with the fields.
+    assert 'name="params_for" value="image-transform"' in swapped.split("</fieldset>")[0]
+
+
+@pytest.mark.parametrize("action", ["create", "preview"])
+def test_switching_processor_without_javascript_resets_the_parameters_and_creates_nothing(
+    client, owner, roots, send, action
+):
+    # given a form posted with the text-embedding fields but image-transform chosen
+    form = _form(roots, action=action, processor="image-transform", params_for="text-embedding")
+    client.force_login(owner)
+    # when
+    response = client.post(NEW, form)
+    # then the form comes back with image-transform's fields at their defaults
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert "The parameters were reset to the defaults of" in html
+    assert 'name="params_for" value="image-transform"' in html
+    assert 'name="param_operation"' in html and "param_max_tokens" not in html
+    assert 'name="param_width" value="256"' in html
+    assert 'value="web-made"' in html  # what the user typed is kept
+    assert 'id="preview"' not in html
+    assert not Campaign.objects.exists() and not send.called
+
+
+def test_the_parameters_page_refuses_an_unknown_parameter(client, owner, make_campaign, send):
+    campaign = make_campaign()
+    client.force_login(owner)
+    url = reverse("campaign_params", args=[campaign.name])
+    params = {f"param_{k}": v for k, v in campaign.current_version.params.items()}
+    response = client.post(url, {**params, "param_pooling": "cls", "param_poolng": "cls"})
+    assert response.status_code == 400
+    assert "unknown parameter(s) for text-embedding: poolng" in response.content.decode()
+    campaign.refresh_from_db()
+    assert campaign.versions.count() == 1
+
+
+# --- manifest uploads: capped as they arrive, not kept forever --------------
+
+
+@pytest.fixture
+def spooled(monkeypatch):
+    """Bytes of uploads that Django's own handlers kept, in memory or on disk."""
+    from django.core.files import uploadhandler
+
+    received = {"bytes": 0}
+    for cls in (uploadhandler.MemoryFileUploadHandler, uploadhandler.TemporaryFileUploadHandler):
+        original = cls.receive_data_chunk
+
+        def counting(self, raw_data, start, original=original):
+            received["bytes"] += len(raw_data)
+            return original(self, raw_data, start)
+
+        monkeypatch.setattr(cls, "receive_data_chunk", counting)
+    return received
+
+
+@pytest.mark.parametrize("action", ["create", "preview"])
+def test_an_oversized_manifest_is_stopped_as_it_arrives_and_nothing_is_created(
+    client, owner, roots, send, settings, tmp_path, spooled, action
+):
+    # given a cap of 1,000 bytes and a 300 kB manifest
+    settings.VAR_DIR = tmp_path
+    settings.MANIFEST_UPLOAD_MAX_BYTES = 1000
+    body = b"id,path\n" + b"q,short/question.txt\n" * 15_000
+    client.force_login(owner)
+    # when
+    response = client.post(
+        NEW, _form(roots, action=action, manifest=SimpleUploadedFile("m.csv", body))
+    )
+    # then
+    html = response.content.decode()
+    assert response.status_code == 400
+    assert spooled["bytes"] <= 1000
+    assert "manifest too large: the limit is 1,000 bytes" in html
+    assert 'value="web-made"' in html  # the fields after the file were still read
+    assert not (tmp_path / "manifests").exists() or not any((tmp_path / "manifests").iterdir())
+    assert not Campaign.objects.exists() and not send.called
+
+
+def _stored(folder, name, *, age_hours):
+    import os
+    import time
+
+    path = folder / name
+    path.write_text("id,path\n")
+    then = time.time() - age_hours * 3600
+    os.utime(path, (then, then))
+    return path
+
+
+def test_a_new_preview_manifest_removes_stored_ones_older_than_a_day(
+    client, owner, roots, settings, tmp_path
+):
+    # given a manifest stored two days ago and one an hour ago
+    settings.VAR_DIR = tmp_path
+    folder = tmp_path / "manifests"
+    folder.mkdir()
+    old = _stored(folder, "a" * 32 + ".csv", age_hours=48)
+    recent = _stored(folder, "b" * 32 + ".csv", age_hours=1)
+    client.force_login(owner)
+    # when a preview stores another
+    body = b"id,path\nq,short/question.txt\n"
+    html = client.post(
+        NEW, _form(roots, action="preview", manifest=SimpleUploadedFile("m.csv", body))
+    ).content.decode()
+    # then
+    token = html.split('name="manifest_token" value="')[1].split('"')[0]
+    assert sorted(p.name for p in folder.iterdir()) == sorted([recent.name, token])
+    assert not old.exists()
+
+
+def test_create_with_a_preview_manifest_no_longer_kept_asks_for_it_again(
+    client, owner, roots, send, settings, tmp_path
+):
+    settings.VAR_DIR = tmp_path
+    client.force_login(owner)
+    response = client.post(NEW, _form(roots, action="create", manifest_token="c" * 32 + ".csv"))
+    assert response.status_code == 400
+    assert "no longer kept" in response.content.decode()
+    # Not the whole folder imported in the manifest's stead.
+    assert not Campaign.objects.exists() and not send.called
+
+
+def test_the_setup_form_still_needs_its_csrf_token(owner, roots, send):
+    # The view is csrf_exempt for its upload handler and checks the token itself.
+    from django.test import Client
+
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(owner)
+    response = client.post(NEW, _form(roots, action="create"))
+    assert response.status_code == 403
+    assert not Campaign.objects.exists() and not send.called

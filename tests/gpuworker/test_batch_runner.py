@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from importlib import metadata
 from pathlib import Path
 from unittest import mock
 
@@ -88,6 +89,11 @@ def test_batch_records_tokens_time_and_memory(queued):
     assert batch.metrics["items"] == batch.size
     assert batch.padded_tokens >= batch.real_tokens > 0
     assert "memory" in batch.metrics and batch.metrics["runtime"]["torch"]
+    # The worker's own packages, beside those its version recorded at creation.
+    runtime = batch.metrics["runtime"]
+    assert runtime["transformers"] == metadata.version("transformers")
+    assert runtime["pillow"] == metadata.version("pillow")
+    assert runtime["git_commit"] == batch.version.software["git_commit"]
 
 
 def test_an_output_that_fails_its_check_is_not_counted(queued):

@@ -19,6 +19,7 @@ cache is warm for all but the first, which is run once unmeasured).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import platform
 import statistics
@@ -40,6 +41,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2, help="off/on pairs")
     args = parser.parse_args()
     work = setup("bench-prefetch-")
+    logging.disable(logging.INFO)  # a line a batch would bury the table
     width, height = (int(v) for v in args.size.split("x"))
     folder = make_photos(work / "photos", args.images, width, height)
     model, labels = make_model(work)

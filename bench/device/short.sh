@@ -1,7 +1,8 @@
 #!/bin/bash
 # A second, shorter device call (about 4 minutes) for what a first run showed:
-# the CUDA-only tests, precisions each after its own warm-up pass, and the
-# worker path at batch 16 in-process. Same preparation as run.sh:
+# the CUDA-only tests, precisions each after its own warm-up pass, the
+# worker path at batch 16 in-process, and the idle time between forward passes
+# with and without the next batch's images prefetched. Same preparation as run.sh:
 #   run(command="bash bench/device/short.sh", carry=[".gpu"], timeout_s=300)
 # shellcheck source=bench/device/setup.sh
 . "$(dirname "$0")/setup.sh"
@@ -21,3 +22,7 @@ since gpu_check
 timeout "${T3:-90}" $PY bench/worker_path.py --limit "$LIMIT" --corpus $CORPUS --skip-celery 2>&1 |
   grep -v Loading | tee "$OUT/worker_path_b16.log"
 since "worker_path batch 16"
+
+DEBUG=0 timeout "${T4:-30}" $PY bench/input_prefetch.py --images 256 --repeat 1 2>&1 |
+  grep "^[|#]" | tee "$OUT/input_prefetch.log"
+since input_prefetch

@@ -136,6 +136,8 @@ def checkpoint_use(*, checkpoint: ModelCheckpoint, target: Campaign) -> Paramete
     elif source.processor == "image-adaptation" and target.processor == "image-classification":
         trained = checkpoint.training.version.params
         params.update({k: trained[k] for k in ("model", "labels", "resize", "crop", "mean", "std")})
+        # A training from before architectures has none: its model is a file.
+        params["architecture"] = trained.get("architecture", "")
         params["weights"] = folder
     else:
         raise ValidationError(

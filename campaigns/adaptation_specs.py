@@ -89,14 +89,15 @@ IMAGE_ADAPTATION = ProcessorSpec(
     name="image-adaptation",
     title="Fine-tune an image classifier",
     help="Labelled images (the category column, or the folder name) fine-tune your "
-    "TorchScript classifier: its last layer, or the whole network.",
+    "classifier (a model file, or an architecture's state dict): its last layer, or the "
+    "whole network.",
     output_suffix="",
     training=True,
     implementation="gpuworker.training_tasks:image_trainer",
     params={
         **{
             k: IMAGE_CLASSIFICATION.params[k]
-            for k in ("model", "labels", "resize", "crop", "mean", "std")
+            for k in ("model", "architecture", "labels", "resize", "crop", "mean", "std")
         },
         "train": ParamSpec("head", choices=("head", "all"), help="the last layer, or everything"),
         **TRAINING_PARAMS,

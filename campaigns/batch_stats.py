@@ -276,6 +276,8 @@ def _memory_chart(recent: list[BatchRow]) -> MemoryChart | None:
     if not recent:
         return None
     oldest_first = recent[::-1]
+    if len({row.worker for row in oldest_first}) > 1:
+        return _chart_by_worker(oldest_first)
     names = ("allocated", "reserved", "peak_reserved", "rss")
     labels = ("allocated", "reserved", "peak reserved", "RSS")
     series = {
@@ -290,19 +292,49 @@ def _memory_chart(recent: list[BatchRow]) -> MemoryChart | None:
     return MemoryChart(series=series) if series else None
 
 
+#: Lines of a chart by worker (the page's four colours).
+CHART_WORKERS = 4
+
+
+def _chart_by_worker(oldest_first: list[BatchRow]) -> MemoryChart | None:
+    """Several workers' batches: one line each, of allocated memory on CUDA or
+    RSS on a CPU. Each process has its own memory, so their figures
+    interleaved in one line zigzag, and hide one process's steady rise."""
+    cuda = any(row.allocated is not None for row in oldest_first)
+    field, label = ("allocated", "allocated") if cuda else ("rss", "RSS")
+    by_worker: dict[str, list[int]] = {}
+    for row in oldest_first:
+        value = getattr(row, field)
+        if value is not None:
+            by_worker.setdefault(row.worker or "?", []).append(value)
+    busiest = sorted(by_worker, key=lambda w: -len(by_worker[w]))[:CHART_WORKERS]
+    series = {f"{label} · {worker}": by_worker[worker] for worker in sorted(busiest)}
+    return MemoryChart(series=series) if series else None
+
+
 def memory_creep(chart: MemoryChart | None) -> str | None:
-    """A warning when memory after a batch rose batch after batch.
+    """A warning when memory after a batch rose batch after batch, in any
+    one worker's line.
 
     Allocated on CUDA (what tensors the program keeps alive), RSS on CPU. A
     high reserved figure alone is the caching allocator, not a leak.
     """
     if chart is None:
         return None
-    cuda = "allocated" in chart.series
+    cuda = any(name.startswith("allocated") for name in chart.series)
     name = "allocated" if cuda else "RSS"
+    for line, values in chart.series.items():
+        if line == name or line.startswith(f"{name} · "):
+            warning = _creep(name, line[len(name) + 3 :], values, cuda)
+            if warning:
+                return warning
+    return None
+
+
+def _creep(name: str, worker: str, values: list[int], cuda: bool) -> str | None:
     # The first batches of a run warm up (model load, allocator caches) and
     # are never a leak.
-    values = chart.series.get(name, [])[WARM_UP:][-CREEP_WINDOW:]
+    values = values[WARM_UP:][-CREEP_WINDOW:]
     if len(values) < CREEP_WINDOW:
         return None
     rises = sum(1 for a, b in zip(values, values[1:], strict=False) if b > a)
@@ -313,9 +345,11 @@ def memory_creep(chart: MemoryChart | None) -> str | None:
     # and with the allocator's caches, so only a large steady rise counts.
     threshold = max(values[0] * 0.02, 1 << 20) if cuda else max(values[0] * 0.25, 256 << 20)
     if rises >= CREEP_WINDOW - 2 and growth > threshold:
+        where = f" on {worker}" if worker else ""
         return (
-            f"{name} memory after a batch rose in {rises} of the last {CREEP_WINDOW - 1} batches "
-            f"(+{growth / (1 << 20):.1f} MiB): something keeps results alive between batches. "
+            f"{name} memory after a batch rose in {rises} of the last {CREEP_WINDOW - 1} batches"
+            f"{where} (+{growth / (1 << 20):.1f} MiB): something keeps results alive between "
+            "batches. "
             "Stop growing the batch and look before it saturates mid-corpus."
         )
     return None

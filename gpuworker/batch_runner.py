@@ -283,10 +283,15 @@ class _Finisher:
                 return "not recorded"
 
     def drain(self) -> None:
+        """Finish every handed-off batch, then close the thread's database
+        connection: a drained finisher belongs to a process going away."""
         with self._lock:
             pending, self._pending = self._pending, []
+            pool = self._pool
         for future in pending:
             future.result()
+        if pool is not None:
+            pool.submit(connections.close_all).result()
 
 
 finisher = _Finisher()

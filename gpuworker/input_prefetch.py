@@ -65,7 +65,8 @@ class InputPrefetch:
 
     def _forget(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
-        self._guess: _Guess | None = None
+        self._guess: _Guess | None = None  # the one not yet taken
+        self._last: _Guess | None = None  # the one last started, taken or not
 
     def start(self, batch: Batch, read: Reader) -> None:
         """Begin preparing the batch likely to follow `batch` in this process.
@@ -77,7 +78,7 @@ class InputPrefetch:
             self._guess.stop.set()
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="input-prefetch")
-        guess = self._guess = _Guess()
+        guess = self._guess = self._last = _Guess()
         guess.future = self._pool.submit(self._prepare_next, batch, read, guess)
 
     def take(self, batch_id: int) -> dict[int, Prepared]:
@@ -93,8 +94,9 @@ class InputPrefetch:
         return guess.future.result()
 
     def drop(self) -> None:
-        """Stop the guess under way and wait for its thread (worker shutdown)."""
-        guess, self._guess = self._guess, None
+        """Stop the guess under way, taken (a wrong one) or not, and wait for
+        its thread (worker shutdown)."""
+        guess, self._guess, self._last = self._last, None, None
         if guess is not None:
             guess.stop.set()
             guess.future.result()
@@ -102,18 +104,19 @@ class InputPrefetch:
     @staticmethod
     def _prepare_next(batch: Batch, read: Reader, guess: _Guess) -> dict[int, Prepared]:
         try:
-            guess.batch_id = next_queued_batch(batch)
-            guess.known.set()
-            if guess.batch_id is None:
-                return {}
-            return read(queued_inputs(guess.batch_id), guess.stop)
+            try:
+                guess.batch_id = next_queued_batch(batch)
+                units = queued_inputs(guess.batch_id) if guess.batch_id else []
+            finally:
+                # This thread's connection, once a guess: a worker keeps no idle
+                # one for it, and one broken by a database restart is not reused.
+                connection.close()
+                guess.known.set()
+            return read(units, guess.stop) if units else {}
         except Exception:
             # A guess is an optimisation: the batch's own task reads what it must.
             log.warning("could not prefetch the batch after %s", batch.pk, exc_info=True)
-            connection.close()  # this thread's, whatever state it was left in
             return {}
-        finally:
-            guess.known.set()
 
 
 def next_queued_batch(batch: Batch) -> int | None:

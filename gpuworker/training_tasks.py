@@ -99,9 +99,12 @@ def image_trainer(params: dict):
         {"dtype": "float32", "max_pixels": 100_000_000, "max_aspect": 1000, **params}
     )
     labels = {name: i for i, name in enumerate(processor.labels)}
+    # The network itself, not its features wrapper: the checkpoint's keys are
+    # then those the classification version loads its weights into.
+    model = getattr(processor.model, "network", processor.model)
     trainer = ClassifierTrainer(
         TrainParams.from_params(params),
-        processor.model,
+        model,
         lambda image: torch.from_numpy(processor._preprocess(image)),
         train=params["train"],
     )

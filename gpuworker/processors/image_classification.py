@@ -87,7 +87,7 @@ class WithFeatures(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module):
         super().__init__()
-        self.model = model
+        self.network = model
         self._features: torch.Tensor | None = None
         linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
         if linears:
@@ -98,7 +98,7 @@ class WithFeatures(torch.nn.Module):
 
     def forward(self, x: torch.Tensor):
         self._features = None
-        logits = self.model(x)
+        logits = self.network(x)
         features, self._features = self._features, None
         return logits if features is None else (logits, features)
 

@@ -25,7 +25,7 @@ def campaign(make_campaign):
     return make_campaign("texts")
 
 
-def _finish_batches(campaign, rss_values, *, start=0, allocated=None):
+def _finish_batches(campaign, rss_values, *, start=0, allocated=None, workers=("vm:1",)):
     """Finished batches with these RSS figures; with `allocated`, CUDA batches
     (device memory beside the host's RSS, as a CUDA worker records them)."""
     now = timezone.now()
@@ -44,6 +44,7 @@ def _finish_batches(campaign, rss_values, *, start=0, allocated=None):
             compute_seconds=1.0,
             rss=rss,
             finished_at=now + timezone.timedelta(seconds=i),
+            worker=workers[i % len(workers)],
             **cuda,
         )
 
@@ -135,6 +136,21 @@ def test_a_cuda_campaigns_chart_is_device_memory_and_warns_on_allocated_creep(
     html = client.get(_detail(campaign)).content.decode()
     warning = html.split('id="memory-warning">')[1].split("</p>")[0]
     assert warning.startswith("allocated memory after a batch rose")
+
+
+def test_two_workers_each_get_a_line_and_one_creeping_is_named(client, owner, campaign):
+    client.force_login(owner)
+    # gpu-b leaks 60 MiB a batch while gpu-a holds 2 GiB steady: interleaved
+    # in one line, the figures zigzag and no rise is steady.
+    rss = []
+    for i in range(24):
+        rss.append(2 << 30 if i % 2 == 0 else (500 + 60 * i) << 20)
+    _finish_batches(campaign, rss, workers=("gpu-a", "gpu-b"))
+    html = client.get(_detail(campaign)).content.decode()
+    caption = html.split("<figcaption>")[1].split("</figcaption>")[0]
+    assert ">RSS · gpu-a</span>" in caption and ">RSS · gpu-b</span>" in caption
+    warning = html.split('id="memory-warning">')[1].split("</p>")[0]
+    assert "batches on gpu-b" in warning
 
 
 def test_batches_without_a_finish_time_are_drawn_every_time(client, owner, campaign):

@@ -19,6 +19,7 @@ from tests.gpuworker.test_image_classification import (  # noqa: F401
     _params,
     classifier_params,
     shapes,
+    tiny_architecture,
     user_model,
 )
 
@@ -150,6 +151,7 @@ def test_an_adaptation_campaign_trains_checkpoints_and_its_checkpoint_embeds_wit
     assert not again.units.filter(state=UnitState.SUCCEEDED).exists()
 
 
+@pytest.mark.parametrize("given_as", ["model file", "state dict"])
 def test_an_image_classifier_learns_from_labelled_folders_and_its_checkpoint_classifies(
     project,
     user_model,  # noqa: F811 (the imported fixture)
@@ -157,14 +159,28 @@ def test_an_image_classifier_learns_from_labelled_folders_and_its_checkpoint_cla
     output_root,
     run_here,
     train_here,
+    tiny_architecture,  # noqa: F811
+    tmp_path,
+    given_as,
 ):
+    import torch
+
+    model = user_model
+    extra = {}
+    if given_as == "state dict":
+        # The same network as a state dict of a registered architecture.
+        weights = tmp_path / "tiny.pt"
+        torch.save(dict(torch.jit.load(str(user_model[0])).state_dict()), str(weights))
+        model, extra = (weights, user_model[1]), {"architecture": "tiny"}
     campaign, _ = services.campaign_create(
         name="shapes-tuned",
         processor="image-adaptation",
         project=project,
         input_folder=shapes,
         # the classifier's own model, labels and preprocessing, and training parameters
-        params=classifier_params(user_model, batch_size=8, checkpoint_every=2, learning_rate=0.01),
+        params=classifier_params(
+            model, batch_size=8, checkpoint_every=2, learning_rate=0.01, **extra
+        ),
         holdout_share=0.2,
     )
     training = train_here(campaign)
@@ -190,6 +206,7 @@ def test_an_image_classifier_learns_from_labelled_folders_and_its_checkpoint_cla
     )
     version = adaptation.checkpoint_use(checkpoint=last, target=target)
     assert version.params["weights"].endswith(last.path)
+    assert version.params["architecture"] == extra.get("architecture", "")
     run_here(target)
     assert target.units.filter(state=UnitState.SUCCEEDED).count() == 30
     assert adaptation.lineage(version)["step"] == last.step

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tokenizers import Tokenizer
 from transformers import AutoModel, AutoTokenizer
 
 from campaigns import checkpoint_files as checkpoints
@@ -86,13 +87,21 @@ class TextEmbeddingProcessor:
                 f"parameters say {params['dimension']}"
             )
         self.probe = MemoryProbe(self.device)
+        # Counting for truncation=refuse, in prepare: a tokenizer of its own.
+        # prepare runs in reader threads, also while run() tokenizes the last
+        # batch (the prefetch), and the transformers tokenizer sets truncation
+        # and padding on its Rust tokenizer at each call ("Already borrowed",
+        # or a count taken under the other call's truncation).
+        self.counter = Tokenizer.from_str(self.tokenizer.backend_tokenizer.to_str())
+        self.counter.no_truncation()
+        self.counter.no_padding()
 
     # --- the interface the batch runner uses ------------------------------
 
     def prepare(self, data: bytes) -> str:
         text = decode_text(data)
         if self.params["truncation"] == "refuse":
-            tokens = len(self.tokenizer(text, truncation=False, verbose=False)["input_ids"])
+            tokens = len(self.counter.encode(text).ids)
             if tokens > self.max_tokens:
                 raise InputError(
                     ErrorClass.INPUT_INVALID,

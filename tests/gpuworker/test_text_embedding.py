@@ -110,6 +110,43 @@ def test_refuse_truncation_fails_over_long_texts_as_input_invalid():
     assert "over max_tokens 256 (truncation=refuse)" in info.value.message
 
 
+def test_a_text_over_the_cap_is_refused_while_another_batch_is_embedded():
+    """With the pipeline, the next batch's texts are prepared (counted, under
+    truncation=refuse) while the model embeds this one: a count taken under the
+    embedding's truncation let over-long texts through."""
+    import threading
+    import time
+
+    from campaigns.inputs import InputError
+
+    strict = get_processor("text-embedding", TEXT_EMBEDDING.clean({"truncation": "refuse"}))
+    over = ("word " * 600).encode()
+    let_through: list[str] = []
+    stop = threading.Event()
+
+    def prepare_ahead() -> None:
+        while not stop.is_set():
+            try:
+                strict.prepare(over)
+                let_through.append("not refused")
+            except InputError as exc:
+                if "602 tokens" not in exc.message:
+                    let_through.append(exc.message)
+            except Exception as exc:  # "Already borrowed": the tokenizer shared
+                let_through.append(repr(exc))
+
+    reader = threading.Thread(target=prepare_ahead)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            strict.embed(TEXTS[:4])  # tokenizes with truncation at max_tokens
+    finally:
+        stop.set()
+        reader.join()
+    assert let_through == []
+
+
 def test_half_precision_on_a_cpu_worker_is_a_clear_error():
     import torch
 

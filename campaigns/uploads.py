@@ -3,6 +3,7 @@ cap, and stored from Preview to "Create and start", not for ever."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -81,8 +82,6 @@ def _remove_stale(folder: Path) -> None:
     for path in folder.iterdir():
         if not MANIFEST_TOKEN.fullmatch(path.name):
             continue
-        try:
+        with contextlib.suppress(FileNotFoundError):  # another request removed it first
             if path.stat().st_mtime < cutoff:
                 path.unlink()
-        except FileNotFoundError:
-            pass  # another request removed it first

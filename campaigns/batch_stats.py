@@ -175,6 +175,7 @@ def _policy_rows(campaign: Campaign) -> list[PolicyRow]:
 @dataclass
 class MemoryChart:
     series: dict[str, list[int]]  # name -> bytes after each batch, oldest first
+    per_worker: bool = False  # a line a worker (several ran the batches)
     width: int = 600  # the plot; the labels of its axes lie outside it
     height: int = 160
     left: int = 64  # room for the memory axis's labels
@@ -309,7 +310,7 @@ def _chart_by_worker(oldest_first: list[BatchRow]) -> MemoryChart | None:
             by_worker.setdefault(row.worker or "?", []).append(value)
     busiest = sorted(by_worker, key=lambda w: -len(by_worker[w]))[:CHART_WORKERS]
     series = {f"{label} · {worker}": by_worker[worker] for worker in sorted(busiest)}
-    return MemoryChart(series=series) if series else None
+    return MemoryChart(series=series, per_worker=True) if series else None
 
 
 def memory_creep(chart: MemoryChart | None) -> str | None:

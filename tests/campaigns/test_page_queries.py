@@ -149,6 +149,7 @@ def test_two_workers_each_get_a_line_and_one_creeping_is_named(client, owner, ca
     html = client.get(_detail(campaign)).content.decode()
     caption = html.split("<figcaption>")[1].split("</figcaption>")[0]
     assert ">RSS · gpu-a</span>" in caption and ">RSS · gpu-b</span>" in caption
+    assert caption.startswith("Memory after each batch, a line a worker: up to its last 12")
     warning = html.split('id="memory-warning">')[1].split("</p>")[0]
     assert "batches on gpu-b" in warning
 

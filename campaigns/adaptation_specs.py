@@ -106,6 +106,8 @@ IMAGE_ADAPTATION = ProcessorSpec(
     },
     check_input=_check_image,
     cost_unit="pixels",
+    # The classifier's parameters, checked as the classifier's own are.
+    validate=IMAGE_CLASSIFICATION.validate,
 )
 
 ADAPTATION = (TEXT_ADAPTATION, IMAGE_ADAPTATION)

@@ -78,6 +78,16 @@ def test_normalisation_values_the_worker_cannot_use_are_refused(given, said, tmp
         IMAGE_CLASSIFICATION.clean(params)
 
 
+def test_a_fine_tuning_of_a_classifier_checks_its_parameters_as_the_classifier_does(tmp_path):
+    from campaigns.adaptation_specs import IMAGE_ADAPTATION
+
+    params = {"model": str(tmp_path / "m.pt2"), "labels": str(tmp_path / "labels.txt")}
+    with pytest.raises(ValidationError, match="mean must be three numbers"):
+        IMAGE_ADAPTATION.clean({**params, "mean": "abc"})
+    with pytest.raises(ValidationError, match="unknown architecture 'vgg-ish'"):
+        IMAGE_ADAPTATION.clean({**params, "architecture": "vgg-ish"})
+
+
 def test_good_normalisation_values_pass(tmp_path):
     params = {"model": "m.pt2", "labels": "l.txt", "mean": "0.5, 0.5, 0.5", "std": "1,1,1"}
     assert IMAGE_CLASSIFICATION.clean(params)["mean"] == "0.5, 0.5, 0.5"

@@ -68,7 +68,7 @@ def main() -> None:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from campaigns.builtin_processors import TEXT_EMBEDDING
+    from campaigns.specs.builtin import TEXT_EMBEDDING
     from gpuworker.processors.text_embedding import TextEmbeddingProcessor, resolve_model_path
 
     texts = load_texts(args.corpus, args.limit)

@@ -54,9 +54,10 @@ def main() -> None:
     import torch
     from django.conf import settings
 
-    from campaigns import batch_stats, selectors, services
+    from campaigns import selectors
     from campaigns.models import Batch, Unit
-    from campaigns.vector_shards import VectorReader
+    from campaigns.runs import batch_stats, services
+    from campaigns.storage.vector_shards import VectorReader
     from gpuworker import batch_runner
     from gpuworker.memory import runtime_facts
     from gpuworker.processors import get_processor
@@ -188,7 +189,7 @@ def main() -> None:
     # --- 2. parity with sentence-transformers on the device --------------
     from sentence_transformers import SentenceTransformer
 
-    from campaigns.builtin_processors import TEXT_EMBEDDING, resolve_model_path
+    from campaigns.specs.builtin import TEXT_EMBEDDING, resolve_model_path
 
     model_path = resolve_model_path(TEXT_EMBEDDING.clean({})["model"])
     st = SentenceTransformer(

@@ -101,9 +101,9 @@ def run_one(manifest: Path, rows: int, profile: bool) -> dict:
     from django.core.management import call_command
     from django.db import connection
 
-    from campaigns import services
-    from campaigns.importing import import_manifest
+    from campaigns.intake.importing import import_manifest
     from campaigns.models import Campaign, Unit
+    from campaigns.runs import services
 
     call_command("migrate", verbosity=0)
     project = services.project_for_user(name="bench")

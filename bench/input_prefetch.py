@@ -112,8 +112,8 @@ def make_model(work: Path) -> tuple[Path, Path]:
 
 
 def run(folder: Path, model: Path, labels: Path, batch_size: int, *, prefetch: bool, label: str):
-    from campaigns import services
     from campaigns.models import Batch, Project
+    from campaigns.runs import services
     from gpuworker import batch_runner
     from gpuworker.processors.image_classification import ImageClassificationProcessor
 

@@ -66,8 +66,8 @@ def main() -> None:
     import numpy as np
     from django.db import connections
 
-    from campaigns import services
     from campaigns.models import Batch, Unit, UnitState
+    from campaigns.runs import services
     from gpuworker.batch_runner import run_batch
     from gpuworker.processors import text_embedding
 

@@ -35,8 +35,9 @@ def main() -> None:
     args = parser.parse_args()
 
     work = setup("bench-plan-costs-")
-    from campaigns import processor_specs, services
     from campaigns.models import Unit
+    from campaigns.runs import services
+    from campaigns.specs import processors as processor_specs
 
     texts = read_texts(args.corpus, args.limit)
     corpus = corpus_folder(work / "corpus", texts)

@@ -50,7 +50,8 @@ def main() -> None:
     logging.getLogger("gpuworker.profiler").addHandler(steps)
     logging.getLogger("gpuworker.profiler").setLevel(logging.DEBUG)
     logging.getLogger("gpuworker.profiler").propagate = False  # once, not again as JSON
-    from campaigns import profiling, services
+    from campaigns.profiles import profiling
+    from campaigns.runs import services
     from gpuworker.profiler import profile_run
 
     texts = read_texts(args.corpus, args.limit)
@@ -100,8 +101,8 @@ def compare_with_a_run(campaign, profile) -> str:
     import time
     from unittest import mock
 
-    from campaigns import services
     from campaigns.models import Batch
+    from campaigns.runs import services
     from gpuworker.batch_runner import run_batch
 
     services.version_create(

@@ -92,9 +92,9 @@ def main() -> None:
     from django.db import connection, transaction
     from import_scale import write_manifest
 
-    from campaigns import services
-    from campaigns.importing import import_manifest
+    from campaigns.intake.importing import import_manifest
     from campaigns.models import Batch, Campaign, Unit, UnitState
+    from campaigns.runs import services
 
     call_command("migrate", verbosity=0)
     manifest = work / "manifest.jsonl"

@@ -39,8 +39,8 @@ def main() -> None:
     work = setup("bench-start-", args.database_url)
     from django.db import connection
 
-    from campaigns import services
     from campaigns.models import Batch, Campaign, Unit, UnitState
+    from campaigns.runs import services
 
     texts = read_texts(args.corpus, args.units)
     texts = [f"{texts[i % len(texts)]} ({i})" for i in range(args.units)]

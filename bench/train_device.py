@@ -51,8 +51,9 @@ def main() -> None:
     args = parser.parse_args()
 
     work = setup("bench-train-")
-    from campaigns import profiling, services
     from campaigns.models import Training
+    from campaigns.profiles import profiling
+    from campaigns.runs import services
     from gpuworker.profiler import profile_run
     from gpuworker.training_tasks import run_training
 

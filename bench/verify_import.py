@@ -49,13 +49,13 @@ def main() -> None:
     from django.conf import settings
     from django.core.management import call_command
 
-    from campaigns import services
-    from campaigns.inventory import consolidate_vectors
+    from campaigns.exports.inventory import consolidate_vectors
     from campaigns.models import Unit, UnitState
-    from campaigns.outputs import vector_to_npy
-    from campaigns.paths import output_relpath, shard_relpath
-    from campaigns.reconcile import campaign_verify
-    from campaigns.vector_shards import member_path, row_sha256, shard_bytes
+    from campaigns.runs import services
+    from campaigns.storage.outputs import vector_to_npy
+    from campaigns.storage.paths import output_relpath, shard_relpath
+    from campaigns.storage.vector_shards import member_path, row_sha256, shard_bytes
+    from campaigns.verify.reconcile import campaign_verify
 
     call_command("migrate", verbosity=0)
     n = args.units

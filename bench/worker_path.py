@@ -129,9 +129,10 @@ def main() -> None:
     from django.core.management import call_command
     from django.db.models import Max, Min
 
-    from campaigns import selectors, services
-    from campaigns.builtin_processors import TEXT_EMBEDDING, resolve_model_path
+    from campaigns import selectors
     from campaigns.models import Batch
+    from campaigns.runs import services
+    from campaigns.specs.builtin import TEXT_EMBEDDING, resolve_model_path
     from gpuworker.batch_runner import finisher, run_batch
 
     call_command("migrate", verbosity=0)

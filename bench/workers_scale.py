@@ -126,8 +126,8 @@ def main() -> None:
     from django.db.models import Count
     from PIL import Image
 
-    from campaigns import services
     from campaigns.models import Batch, Unit, UnitState
+    from campaigns.runs import services
 
     call_command("migrate", verbosity=0)
     project = services.project_for_user(name="bench-workers")

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from .models import Attempt, Batch, Campaign, ParameterVersion, Project, Unit
+from campaigns.models import Attempt, Batch, Campaign, ParameterVersion, Project, Unit
 
 
 @admin.register(Project)

@@ -18,8 +18,8 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.db.models import Q, QuerySet
 
-from . import id_order, sql_rows
-from .models import (
+from campaigns.db import id_order, sql_rows
+from campaigns.models import (
     Attempt,
     Batch,
     Campaign,
@@ -442,7 +442,7 @@ def unit_page(
     size: int = UNIT_PAGE_SIZE,
 ) -> UnitPage:
     """One page of a campaign's units by keyset: in import (pk) order, or in
-    id order when searching by id prefix (campaigns/id_order.py says why).
+    id order when searching by id prefix (campaigns/db/id_order.py says why).
 
     A page is `key > cursor` (or `key < cursor`, read backwards) LIMIT size + 1
     on an index that ends in that key, one per filter (Unit.Meta.indexes): its

@@ -9,8 +9,8 @@ from celery import shared_task
 from celery.signals import worker_ready
 from django.core.exceptions import ValidationError
 
-from .models import Campaign
-from .services import batches_requeue_expired, campaign_run_rest
+from campaigns.models import Campaign
+from campaigns.runs.services import batches_requeue_expired, campaign_run_rest
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +40,14 @@ def plan_campaign(campaign_id: int, since: str) -> int:
 
 @shared_task(name="campaigns.tasks.requeue_stale_trainings")
 def requeue_stale_trainings() -> list[int]:
-    from .adaptation import trainings_requeue_stale
+    from campaigns.adaptation.services import trainings_requeue_stale
 
     return trainings_requeue_stale()
 
 
 @shared_task(name="campaigns.tasks.fail_stale_profiles")
 def fail_stale_profiles() -> list[int]:
-    from .profiling import profiles_fail_stale
+    from campaigns.profiles.profiling import profiles_fail_stale
 
     return profiles_fail_stale()
 

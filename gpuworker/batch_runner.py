@@ -29,7 +29,7 @@ from django.conf import settings
 from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
 
-from campaigns.batch_statements import (
+from campaigns.db.batch_statements import (
     ClaimedUnit,
     batch_to_run,
     claim_batch,
@@ -37,8 +37,9 @@ from campaigns.batch_statements import (
     earlier_outputs,
     record_batch,
 )
-from campaigns.flags import DRIFT_MIN_BATCH, FlagReason, drifting_categories
-from campaigns.inputs import InputError, corpus_real_path, read_bytes
+from campaigns.db.row_inserts import insert_rows
+from campaigns.db.row_updates import update_rows
+from campaigns.intake.inputs import InputError, corpus_real_path, read_bytes
 from campaigns.models import (
     Attempt,
     Batch,
@@ -48,24 +49,22 @@ from campaigns.models import (
     Unit,
     UnitState,
 )
-from campaigns.outputs import InvalidOutput, WrittenFile, write_atomic, write_atomic_group
-from campaigns.paths import output_relpath, shard_folder, shard_prefix, shard_relpath
-from campaigns.review import REVIEWED_OUT, after_batch, units_release_reviewed
-from campaigns.row_inserts import insert_rows
-from campaigns.row_updates import update_rows
-from campaigns.vector_shards import (
+from campaigns.review.flags import DRIFT_MIN_BATCH, FlagReason, drifting_categories
+from campaigns.review.queue import REVIEWED_OUT, after_batch, units_release_reviewed
+from campaigns.storage.outputs import InvalidOutput, WrittenFile, write_atomic, write_atomic_group
+from campaigns.storage.paths import output_relpath, shard_folder, shard_prefix, shard_relpath
+from campaigns.storage.vector_shards import (
     ROW_BYTES_PER_VALUE,
     load_shard,
     member_path,
     row_sha256,
     shard_bytes,
 )
-from portal.log_context import bound
-
-from .input_prefetch import Prepared, prefetch
-from .lease import LeaseKeeper, lease_deadline
-from .memory import runtime_facts
-from .processors import get_processor, sharded
+from common.log_context import bound
+from gpuworker.input_prefetch import Prepared, prefetch
+from gpuworker.lease import LeaseKeeper, lease_deadline
+from gpuworker.memory import runtime_facts
+from gpuworker.processors import get_processor, sharded
 
 log = logging.getLogger(__name__)
 
@@ -725,7 +724,7 @@ _RESULT_FIELDS = (
 
 
 def _save_unit_results(units: list[ClaimedUnit], now) -> None:
-    """The batch's results in one statement (campaigns/row_updates.py): on
+    """The batch's results in one statement (campaigns/db/row_updates.py): on
     PostgreSQL the unit counters' trigger then runs once for the batch, not
     once per unit (4.2 → 2.3 ms for 64 units, bench/RESULTS.md)."""
     update_rows(

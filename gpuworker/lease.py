@@ -12,8 +12,7 @@ from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from campaigns.models import Batch
-
-from .heartbeat import update_without_waiting
+from gpuworker.heartbeat import update_without_waiting
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import subprocess
 import torch
 from django.conf import settings
 
-from campaigns.software import software_versions
+from campaigns.specs.software import software_versions
 
 
 def _rss_bytes() -> int:

@@ -35,16 +35,15 @@ import torch
 from django.conf import settings
 from django.utils import timezone
 
-from campaigns import profiling
-from campaigns.inputs import InputError, read_bytes
+from campaigns.intake.inputs import InputError, read_bytes
 from campaigns.models import ErrorClass, Profile, Unit, UnitState
-from campaigns.outputs import write_atomic, write_atomic_group
-from campaigns.processor_specs import get_spec
-from campaigns.vector_shards import load_shard, shard_bytes
-
-from . import training_profile
-from .heartbeat import Heartbeat
-from .memory import (
+from campaigns.profiles import profiling
+from campaigns.specs.processors import get_spec
+from campaigns.storage.outputs import write_atomic, write_atomic_group
+from campaigns.storage.vector_shards import load_shard, shard_bytes
+from gpuworker import training_profile
+from gpuworker.heartbeat import Heartbeat
+from gpuworker.memory import (
     StepMemory,
     allocated_now,
     device_memory,
@@ -52,7 +51,7 @@ from .memory import (
     runtime_facts,
     workers_per_device,
 )
-from .processors import get_processor, sharded
+from gpuworker.processors import get_processor, sharded
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024

@@ -12,9 +12,9 @@ from celery.exceptions import Reject
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
-from .batch_runner import finisher, pipeline_enabled
-from .batch_runner import run_batch as _run_batch
-from .input_prefetch import prefetch
+from gpuworker.batch_runner import finisher, pipeline_enabled
+from gpuworker.batch_runner import run_batch as _run_batch
+from gpuworker.input_prefetch import prefetch
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,6 @@ def _warn_unshared_device(sender=None, **_) -> None:
 @shared_task(name="gpuworker.tasks.run_profile", acks_late=True)
 def run_profile(profile_id: int) -> str:
     # Claimed by update like a batch: a redelivered message finds it running.
-    from .profiler import profile_run
+    from gpuworker.profiler import profile_run
 
     return _put_back_while_database_down(f"profile {profile_id}", lambda: profile_run(profile_id))

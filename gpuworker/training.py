@@ -21,9 +21,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from campaigns import checkpoint_files as checkpoints
-
-from .memory import work_device
+from campaigns.storage import checkpoint_files as checkpoints
+from gpuworker.memory import work_device
 
 OPTIMIZER_FILE = "optimizer.pt"
 

@@ -18,11 +18,10 @@ import time
 
 import torch
 
-from campaigns import profiling
 from campaigns.models import Estimate, Profile, Unit
-
-from .memory import StepMemory, allocated_now, release_cached
-from .training import TrainParams
+from campaigns.profiles import profiling
+from gpuworker.memory import StepMemory, allocated_now, release_cached
+from gpuworker.training import TrainParams
 
 MiB = 1024 * 1024
 
@@ -169,10 +168,10 @@ def leak_check(trainer, examples: list, size: int, budget: int, limit: int) -> d
 
 def measure(profile: Profile) -> None:
     """Fill a training campaign's profile: steps, chosen size, leak check."""
-    from .training_tasks import TRAINERS, read_examples
+    from gpuworker.training_tasks import TRAINERS, read_examples
 
     campaign, params = profile.campaign, profile.version.params
-    from .profiler import record_device
+    from gpuworker.profiler import record_device
 
     trainer, parse, _base = TRAINERS[campaign.processor](params)
     budget = record_device(profile, trainer.device)

@@ -21,19 +21,18 @@ from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
-from campaigns import adaptation
-from campaigns import checkpoint_files as checkpoints
-from campaigns.adaptation_specs import parse_pair
-from campaigns.builtin_processors import resolve_model_path
-from campaigns.images import decode_image
-from campaigns.inputs import InputError, read_bytes
+from campaigns.adaptation import services as adaptation
+from campaigns.intake.images import decode_image
+from campaigns.intake.inputs import InputError, read_bytes
 from campaigns.models import ErrorClass, ModelCheckpoint, Training, Unit, UnitState
-from campaigns.software import software_versions
-from portal.log_context import bound
-
-from .batch_runner import worker_name
-from .heartbeat import Heartbeat
-from .training import (
+from campaigns.specs.adaptation import parse_pair
+from campaigns.specs.builtin import resolve_model_path
+from campaigns.specs.software import software_versions
+from campaigns.storage import checkpoint_files as checkpoints
+from common.log_context import bound
+from gpuworker.batch_runner import worker_name
+from gpuworker.heartbeat import Heartbeat
+from gpuworker.training import (
     ClassifierTrainer,
     ContrastiveTrainer,
     Pair,

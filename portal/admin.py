@@ -6,7 +6,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.utils import timezone
 
-from .models import (
+from portal.models import (
     CryptoCurrency,
     Environment,
     ExchangeRate,

@@ -5,4 +5,4 @@ class PortalConfig(AppConfig):
     name = "portal"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401  (registers the system checks)
+        from portal import checks  # noqa: F401  (registers the system checks)

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from . import order_services
-from .models import Order, WebhookDelivery
-from .order_states import Status, TransitionRefused
+from portal import order_services
+from portal.models import Order, WebhookDelivery
+from portal.order_states import Status, TransitionRefused
 
 log = logging.getLogger(__name__)
 

@@ -37,9 +37,8 @@ from campaigns.models import (
     UnitCount,
     UnitState,
 )
-from campaigns.outputs import write_atomic
-
-from .models import Order, format_amount
+from campaigns.storage.outputs import write_atomic
+from portal.models import Order, format_amount
 
 # Fixed so the same data compresses to the same bytes, on every run.
 _COMPRESSION = zipfile.ZIP_DEFLATED
@@ -385,7 +384,7 @@ def _estimate(order: Order) -> dict[str, Any]:
     rewrites what this order was based on.
     """
     from campaigns.models import Profile
-    from campaigns.profiling import profile_report
+    from campaigns.profiles.profiling import profile_report
 
     profile, sized_on = order.profile, "the profile the order was made from"
     if profile is None:

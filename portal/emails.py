@@ -8,7 +8,7 @@ from django.conf import settings
 from django.core.mail import send_mail
 from django.template.loader import render_to_string
 
-from .order_states import EXPLANATION, Status
+from portal.order_states import EXPLANATION, Status
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def tracking_url(order) -> str:
 
 def send_order_email(*, order_id: int, kind: str) -> bool:
     """Sent after the transaction committed; a mail failure never undoes an order change."""
-    from .models import Order
+    from portal.models import Order
 
     order = Order.objects.filter(pk=order_id).select_related("gpu", "currency").first()
     if order is None or kind not in SUBJECTS:

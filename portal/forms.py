@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django import forms
 
-from .models import CryptoCurrency, Environment, GpuModel, RentalDuration
-from .pricing import cards_available
+from portal.models import CryptoCurrency, Environment, GpuModel, RentalDuration
+from portal.pricing import cards_available
 
 MAX_CARDS = 16
 

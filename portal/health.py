@@ -21,7 +21,7 @@ def _database_ok() -> tuple[bool, str]:
 
 
 def _broker_ok() -> tuple[bool, str]:
-    from .celery import app
+    from portal.celery import app
 
     try:
         with app.connection_for_write() as conn:

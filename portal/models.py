@@ -8,7 +8,7 @@ from decimal import Decimal
 from django.conf import settings
 from django.db import models
 
-from .order_states import PaymentException, Status
+from portal.order_states import PaymentException, Status
 
 # --- catalog (admin-editable, seeded by a data migration) --------------------
 

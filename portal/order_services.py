@@ -17,8 +17,8 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from . import btcpay_client, emails
-from .models import (
+from portal import btcpay_client, emails
+from portal.models import (
     CryptoCurrency,
     Environment,
     GpuModel,
@@ -27,14 +27,14 @@ from .models import (
     PaymentAddress,
     PaymentNotice,
 )
-from .order_states import (
+from portal.order_states import (
     ACCEPTS_NOTICE,
     PaymentException,
     Status,
     TransitionRefused,
     check_transition,
 )
-from .pricing import QuoteRefused, cards_available, crypto_amount, fresh_rate, plan_price
+from portal.pricing import QuoteRefused, cards_available, crypto_amount, fresh_rate, plan_price
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import order_views, staff_views, webhook_views
+from portal import order_views, staff_views, webhook_views
 
 urlpatterns = [
     path("", order_views.order_new, name="order_new"),

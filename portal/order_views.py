@@ -13,11 +13,11 @@ from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseStopPolling
 from django_ratelimit.decorators import ratelimit
 
-from . import order_services
-from .forms import NoticeForm, OrderForm
-from .models import GpuModel, Order, RentalDuration
-from .order_states import ACCEPTS_NOTICE, EXPLANATION, Status, TransitionRefused
-from .pricing import QuoteRefused, plan_price
+from portal import order_services
+from portal.forms import NoticeForm, OrderForm
+from portal.models import GpuModel, Order, RentalDuration
+from portal.order_states import ACCEPTS_NOTICE, EXPLANATION, Status, TransitionRefused
+from portal.pricing import QuoteRefused, plan_price
 
 FINAL = {Status.COMPLETED, Status.REJECTED}
 
@@ -216,7 +216,7 @@ def order_paid(request: HttpRequest, token: str) -> HttpResponse:
 
 @ratelimit(key="ip", rate=_dossier_rate, method="GET", block=True)
 def order_dossier(request: HttpRequest, token: str) -> HttpResponse:
-    from .dossier import dossier_open
+    from portal.dossier import dossier_open
 
     order = _order_by_token(token)
     # The kept zip while the order and its campaign are unchanged; rebuilt otherwise.

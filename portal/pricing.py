@@ -9,8 +9,8 @@ from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
 from django.conf import settings
 from django.db.models import Sum
 
-from .models import CryptoCurrency, ExchangeRate, GpuModel, Order
-from .order_states import HOLDS_STOCK
+from portal.models import CryptoCurrency, ExchangeRate, GpuModel, Order
+from portal.order_states import HOLDS_STOCK
 
 CENT = Decimal("0.01")
 

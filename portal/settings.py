@@ -13,7 +13,7 @@ import environ
 from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
-from portal.log_context import logging_config
+from common.log_context import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -167,7 +167,7 @@ CORPUS_ROOTS = [
 ]
 MANIFEST_UPLOAD_MAX_BYTES = env.int("MANIFEST_UPLOAD_MAX_BYTES", default=50 * 1024 * 1024)
 
-# Where outputs go: <OUTPUT_ROOT>/<campaign>/<version>/... (campaigns.paths).
+# Where outputs go: <OUTPUT_ROOT>/<campaign>/<version>/... (campaigns.storage.paths).
 # In the distributed setup every node must see the same OUTPUT_ROOT.
 OUTPUT_ROOT = _path(env.str("OUTPUT_ROOT", default=str(VAR_DIR / "outputs")))
 
@@ -205,7 +205,7 @@ if WORKERS_PER_DEVICE < 1:
 PROFILE_CPU_MEMORY_BUDGET_MB = env.int("PROFILE_CPU_MEMORY_BUDGET_MB", default=8192)
 # Speed relative to an A40 of a measuring device missing from the catalog, used
 # to project its measured hours onto the catalog's cards. Unset: 0.03 for a CPU,
-# 1.0 for an unlisted GPU (campaigns/profiling.py says which in the estimate).
+# 1.0 for an unlisted GPU (campaigns/profiles/profiling.py says which in the estimate).
 PROFILE_DEVICE_RELATIVE_THROUGHPUT = env.float("PROFILE_DEVICE_RELATIVE_THROUGHPUT", default=None)
 # Hours of an estimate × this = the rental's working time (corrections, review).
 PROFILE_SAFETY_FACTOR = env.float("PROFILE_SAFETY_FACTOR", default=1.5)
@@ -359,6 +359,6 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 RABBITMQ_CONSUMER_TIMEOUT_MS = env.int("RABBITMQ_CONSUMER_TIMEOUT_MS", default=1_800_000)
 
 # One line per event with the campaign, batch and unit ids as fields; JSON in
-# production (portal/log_context.py).
+# production (common/log_context.py).
 LOG_FORMAT = env.str("LOG_FORMAT", default="text" if DEBUG else "json")
 LOGGING = logging_config(fmt=LOG_FORMAT, level=env.str("LOG_LEVEL", default="INFO"))

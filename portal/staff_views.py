@@ -9,10 +9,10 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from . import order_services
-from .forms import StaffActionForm
-from .models import Order
-from .order_states import ALLOWED, Status, TransitionRefused
+from portal import order_services
+from portal.forms import StaffActionForm
+from portal.models import Order
+from portal.order_states import ALLOWED, Status, TransitionRefused
 
 # Which action moves an order where; the state table says whether it may.
 ACTION_TARGET = {

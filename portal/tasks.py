@@ -6,7 +6,7 @@ import logging
 
 from celery import shared_task
 
-from .order_services import orders_expire_unpaid, orders_rental_end_sweep
+from portal.order_services import orders_expire_unpaid, orders_rental_end_sweep
 
 log = logging.getLogger(__name__)
 

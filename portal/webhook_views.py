@@ -6,7 +6,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from . import btcpay
+from portal import btcpay
 
 
 # BTCPay Server posts from its own server with no browser session or CSRF

@@ -8,8 +8,8 @@ import factory
 import pytest
 from django.contrib.auth import get_user_model
 
-from campaigns import services
 from campaigns.models import Project
+from campaigns.runs import services
 
 DEMO_CORPUS = Path(__file__).resolve().parent.parent / "campaigns" / "demo_corpus"
 # The demo corpus: 35 texts that embed, 4 bad inputs that must fail with a reason.

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from campaigns.vector_shards import VectorReader, split_member
+from campaigns.storage.vector_shards import VectorReader, split_member
 
 
 def unit_vector(output_root: Path | str, rel: str) -> np.ndarray:

@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 
 def mark_holdout(apps, schema_editor):
-    from campaigns.holdout import is_holdout
+    from campaigns.review.holdout import is_holdout
 
     Unit = apps.get_model("campaigns", "Unit")
     for unit in Unit.objects.only("pk", "uid").iterator():

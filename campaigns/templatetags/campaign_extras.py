@@ -2,7 +2,7 @@ from django import template
 from django.template.defaultfilters import filesizeformat
 from django.utils.html import format_html, format_html_join
 
-from campaigns.vector_shards import split_member
+from campaigns.storage.vector_shards import split_member
 
 register = template.Library()
 

@@ -1,6 +1,6 @@
 """Processor implementations, loaded once per worker process and parameter version.
 
-Which class implements a processor is said by its spec (campaigns.processor_specs):
+Which class implements a processor is said by its spec (campaigns.specs.processors):
 the built-ins live here, a user's own anywhere importable.
 """
 
@@ -11,8 +11,8 @@ import json
 
 from django.utils.module_loading import import_string
 
-from campaigns import model_files
-from campaigns.processor_specs import get_spec
+from campaigns.specs import model_files
+from campaigns.specs.processors import get_spec
 
 
 @functools.lru_cache(maxsize=4)
@@ -28,7 +28,7 @@ def get_processor(processor: str, params: dict, files: dict | None = None):
     """The loaded processor for these parameters; the model loads on first use only.
 
     `files`: the model files a version recorded (`software["files"]`,
-    campaigns/model_files.py): the model is not loaded if one is not what it
+    campaigns/specs/model_files.py): the model is not loaded if one is not what it
     was, so a version's outputs all come from the model it names.
     """
     return _load(
@@ -38,15 +38,15 @@ def get_processor(processor: str, params: dict, files: dict | None = None):
 
 def sharded(processor) -> bool:
     """Whether the processor's outputs are rows of a shard a batch
-    (campaigns/vector_shards.py: `shard_outputs`, `output` gives a vector,
+    (campaigns/storage/vector_shards.py: `shard_outputs`, `output` gives a vector,
     `check_rows` checks a shard's) rather than a file a unit."""
     return bool(getattr(processor, "shard_outputs", False))
 
 
 def forget_loaded() -> None:
     """Drop every loaded processor and model, as a fresh worker process starts."""
-    from .image_classification import load_classifier
-    from .text_embedding import load_encoder
+    from gpuworker.processors.image_classification import load_classifier
+    from gpuworker.processors.text_embedding import load_encoder
 
     _load.cache_clear()
     load_encoder.cache_clear()

@@ -22,12 +22,11 @@ import torch
 from django.utils.module_loading import import_string
 from PIL import Image
 
-from campaigns import checkpoint_files as checkpoints
-from campaigns.builtin_processors import check_classification_output, image_architectures
-from campaigns.flags import classification_flags, image_input_flags
-from campaigns.images import decode_image
-
-from ..memory import MemoryProbe, device_and_dtype
+from campaigns.intake.images import decode_image
+from campaigns.review.flags import classification_flags, image_input_flags
+from campaigns.specs.builtin import check_classification_output, image_architectures
+from campaigns.storage import checkpoint_files as checkpoints
+from gpuworker.memory import MemoryProbe, device_and_dtype
 
 
 def load_model_file(path: Path, device: torch.device):

@@ -11,16 +11,15 @@ from pathlib import Path
 
 from PIL import Image
 
-from campaigns.builtin_processors import (
+from campaigns.intake.images import decode_image
+from campaigns.review.flags import image_input_flags
+from campaigns.specs.builtin import (
     IMAGE_FORMATS,
     IMAGE_FORMATS_WITH_ALPHA,
     check_image_output,
     expected_size,
 )
-from campaigns.flags import image_input_flags
-from campaigns.images import decode_image
-
-from ..memory import MemoryProbe, cpu
+from gpuworker.memory import MemoryProbe, cpu
 
 
 @dataclass

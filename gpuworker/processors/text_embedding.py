@@ -19,14 +19,13 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoModel, AutoTokenizer
 
-from campaigns import checkpoint_files as checkpoints
-from campaigns.builtin_processors import embedding_row_check, resolve_model_path
-from campaigns.flags import norm_flags, truncation_flags
-from campaigns.inputs import InputError, decode_text
+from campaigns.intake.inputs import InputError, decode_text
 from campaigns.models import ErrorClass
-from campaigns.outputs import validate_embedding_file, vector_to_npy
-
-from ..memory import MemoryProbe, device_and_dtype
+from campaigns.review.flags import norm_flags, truncation_flags
+from campaigns.specs.builtin import embedding_row_check, resolve_model_path
+from campaigns.storage import checkpoint_files as checkpoints
+from campaigns.storage.outputs import validate_embedding_file, vector_to_npy
+from gpuworker.memory import MemoryProbe, device_and_dtype
 
 __all__ = ["EmbeddingBatch", "TextEmbeddingProcessor", "resolve_model_path"]
 
@@ -69,7 +68,7 @@ def load_encoder(path: str, _stamp: tuple, device: torch.device, dtype: torch.dt
 
 class TextEmbeddingProcessor:
     suffix = ".npy"
-    # A batch's vectors go to one shard file (campaigns/vector_shards.py).
+    # A batch's vectors go to one shard file (campaigns/storage/vector_shards.py).
     shard_outputs = True
 
     def __init__(self, params: dict):

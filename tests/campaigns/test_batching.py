@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from campaigns.batching import plan_batches
+from campaigns.runs.batching import plan_batches
 
 PENDING = [(1, 50), (2, 3), (3, 200), (4, 4), (5, 60), (6, 5), (7, 210)]
 

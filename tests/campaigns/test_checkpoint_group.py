@@ -10,8 +10,11 @@ from unittest import mock
 
 import pytest
 
-from campaigns import processor_specs, review, selectors, services
+from campaigns import selectors
 from campaigns.models import Checkpoint, Unit, UnitState
+from campaigns.review import queue as review
+from campaigns.runs import services
+from campaigns.specs import processors as processor_specs
 
 pytestmark = pytest.mark.django_db
 CATEGORIES = ["invoice", "letter", "memo", "receipt"]

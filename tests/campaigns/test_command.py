@@ -6,8 +6,8 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from campaigns import review
 from campaigns.models import Campaign, Unit, UnitState
+from campaigns.review import queue as review
 
 
 def _call(*args) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from campaigns.processor_specs import ProcessorSpec
+from campaigns.specs.processors import ProcessorSpec
 
 
 def _plugin_cost(path: Path, params: dict) -> int:

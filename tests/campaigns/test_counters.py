@@ -16,8 +16,10 @@ from django.db.models import Count, Sum
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from campaigns import review, selectors, services
+from campaigns import selectors
 from campaigns.models import Batch, Campaign, Project, Unit, UnitCount, UnitState
+from campaigns.review import queue as review
+from campaigns.runs import services
 from gpuworker.batch_runner import run_batch
 
 HTMX_COUNTS = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "counts"}

@@ -9,10 +9,11 @@ from unittest import mock
 
 import pytest
 
-from campaigns import selectors, services
+from campaigns import selectors
 from campaigns.models import UnitState
-from campaigns.outputs import is_temp_file
-from campaigns.reconcile import campaign_verify
+from campaigns.runs import services
+from campaigns.storage.outputs import is_temp_file
+from campaigns.verify.reconcile import campaign_verify
 from tests.conftest import DEMO_BAD, DEMO_GOOD
 
 

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 from django.urls import reverse
 
-from campaigns import review, services
-from campaigns.holdout import holdout_report, is_holdout
 from campaigns.models import Attempt, Checkpoint, Unit, UnitState
-from campaigns.profiling import sample_build
+from campaigns.profiles.profiling import sample_build
+from campaigns.review import queue as review
+from campaigns.review.holdout import holdout_report, is_holdout
+from campaigns.runs import services
 from tests.gpuworker.test_image_classification import (  # noqa: F401 (user_model: a fixture)
     CLASSES,
     classifier_params,

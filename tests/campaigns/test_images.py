@@ -6,11 +6,11 @@ from unittest import mock
 import pytest
 from PIL import Image
 
-from campaigns import services
-from campaigns.images import decode_image
-from campaigns.inputs import InputError
+from campaigns.intake.images import decode_image
+from campaigns.intake.inputs import InputError
 from campaigns.models import Unit, UnitState
-from campaigns.reconcile import campaign_verify
+from campaigns.runs import services
+from campaigns.verify.reconcile import campaign_verify
 from tests.images import png_claiming, write_image_corpus
 
 # The bomb test image is 36 Mpx; the tests set the guard below it.

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from campaigns import services
-from campaigns.importing import ManifestError
+from campaigns.intake.importing import ManifestError
 from campaigns.models import ErrorClass, Unit, UnitState
-from campaigns.vector_shards import load_shard, split_member
+from campaigns.runs import services
+from campaigns.storage.vector_shards import load_shard, split_member
 from tests.conftest import DEMO_BAD, DEMO_GOOD
 
 
@@ -118,7 +118,7 @@ def test_awkward_manifest_rows_each_get_a_clear_outcome_and_outputs_stay_inside(
     # when
     campaign, report = _create(project, manifest=manifest)
     with (
-        mock.patch("campaigns.services.celery_app.send_task"),
+        mock.patch("campaigns.runs.services.celery_app.send_task"),
         django_capture_on_commit_callbacks(execute=True),
     ):
         services.campaign_run(campaign=campaign)
@@ -177,7 +177,7 @@ def _jsonl(path: Path, records) -> Path:
 
 def _small_chunks(monkeypatch, rows: int = 3) -> None:
     """Every backend imports `rows` rows per chunk: chunk boundaries in a small test."""
-    from campaigns import importing
+    from campaigns.intake import importing
 
     monkeypatch.setattr(importing, "CHUNK_ROWS", {})
     monkeypatch.setattr(importing, "CHUNK_ROWS_DEFAULT", rows)
@@ -187,7 +187,7 @@ def test_a_trusted_manifest_records_size_and_sha256_without_opening_the_files(
     project, tmp_path, monkeypatch
 ):
     # given: files that do not exist, and hashing that would fail the test
-    from campaigns import importing
+    from campaigns.intake import importing
 
     monkeypatch.setattr(importing, "file_sha256", lambda path: pytest.fail(f"hashed {path}"))
     sha = _sha("one")
@@ -412,7 +412,7 @@ def test_a_lying_sha256_fails_the_unit_input_changed_when_the_worker_reads_it(
 
 def test_a_large_trusted_manifest_imports_with_exact_counts_and_capped_problems(project, tmp_path):
     # given: 200,000 rows, every 100th with a broken sha256
-    from campaigns.importing import PROBLEMS_KEPT
+    from campaigns.intake.importing import PROBLEMS_KEPT
 
     rows, bad = 200_000, 2_000
     manifest = tmp_path / "manifest.jsonl"
@@ -436,7 +436,7 @@ def test_a_large_trusted_manifest_imports_with_exact_counts_and_capped_problems(
 
 
 def test_progress_hears_every_row(project, tmp_path):
-    from campaigns.importing import import_manifest
+    from campaigns.intake.importing import import_manifest
 
     manifest = _jsonl(
         tmp_path / "manifest.jsonl",
@@ -450,7 +450,7 @@ def test_progress_hears_every_row(project, tmp_path):
 
 
 def test_holdout_is_chosen_by_the_id_as_before(project, tmp_path):
-    from campaigns.holdout import is_holdout
+    from campaigns.review.holdout import is_holdout
 
     manifest = _jsonl(
         tmp_path / "manifest.jsonl",
@@ -509,7 +509,7 @@ def test_the_import_command_reports_as_json(project, tmp_path):
 def test_an_id_another_import_adds_meanwhile_is_counted_once(project, tmp_path, monkeypatch):
     # given: a campaign with "x"; between looking ids up and inserting, another
     # import adds "b"
-    from campaigns.import_staging import Staging
+    from campaigns.intake.staging import Staging
 
     def row(uid):
         return {"id": uid, "path": f"{uid}.txt", "size": 1, "sha256": _sha(uid)}
@@ -547,8 +547,8 @@ def test_run_claims_units_in_groups_and_a_unit_taken_meanwhile_shrinks_its_batch
     # unit of the second group that another run takes while this one plans
     from unittest import mock
 
-    from campaigns import services
     from campaigns.models import Batch
+    from campaigns.runs import services
 
     manifest = _jsonl(
         tmp_path / "manifest.jsonl",

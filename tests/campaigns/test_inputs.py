@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from campaigns.inputs import InputError, decode_text, read_bytes
+from campaigns.intake.inputs import InputError, decode_text, read_bytes
 
 
 @pytest.mark.parametrize(
@@ -75,7 +75,7 @@ def test_the_fd_check_reads_and_refuses_exactly_as_resolving_the_path_does(tmp_p
         "nul\x00.txt",
         "link-pipe",
     ]
-    import campaigns.inputs as inputs
+    import campaigns.intake.inputs as inputs
 
     for base in (root, tmp_path / "alias"):
         monkeypatch.setattr(inputs, "_PROC_FD", True)

@@ -6,8 +6,8 @@ from unittest import mock
 import pytest
 from django.utils import timezone
 
-from campaigns import services
 from campaigns.models import Batch, Unit, UnitState
+from campaigns.runs import services
 
 pytestmark = pytest.mark.django_db
 

@@ -9,8 +9,8 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from campaigns import outputs
-from campaigns.outputs import (
+from campaigns.storage import outputs
+from campaigns.storage.outputs import (
     InvalidOutput,
     WrittenFile,
     validate_embedding_file,

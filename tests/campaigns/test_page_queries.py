@@ -7,7 +7,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from campaigns import batch_stats, selectors
+from campaigns import selectors
 from campaigns.models import (
     Batch,
     Campaign,
@@ -17,6 +17,7 @@ from campaigns.models import (
     Unit,
     UnitState,
 )
+from campaigns.runs import batch_stats
 from tests.campaigns.test_views import HTMX_COUNTS, _detail
 
 

@@ -10,12 +10,12 @@ from django.core.exceptions import ValidationError
 from django.core.management import CommandError, call_command
 from django.urls import reverse
 
-from campaigns.builtin_processors import (
+from campaigns.models import Campaign
+from campaigns.specs.builtin import (
     IMAGE_CLASSIFICATION,
     TEXT_EMBEDDING,
     resolve_model_path,
 )
-from campaigns.models import Campaign
 
 MINILM = resolve_model_path(TEXT_EMBEDDING.params["model"].default)
 
@@ -79,7 +79,7 @@ def test_normalisation_values_the_worker_cannot_use_are_refused(given, said, tmp
 
 
 def test_a_fine_tuning_of_a_classifier_checks_its_parameters_as_the_classifier_does(tmp_path):
-    from campaigns.adaptation_specs import IMAGE_ADAPTATION
+    from campaigns.specs.adaptation import IMAGE_ADAPTATION
 
     params = {"model": str(tmp_path / "m.pt2"), "labels": str(tmp_path / "labels.txt")}
     with pytest.raises(ValidationError, match="mean must be three numbers"):

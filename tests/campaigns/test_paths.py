@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from campaigns.paths import normalise_uid, output_relpath, resolve_input, safe_name
+from campaigns.storage.paths import normalise_uid, output_relpath, resolve_input, safe_name
 
 
 def test_uid_is_the_normalised_relative_path():

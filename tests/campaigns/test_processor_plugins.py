@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
-from campaigns import processor_specs, services
 from campaigns.models import Campaign, Unit
-from campaigns.reconcile import campaign_verify
-from campaigns.software import processor_software
+from campaigns.runs import services
+from campaigns.specs import processors as processor_specs
+from campaigns.specs.software import processor_software
+from campaigns.verify.reconcile import campaign_verify
 from tests.conftest import DEMO_BAD, DEMO_GOOD
 
 

@@ -13,8 +13,9 @@ import pytest
 from django.test.html import Element, parse_html
 from django.urls import reverse
 
-from campaigns import profiling, services
 from campaigns.models import Campaign, Profile, Unit
+from campaigns.profiles import profiling
+from campaigns.runs import services
 from portal.celery import app as celery_app
 from portal.models import Environment, GpuModel, RentalDuration
 
@@ -735,7 +736,7 @@ def test_order_this_plan_prefills_no_environment_when_none_matches_and_says_so(
 
 def test_the_throughput_axis_reads_as_people_write_rates():
     """Ticks of a fast model read 1,460, not 1.46e+03; slow ones keep decimals."""
-    from campaigns import profile_charts
+    from campaigns.profiles import charts as profile_charts
 
     fast = Profile(steps=[{**step, "items_per_s": 5549.9} for step in STEPS[:7]])
     labels = [t.label for t in profile_charts.throughput_chart(fast).y_ticks]

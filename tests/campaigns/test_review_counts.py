@@ -12,8 +12,9 @@ import pytest
 from django.db import connection
 from django.db.models import Count, Sum
 
-from campaigns import review, selectors
+from campaigns import selectors
 from campaigns.models import Campaign, ReviewCount, ReviewItem, Unit
+from campaigns.review import queue as review
 
 OPEN = ReviewItem.State.OPEN
 

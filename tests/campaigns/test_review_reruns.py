@@ -10,7 +10,6 @@ from unittest import mock
 import pytest
 from django.utils import timezone
 
-from campaigns import processor_specs, review, services
 from campaigns.models import (
     Attempt,
     Batch,
@@ -20,6 +19,9 @@ from campaigns.models import (
     Unit,
     UnitState,
 )
+from campaigns.review import queue as review
+from campaigns.runs import services
+from campaigns.specs import processors as processor_specs
 from gpuworker.batch_runner import run_batch
 from tests.vectors import output_file
 

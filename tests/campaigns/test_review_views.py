@@ -14,7 +14,6 @@ from django.urls import reverse
 from django.utils import timezone
 from PIL import Image
 
-from campaigns import review, services
 from campaigns.models import (
     Attempt,
     Campaign,
@@ -25,6 +24,8 @@ from campaigns.models import (
     Unit,
     UnitState,
 )
+from campaigns.review import queue as review
+from campaigns.runs import services
 from tests.images import write_image_corpus
 from tests.vectors import unit_vector
 

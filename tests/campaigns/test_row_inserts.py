@@ -1,4 +1,4 @@
-"""A batch's attempts inserted as rows in one statement (campaigns/row_inserts.py)."""
+"""A batch's attempts inserted as rows in one statement (campaigns/db/row_inserts.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from campaigns import row_inserts
+from campaigns.db import row_inserts
 from campaigns.models import Attempt, Unit
 
 pytestmark = pytest.mark.django_db

@@ -1,4 +1,4 @@
-"""Many units updated with their own values in one statement (campaigns/row_updates.py)."""
+"""Many units updated with their own values in one statement (campaigns/db/row_updates.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from campaigns import row_updates
+from campaigns.db import row_updates
 from campaigns.models import Unit, UnitState
 from campaigns.selectors import campaign_counts
 

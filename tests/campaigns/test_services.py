@@ -7,9 +7,9 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.db import connections, transaction
 
-from campaigns import services
 from campaigns.models import Batch, Campaign, Unit, UnitState
-from campaigns.processor_specs import ProcessorSpec
+from campaigns.runs import services
+from campaigns.specs.processors import ProcessorSpec
 from tests.conftest import DEMO_BAD, DEMO_GOOD
 
 
@@ -75,7 +75,7 @@ def test_run_groups_pending_units_into_batches_and_enqueues_after_commit(
 def test_planning_weighs_each_text_in_tokens_and_an_unreadable_one_least(
     make_campaign, corpus, django_capture_on_commit_callbacks, monkeypatch
 ):
-    from campaigns.builtin_processors import text_token_cost
+    from campaigns.specs.builtin import text_token_cost
 
     monkeypatch.setattr(services, "COST_CHUNK", 7)  # 39 units: six queries, none skipped
     campaign = make_campaign(batch_policy="token_budget", token_budget=1024)
@@ -96,7 +96,7 @@ def test_planning_weighs_each_text_in_tokens_and_an_unreadable_one_least(
 def test_a_version_with_another_token_cap_weighs_the_texts_again_and_a_flag_change_does_not(
     make_campaign, corpus, django_capture_on_commit_callbacks
 ):
-    from campaigns.builtin_processors import text_token_cost
+    from campaigns.specs.builtin import text_token_cost
 
     def run_and_costs(campaign) -> dict[str, int]:
         with (

@@ -8,8 +8,8 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
-from campaigns import services
 from campaigns.models import Batch, Campaign, Unit, UnitState
+from campaigns.runs import services
 from tests.conftest import DEMO_BAD, DEMO_GOOD, ProjectFactory
 
 pytestmark = pytest.mark.django_db
@@ -35,7 +35,7 @@ def _form(corpus, **extra):
         "processor": "text-embedding",
         "folder": str(corpus),
     }
-    from campaigns.builtin_processors import TEXT_EMBEDDING
+    from campaigns.specs.builtin import TEXT_EMBEDDING
 
     data.update({f"param_{k}": v for k, v in TEXT_EMBEDDING.clean({}).items()})
     data.update(extra)

@@ -13,9 +13,10 @@ from unittest import mock
 import pytest
 from django.urls import reverse
 
-from campaigns import adaptation, services
-from campaigns.builtin_processors import resolve_model_path
+from campaigns.adaptation import services as adaptation
 from campaigns.models import ModelCheckpoint, ParameterVersion, Training
+from campaigns.runs import services
+from campaigns.specs.builtin import resolve_model_path
 from tests.conftest import ProjectFactory
 
 

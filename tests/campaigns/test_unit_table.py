@@ -291,6 +291,6 @@ def test_an_id_prefix_page_reads_the_id_index_in_order(owner, shuffled):
     [("ab", "ac"), ("a\U0010ffff", "b"), ("\U0010ffff", None), ("x\ud7ff", "x\ue000")],
 )
 def test_the_prefix_range_ends_at_the_next_string(prefix, upper):
-    from campaigns.id_order import _next_string
+    from campaigns.db.id_order import _next_string
 
     assert _next_string(prefix) == upper

@@ -8,9 +8,9 @@ import zipfile
 import numpy as np
 import pytest
 
-from campaigns.outputs import InvalidOutput, check_vector_rows, vector_to_npy
-from campaigns.paths import safe_name, shard_relpath
-from campaigns.vector_shards import (
+from campaigns.storage.outputs import InvalidOutput, check_vector_rows, vector_to_npy
+from campaigns.storage.paths import safe_name, shard_relpath
+from campaigns.storage.vector_shards import (
     DeepRowCheck,
     ShardChecker,
     VectorReader,
@@ -109,7 +109,7 @@ def test_the_checker_reads_a_shard_once_and_checks_the_row_is_this_units(tmp_pat
     loads = []
     real = load_shard
     monkeypatch.setattr(
-        "campaigns.vector_shards.load_shard", lambda p, **k: loads.append(p) or real(p, **k)
+        "campaigns.storage.vector_shards.load_shard", lambda p, **k: loads.append(p) or real(p, **k)
     )
     checker = ShardChecker(tmp_path)
     for row, uid in enumerate("abc"):

@@ -13,10 +13,10 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from campaigns import services
 from campaigns.models import Attempt, Batch, Unit, UnitState
-from campaigns.reconcile import campaign_verify
-from campaigns.vector_shards import load_shard, shard_bytes, split_member
+from campaigns.runs import services
+from campaigns.storage.vector_shards import load_shard, shard_bytes, split_member
+from campaigns.verify.reconcile import campaign_verify
 from gpuworker.batch_runner import run_batch
 from tests.conftest import DEMO_BAD, DEMO_GOOD
 from tests.vectors import output_file, unit_vector
@@ -217,14 +217,14 @@ def test_a_redelivered_batch_adopts_valid_outputs_instead_of_recomputing(
 
 
 def test_verify_counts_every_unit_once_across_many_chunks(done, monkeypatch):
-    monkeypatch.setattr("campaigns.reconcile._CHUNK", 7)
+    monkeypatch.setattr("campaigns.verify.reconcile._CHUNK", 7)
     report = campaign_verify(campaign=done).as_dict()
     assert report["total"] == DEMO_GOOD + DEMO_BAD
 
 
 def test_verify_takes_no_input_hash_for_untouched_files(done, monkeypatch):
     calls = []
-    import campaigns.reconcile as reconcile
+    import campaigns.verify.reconcile as reconcile
 
     monkeypatch.setattr(reconcile, "file_sha256", lambda p: calls.append(p) or "x")
     campaign_verify(campaign=done)
@@ -236,7 +236,7 @@ def test_verify_takes_no_input_hash_for_untouched_files(done, monkeypatch):
 
 
 def test_export_consolidates_the_vectors_of_each_version(done, output_root, tmp_path):
-    from campaigns.inventory import export
+    from campaigns.exports.inventory import export
 
     written = {p.name for p in export(done, tmp_path / "dossier")}
     label = done.current_version.label
@@ -316,9 +316,9 @@ def test_outputs_written_a_file_a_unit_before_shards_still_verify_and_export(
     done, output_root, tmp_path
 ):
     """A campaign from before shards: its .npy files sit beside new shard rows."""
-    from campaigns.inventory import consolidate_vectors
-    from campaigns.outputs import vector_to_npy
-    from campaigns.paths import output_relpath
+    from campaigns.exports.inventory import consolidate_vectors
+    from campaigns.storage.outputs import vector_to_npy
+    from campaigns.storage.paths import output_relpath
 
     old, new = _succeeded(done, 2)
     vector = unit_vector(output_root, old.output_path)

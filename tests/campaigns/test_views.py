@@ -7,8 +7,8 @@ import pytest
 from django.core.cache import cache
 from django.urls import reverse
 
-from campaigns import services
 from campaigns.models import Unit, UnitState
+from campaigns.runs import services
 
 HTMX_COUNTS = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "counts"}
 
@@ -439,7 +439,7 @@ def test_on_cuda_the_last_batches_show_allocated_reserved_and_their_peaks(client
 def test_the_policy_table_follows_each_finished_batch_without_aggregating_every_view(
     client, owner, campaign, django_assert_num_queries
 ):
-    from campaigns import batch_stats
+    from campaigns.runs import batch_stats
 
     _finished_batches(campaign, [("original", 16, 1000, 4000, 2.0, 500 << 20)])
     first = batch_stats.policy_comparison(campaign=campaign)

@@ -7,8 +7,8 @@ from unittest import mock
 
 import pytest
 
-from campaigns import services
 from campaigns.models import Campaign, UnitState
+from campaigns.runs import services
 
 pytestmark = pytest.mark.e2e
 

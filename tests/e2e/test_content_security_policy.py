@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from campaigns import services
+from campaigns.runs import services
 from portal.models import GpuModel
 
 pytestmark = pytest.mark.e2e

@@ -8,8 +8,8 @@ from unittest import mock
 
 import pytest
 
-from campaigns import profiling
 from campaigns.models import Profile
+from campaigns.profiles import profiling
 from portal.celery import app as celery_app
 from tests.campaigns.test_profile_views import STEPS, MiB, _step, build_done_profile
 

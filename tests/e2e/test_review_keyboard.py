@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from campaigns import services
 from campaigns.models import Campaign, ErrorClass, ReviewItem, Unit, UnitState
+from campaigns.runs import services
 from tests.gpuworker.test_image_classification import (
     CLASSES,
     SIZE,

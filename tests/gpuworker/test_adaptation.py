@@ -8,9 +8,10 @@ from unittest import mock
 
 import pytest
 
-from campaigns import adaptation, services
+from campaigns.adaptation import services as adaptation
 from campaigns.models import Batch, ModelCheckpoint, Training, Unit, UnitState
-from campaigns.reconcile import campaign_verify
+from campaigns.runs import services
+from campaigns.verify.reconcile import campaign_verify
 from gpuworker.processors import forget_loaded
 from gpuworker.training_tasks import run_training
 

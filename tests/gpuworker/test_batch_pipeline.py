@@ -9,8 +9,8 @@ from unittest import mock
 
 import pytest
 
-from campaigns import services
 from campaigns.models import Attempt, Batch, Unit, UnitState
+from campaigns.runs import services
 from gpuworker import batch_runner
 from gpuworker.batch_runner import finisher, pipeline_enabled, run_batch
 from gpuworker.input_prefetch import prefetch

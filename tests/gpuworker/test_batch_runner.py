@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from campaigns import services
 from campaigns.models import Attempt, Batch, ReviewItem, Unit, UnitState
-from campaigns.vector_shards import load_shard, split_member
+from campaigns.runs import services
+from campaigns.storage.vector_shards import load_shard, split_member
 from gpuworker.batch_runner import run_batch
 from gpuworker.processors.text_embedding import TextEmbeddingProcessor
 from tests.conftest import DEMO_BAD, DEMO_GOOD

@@ -13,9 +13,9 @@ from django.core.exceptions import ValidationError
 from django.urls import reverse
 from PIL import Image, ImageDraw
 
-from campaigns import services
 from campaigns.models import Attempt, Unit, UnitState
-from campaigns.reconcile import campaign_verify
+from campaigns.runs import services
+from campaigns.verify.reconcile import campaign_verify
 
 CLASSES = ["circle", "square", "triangle"]
 COLOURS = {"circle": (220, 40, 40), "square": (40, 200, 40), "triangle": (40, 40, 220)}
@@ -249,7 +249,7 @@ def test_a_torch_export_program_works_like_a_torchscript_file(
 def test_versions_that_differ_in_a_flag_share_one_model_and_a_replaced_file_is_reloaded(
     user_model, tmp_path
 ):
-    from campaigns.builtin_processors import IMAGE_CLASSIFICATION
+    from campaigns.specs.builtin import IMAGE_CLASSIFICATION
     from gpuworker.processors import get_processor
 
     model_file, labels = tmp_path / "user.pt", user_model[1]
@@ -337,7 +337,7 @@ def test_the_export_gathers_predictions_and_features_and_says_which_output_it_co
 ):
     import csv
 
-    from campaigns.inventory import export
+    from campaigns.exports.inventory import export
 
     campaign = _classified(user_model, shapes, project, run_here)
     label = campaign.current_version.label
@@ -385,7 +385,7 @@ def test_the_export_gathers_predictions_and_features_and_says_which_output_it_co
 def test_the_margin_is_top_1_minus_top_2_of_every_class_whatever_top_k(user_model):
     import io
 
-    from campaigns.builtin_processors import IMAGE_CLASSIFICATION
+    from campaigns.specs.builtin import IMAGE_CLASSIFICATION
     from gpuworker.processors import get_processor
 
     # Shapes the model is sure of, and a blank grey it hesitates on (about
@@ -485,7 +485,7 @@ def test_a_state_dict_that_does_not_fit_its_architecture_fails_the_batch_clearly
 def test_an_architecture_the_workers_cannot_build_is_refused_before_a_version(
     tiny_architecture, architecture, model, said, tmp_path
 ):
-    from campaigns.builtin_processors import IMAGE_CLASSIFICATION
+    from campaigns.specs.builtin import IMAGE_CLASSIFICATION
 
     params = {"model": str(tmp_path / model), "labels": "l.txt", "architecture": architecture}
     with pytest.raises(ValidationError, match=said):
@@ -495,7 +495,7 @@ def test_an_architecture_the_workers_cannot_build_is_refused_before_a_version(
 def test_a_torchvision_architecture_needs_torchvision_beside_torch(tmp_path):
     import importlib.util
 
-    from campaigns.builtin_processors import IMAGE_CLASSIFICATION
+    from campaigns.specs.builtin import IMAGE_CLASSIFICATION
 
     params = {"model": str(tmp_path / "w.pt"), "labels": "l.txt"}
     params["architecture"] = "torchvision:resnet18"

@@ -9,10 +9,10 @@ from unittest import mock
 import pytest
 from PIL import Image
 
-from campaigns import services
-from campaigns.builtin_processors import IMAGE_TRANSFORM, check_image_output
 from campaigns.models import Unit, UnitState
-from campaigns.outputs import WRONG_OUTPUT, InvalidOutput
+from campaigns.runs import services
+from campaigns.specs.builtin import IMAGE_TRANSFORM, check_image_output
+from campaigns.storage.outputs import WRONG_OUTPUT, InvalidOutput
 from gpuworker.processors.image_transform import ImageTransformProcessor
 
 RED = (255, 0, 0)

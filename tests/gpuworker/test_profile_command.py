@@ -80,7 +80,8 @@ def test_a_budget_below_the_model_itself_fails_with_a_reason(make_campaign, outp
 @pytest.fixture
 def paced(settings, tmp_path, project):
     """A campaign of the paced test processor (tests/plugins/paced_text.py): no model."""
-    from campaigns import processor_specs, services
+    from campaigns.runs import services
+    from campaigns.specs import processors as processor_specs
     from gpuworker import processors
 
     settings.BRIEFGPU_PROCESSORS = ["tests.plugins.paced_text.SPEC"]
@@ -118,8 +119,8 @@ def test_the_profile_prints_prepare_compute_and_write_seconds_per_step(paced, ou
 def test_rerun_runs_the_saved_sample_with_its_own_parameters_and_compares(
     paced, output_root, catalog
 ):
-    from campaigns import services
     from campaigns.models import Profile
+    from campaigns.runs import services
 
     # given: a profile, then the campaign's parameters changed
     _profile("--max-batch", "2", "--sample", "4", "--heavy", "2", "--budget-mb", "65536")

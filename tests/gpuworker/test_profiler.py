@@ -12,8 +12,11 @@ from django.urls import reverse
 from django.utils import timezone
 from PIL import Image
 
-from campaigns import processor_specs, profiling, selectors, services
+from campaigns import selectors
 from campaigns.models import Batch, ErrorClass, Profile, Unit, UnitState
+from campaigns.profiles import profiling
+from campaigns.runs import services
+from campaigns.specs import processors as processor_specs
 from gpuworker import processors
 from gpuworker.memory import StepMemory, allocated_now, cpu
 from gpuworker.processors import get_processor

@@ -12,10 +12,12 @@ from django.core.exceptions import ValidationError
 from django.db import connection
 from PIL import Image, ImageDraw
 
-from campaigns import review, selectors, services
-from campaigns.batch_statements import earlier_outputs, earlier_outputs_statement
-from campaigns.flags import classification_flags, image_input_flags, norm_flags
+from campaigns import selectors
+from campaigns.db.batch_statements import earlier_outputs, earlier_outputs_statement
 from campaigns.models import Attempt, Checkpoint, ReviewItem, Unit, UnitState
+from campaigns.review import queue as review
+from campaigns.review.flags import classification_flags, image_input_flags, norm_flags
+from campaigns.runs import services
 from tests.gpuworker.test_image_classification import (
     CLASSES,
     COLOURS,
@@ -291,7 +293,7 @@ def test_a_passed_checkpoint_lets_the_campaign_finish(
 def test_accepting_one_flag_does_not_undo_the_rejection_of_another(
     make_campaign, output_root, run_here, owner
 ):
-    from campaigns.review import review_decide, unit_flag
+    from campaigns.review.queue import review_decide, unit_flag
 
     campaign = make_campaign(flag_truncated_share=0.5)
     run_here(campaign)
@@ -456,7 +458,7 @@ def test_the_worker_flags_tiny_and_extreme_aspect_images(project, tmp_path, outp
 
 
 def test_flag_norm_max_flags_a_vector_above_it_and_not_one_below():
-    from campaigns.builtin_processors import TEXT_EMBEDDING
+    from campaigns.specs.builtin import TEXT_EMBEDDING
     from gpuworker.processors import get_processor
 
     texts = ["Hello", "The harbour reopened on Monday after three weeks of repairs."]

@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from campaigns.builtin_processors import TEXT_EMBEDDING
+from campaigns.specs.builtin import TEXT_EMBEDDING
 from gpuworker.processors import get_processor
 from gpuworker.processors.text_embedding import resolve_model_path
 
@@ -100,7 +100,7 @@ def test_without_normalisation_vectors_keep_their_norm_and_still_pass_the_check(
 
 
 def test_refuse_truncation_fails_over_long_texts_as_input_invalid():
-    from campaigns.inputs import InputError
+    from campaigns.intake.inputs import InputError
 
     strict = get_processor("text-embedding", TEXT_EMBEDDING.clean({"truncation": "refuse"}))
     assert strict.prepare(TEXTS[0].encode()) == TEXTS[0]
@@ -117,7 +117,7 @@ def test_a_text_over_the_cap_is_refused_while_another_batch_is_embedded():
     import threading
     import time
 
-    from campaigns.inputs import InputError
+    from campaigns.intake.inputs import InputError
 
     strict = get_processor("text-embedding", TEXT_EMBEDDING.clean({"truncation": "refuse"}))
     over = ("word " * 600).encode()
@@ -157,7 +157,7 @@ def test_half_precision_on_a_cpu_worker_is_a_clear_error():
 
 
 def test_the_token_cost_used_for_grouping_matches_the_model_tokenizer(processor, tmp_path):
-    from campaigns.builtin_processors import text_token_cost
+    from campaigns.specs.builtin import text_token_cost
 
     params = TEXT_EMBEDDING.clean({})
     for text in TEXTS:
@@ -170,7 +170,7 @@ def test_the_token_cost_used_for_grouping_matches_the_model_tokenizer(processor,
 def test_weighing_many_texts_at_once_gives_each_its_own_count_and_none_for_the_unreadable(
     processor, tmp_path, monkeypatch
 ):
-    from campaigns import builtin_processors
+    from campaigns.specs import builtin as builtin_processors
 
     params = TEXT_EMBEDDING.clean({"max_tokens": 64})
     root = tmp_path / "corpus"

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from campaigns import checkpoint_files as checkpoints
-from campaigns.builtin_processors import DEFAULT_TEXT_MODEL, resolve_model_path
+from campaigns.specs.builtin import DEFAULT_TEXT_MODEL, resolve_model_path
+from campaigns.storage import checkpoint_files as checkpoints
 from gpuworker.training import ClassifierTrainer, ContrastiveTrainer, Pair, TrainParams
 from tests.gpuworker.test_image_classification import CLASSES, TinyCNN, _tensor, shape_image
 

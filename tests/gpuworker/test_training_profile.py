@@ -8,8 +8,9 @@ from unittest import mock
 import pytest
 from django.urls import reverse
 
-from campaigns import profiling, services
 from campaigns.models import Profile
+from campaigns.profiles import profiling
+from campaigns.runs import services
 from gpuworker import training_profile
 from gpuworker.profiler import profile_run
 

@@ -16,8 +16,8 @@ import pytest
 import redis
 from django.utils import timezone
 
-from campaigns import services
 from campaigns.models import Batch, UnitState
+from campaigns.runs import services
 from tests.conftest import services_required
 from tests.integration.test_several_workers import (
     assert_each_unit_succeeded_once,

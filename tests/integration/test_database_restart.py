@@ -150,7 +150,7 @@ from pathlib import Path
 from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
 from django.contrib.auth import get_user_model
 from django.contrib.sessions.backends.db import SessionStore
-from campaigns import services
+from campaigns.runs import services
 
 user = get_user_model().objects.create_user("owner", password="pw-for-tests-123")
 project = services.project_for_user(name="acme", user=user)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from campaigns import profiling
 from campaigns.models import Profile
+from campaigns.profiles import profiling
 from tests.worker import wait_until
 
 pytestmark = pytest.mark.integration

@@ -13,8 +13,8 @@ from django.conf import settings
 from django.db.models import Count
 from PIL import Image
 
-from campaigns import services
 from campaigns.models import Attempt, Batch, Unit, UnitState
+from campaigns.runs import services
 from portal.celery import app as celery_app
 from tests.conftest import services_required
 from tests.worker import purge_queue, use_broker, wait_until

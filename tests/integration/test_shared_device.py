@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from django.db.models import Count
 
-from campaigns import services
 from campaigns.models import IN_FLIGHT, Attempt, Batch, Unit, UnitState
+from campaigns.runs import services
 from tests.vectors import unit_vector
 from tests.worker import wait_until
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from campaigns import adaptation, services
+from campaigns.adaptation import services as adaptation
 from campaigns.models import ModelCheckpoint, Training
+from campaigns.runs import services
 from gpuworker.training_tasks import run_training
 from tests.gpuworker.test_adaptation import write_pairs
 from tests.worker import wait_until

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from campaigns import selectors, services
+from campaigns import selectors
 from campaigns.models import Attempt, Batch, Unit, UnitState
-from campaigns.reconcile import campaign_verify
+from campaigns.runs import services
+from campaigns.verify.reconcile import campaign_verify
 from tests.vectors import unit_vector
 from tests.worker import wait_until
 

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from django.core.management import call_command
 
-from campaigns import selectors, services
+from campaigns import selectors
 from campaigns.models import Attempt, Batch, Campaign, Unit, UnitState
+from campaigns.runs import services
 from tests.conftest import DEMO_BAD, DEMO_GOOD
 from tests.vectors import unit_vector
 from tests.worker import wait_until

@@ -8,8 +8,9 @@ import signal
 
 import pytest
 
-from campaigns import selectors, services
+from campaigns import selectors
 from campaigns.models import Attempt, Batch
+from campaigns.runs import services
 from tests.integration.test_worker_killed import _corpus
 from tests.worker import wait_until
 

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from campaigns.inputs import decode_text
-from campaigns.outputs import InvalidOutput
-from campaigns.processor_specs import ParamSpec, ProcessorSpec
+from campaigns.intake.inputs import decode_text
+from campaigns.specs.processors import ParamSpec, ProcessorSpec
+from campaigns.storage.outputs import InvalidOutput
 
 MiB = 1024 * 1024
 KEPT: list[np.ndarray] = []

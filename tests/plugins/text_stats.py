@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from campaigns.inputs import decode_text
-from campaigns.outputs import InvalidOutput
-from campaigns.processor_specs import ParamSpec, ProcessorSpec
+from campaigns.intake.inputs import decode_text
+from campaigns.specs.processors import ParamSpec, ProcessorSpec
+from campaigns.storage.outputs import InvalidOutput
 
 
 def _check(path: Path, expected_size: int | None, params: dict) -> None:

@@ -216,8 +216,9 @@ def test_the_stored_dossier_is_kept_by_reference_and_regenerates_to_the_same_fil
 def test_the_campaign_profile_and_estimate_go_into_the_order_dossier(
     make_order, make_campaign, catalog
 ):
-    from campaigns import profiling, services
     from campaigns.models import Profile
+    from campaigns.profiles import profiling
+    from campaigns.runs import services
 
     campaign = make_campaign()
     services.measure_costs(
@@ -290,7 +291,7 @@ def test_the_campaign_profile_and_estimate_go_into_the_order_dossier(
 def test_a_linked_campaign_dossier_is_the_same_bytes_later_and_changes_with_the_campaign(
     make_order, make_campaign, output_root, run_here, owner
 ):
-    from campaigns.review import unit_flag
+    from campaigns.review.queue import unit_flag
 
     campaign = make_campaign("texts", batch_size=8)
     run_here(campaign)
@@ -362,7 +363,7 @@ def test_a_new_event_rebuilds_the_kept_dossier(client, make_order, dossier_root,
 def test_a_change_in_the_linked_campaign_rebuilds_the_kept_dossier(
     client, make_order, make_campaign, output_root, run_here, owner, dossier_root, builds
 ):
-    from campaigns.review import unit_flag
+    from campaigns.review.queue import unit_flag
 
     campaign = make_campaign("texts", batch_size=8)
     run_here(campaign)

@@ -14,7 +14,7 @@ from django.test import Client
 from pythonjsonlogger.json import JsonFormatter
 
 from campaigns.models import Batch, Unit, UnitState
-from portal.log_context import JSON_FORMAT, ContextFilter
+from common.log_context import JSON_FORMAT, ContextFilter
 from portal.order_services import order_reject
 from tests.conftest import DEMO_BAD
 from tests.worker import REPO
@@ -75,7 +75,7 @@ def test_production_settings_write_json_lines():
     # The settings module itself, in a fresh process, as a deployed worker loads it.
     code = (
         "import django, logging; django.setup(); "
-        "from portal.log_context import bound\n"
+        "from common.log_context import bound\n"
         "with bound(campaign=7, batch=42):\n"
         "    logging.getLogger('gpuworker.batch_runner').info('hello', extra={'unit': 9})"
     )

@@ -12,13 +12,16 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
-from campaigns import adaptation, importing, selectors, services
-from campaigns.importing import ManifestError
-from campaigns.inventory import export
+from campaigns import selectors
+from campaigns.adaptation import services as adaptation
+from campaigns.exports.inventory import export
+from campaigns.intake import importing
+from campaigns.intake.importing import ManifestError
 from campaigns.models import Campaign, Training
-from campaigns.processor_specs import all_specs
-from campaigns.reconcile import Verdict, campaign_verify
-from campaigns.review import verification_status
+from campaigns.review.queue import verification_status
+from campaigns.runs import services
+from campaigns.specs.processors import all_specs
+from campaigns.verify.reconcile import Verdict, campaign_verify
 
 
 def _param(text: str) -> tuple[str, str]:
@@ -350,8 +353,8 @@ class Command(BaseCommand):
     def _profile(
         self, *, name, margin, budget_mb, max_batch, sample, heavy, rerun, json: bool, **_
     ):
-        from campaigns import profiling
         from campaigns.models import Profile
+        from campaigns.profiles import profiling
         from gpuworker.profiler import profile_run  # this command runs the model
 
         campaign = self._campaign(name)

@@ -1,0 +1,236 @@
+"""The statements a worker sends for every batch, written out.
+
+A batch of ~40 short texts costs the worker ~20–30 ms of host work, and Django
+building these few statements (filters, compilers, model instances) took more
+of it than the database running them (bench/RESULTS.md, session 15). They are
+plain SQL here, tied to the models through sql_rows (column lists from the
+fields, values through the ORM's converters), on SQLite and PostgreSQL alike.
+What the worker does less often stays in the ORM.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from django.db import connection
+from django.db.models import CharField, Model, QuerySet
+
+from campaigns.db import sql_rows
+from campaigns.models import (
+    VECTOR_HASH,
+    AsInIndex,
+    Attempt,
+    Batch,
+    Campaign,
+    Checkpoint,
+    ParameterVersion,
+    ReviewItem,
+    Unit,
+    UnitState,
+)
+
+
+def _q(name: str) -> str:
+    return connection.ops.quote_name(name)
+
+
+def _table(model: type[Model]) -> str:
+    return _q(model._meta.db_table)
+
+
+def _column(model: type[Model], name: str) -> str:
+    return _q(model._meta.get_field(name).column)
+
+
+def batch_to_run(batch_id: int) -> Batch | None:
+    """The batch with its campaign and version, in one statement (the ORM's
+    `select_related("campaign", "version")`)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_batch_sql(connection.vendor), [batch_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    values = iter(row)
+    batch = sql_rows.instance(Batch, values)
+    batch.campaign = sql_rows.instance(Campaign, values)
+    batch.version = sql_rows.instance(ParameterVersion, values)
+    return batch
+
+
+# The statements' texts are made once a process (for its database's quoting).
+@functools.cache
+def _batch_sql(vendor: str) -> str:
+    return (
+        f"SELECT {sql_rows.columns(Batch, 'b')}, {sql_rows.columns(Campaign, 'c')}, "
+        f"{sql_rows.columns(ParameterVersion, 'v')} FROM {_table(Batch)} b "
+        f"JOIN {_table(Campaign)} c ON c.{_q('id')} = b.{_column(Batch, 'campaign')} "
+        f"JOIN {_table(ParameterVersion)} v ON v.{_q('id')} = b.{_column(Batch, 'version')} "
+        f"WHERE b.{_q('id')} = %s"
+    )
+
+
+def claim_batch(batch_id: int, **values) -> bool:
+    """Queued → running with these field values and one more delivery; False
+    when the batch was not queued (a second delivery of the same message)."""
+    return bool(
+        _update_batch(
+            batch_id,
+            {"state": Batch.State.RUNNING, **values},
+            where={"state": Batch.State.QUEUED},
+            also=f"{_column(Batch, 'deliveries')} = {_column(Batch, 'deliveries')} + 1",
+        )
+    )
+
+
+def record_batch(batch_id: int, token: str, values: dict) -> bool:
+    """The batch's results, while `token` still holds its lease (the lease
+    check and the write in one statement); False when the lease was lost."""
+    return bool(
+        _update_batch(batch_id, values, where={"state": Batch.State.RUNNING, "lease_token": token})
+    )
+
+
+def _update_batch(batch_id: int, values: dict, *, where: dict, also: str = "") -> int:
+    meta = Batch._meta
+    assignments, params = [], []
+    for name, value in values.items():
+        field = meta.get_field(name)
+        assignments.append(f"{_q(field.column)} = %s")
+        params.append(field.get_db_prep_save(value, connection))
+    if also:
+        assignments.append(also)
+    conditions = [f"{_q('id')} = %s"]
+    params.append(batch_id)
+    for name, value in where.items():
+        conditions.append(f"{_column(Batch, name)} = %s")
+        params.append(value)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {_table(Batch)} SET {', '.join(assignments)} WHERE {' AND '.join(conditions)}",
+            params,
+        )
+        return cursor.rowcount
+
+
+@dataclass(slots=True)
+class ClaimedUnit:
+    """A unit as the worker runs it: what it reads (where the input is, the
+    hash recorded at import) and the results it writes back (the `Unit`
+    columns of the same names). A plain record: a `Unit` instance a row, every
+    column converted, cost 82.7 ms for 3,000 units against 2.1 (bench/RESULTS.md,
+    session 16)."""
+
+    pk: int
+    uid: str
+    source_path: str
+    sha256: str
+    # A review item of this version holds it (review.REVIEWED_OUT).
+    reviewed_out: bool
+    state: str = UnitState.RUNNING
+    error_class: str = ""
+    error_message: str = ""
+    output_path: str = ""
+    output_size: int | None = None
+    output_sha256: str = ""
+
+
+def claimed_units(
+    batch_id: int, version_id: int, reviewed_out: tuple[str, ...]
+) -> list[ClaimedUnit]:
+    """The batch's queued units set running, then all its running units in id
+    order, each with `reviewed_out`: whether a review item of this version
+    in one of those states holds it (campaigns.review.queue.REVIEWED_OUT: the
+    worker neither runs nor adopts such a unit under this version)."""
+    set_running, select = _units_sql(connection.vendor, len(reviewed_out))
+    with connection.cursor() as cursor:
+        cursor.execute(set_running, [UnitState.RUNNING, batch_id, UnitState.QUEUED])
+        cursor.execute(select, [version_id, *reviewed_out, batch_id, UnitState.RUNNING])
+        rows = cursor.fetchall()
+    return [ClaimedUnit(pk, uid, path, sha, bool(held)) for pk, uid, path, sha, held in rows]
+
+
+@functools.cache
+def _units_sql(vendor: str, states: int) -> tuple[str, str]:
+    state, batch = _column(Unit, "state"), _column(Unit, "batch")
+    set_running = f"UPDATE {_table(Unit)} SET {state} = %s WHERE {batch} = %s AND {state} = %s"
+    read = sql_rows.columns(Unit, "u", ("id", "uid", "source_path", "sha256"))
+    select = (
+        f"SELECT {read}, EXISTS (SELECT 1 FROM {_table(ReviewItem)} r "
+        f"WHERE r.{_column(ReviewItem, 'unit')} = u.{_q('id')} "
+        f"AND r.{_column(ReviewItem, 'version')} = %s "
+        f"AND r.{_column(ReviewItem, 'state')} IN ({', '.join(['%s'] * states)})) "
+        f"FROM {_table(Unit)} u WHERE u.{batch} = %s AND u.{state} = %s ORDER BY u.{_q('id')}"
+    )
+    return set_running, select
+
+
+def checkpoint_of(campaign_id: int, version_id: int) -> Checkpoint | None:
+    """The version's checkpoint (one at most: a unique constraint)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_checkpoint_sql(connection.vendor), [campaign_id, version_id])
+        row = cursor.fetchone()
+    return None if row is None else sql_rows.instance(Checkpoint, iter(row))
+
+
+@functools.cache
+def _checkpoint_sql(vendor: str) -> str:
+    return (
+        f"SELECT {sql_rows.columns(Checkpoint, 'k')} FROM {_table(Checkpoint)} k "
+        f"WHERE k.{_column(Checkpoint, 'campaign')} = %s "
+        f"AND k.{_column(Checkpoint, 'version')} = %s"
+    )
+
+
+def earlier_outputs_with_hashes(version_id: int, digests: list[str]) -> QuerySet:
+    """(vector hash, unit id, input sha256) of the version's successful
+    attempts with one of these hashes: a probe of the index
+    attempt_version_vector_hash, whose expression it repeats in its very text."""
+    # As text, so `__in` compares strings (on SQLite the JSON key lookup
+    # would parse each hash as JSON).
+    vector_hash = AsInIndex(VECTOR_HASH, output_field=CharField())
+    return (
+        Attempt.objects.annotate(vector_hash=vector_hash)
+        .filter(version_id=version_id, outcome=Attempt.Outcome.SUCCEEDED, vector_hash__in=digests)
+        .order_by()
+        .values_list("vector_hash", "unit__uid", "input_sha256")
+    )
+
+
+# Values no version id or vector hash takes: where the compiled statement holds them.
+_VERSION_MARK = -7301
+_DIGEST_MARK = "digest-mark"
+_ONE_DIGEST = "IN (%s)"
+
+
+@functools.cache
+def _probe_template(vendor: str) -> tuple[str, str, tuple]:
+    """earlier_outputs_with_hashes compiled once, split around its list of hashes."""
+    sql, params = earlier_outputs_with_hashes(_VERSION_MARK, [_DIGEST_MARK]).query.sql_with_params()
+    at = params.index(_DIGEST_MARK)
+    head, _, tail = sql.partition(_ONE_DIGEST)
+    # The list is where its one value is among the statement's values.
+    if sql.count(_ONE_DIGEST) != 1 or head.count("%s") != at:
+        raise RuntimeError(f"the duplicate probe's statement is not as expected: {sql}")
+    return head, tail, tuple(params)
+
+
+def earlier_outputs_statement(version_id: int, digests: list[str]) -> tuple[str, list]:
+    """earlier_outputs_with_hashes's SQL and values. Its queryset is built and
+    compiled once a process (a batch's building it took more than the
+    database's answer); the statement is the same text, with the version and
+    as many hashes as asked."""
+    head, tail, template = _probe_template(connection.vendor)
+    at = template.index(_DIGEST_MARK)
+    params = [version_id if p == _VERSION_MARK else p for p in template]
+    params[at : at + 1] = digests
+    return f"{head}IN ({', '.join(['%s'] * len(digests))}){tail}", params
+
+
+def earlier_outputs(version_id: int, digests: list[str]) -> list[tuple[str, str, str]]:
+    if not digests:
+        return []
+    sql, params = earlier_outputs_statement(version_id, digests)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()

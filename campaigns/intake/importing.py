@@ -1,0 +1,475 @@
+"""Turning a folder or a manifest (CSV/JSONL) into units (docs/importing.md).
+
+A unit's id is the manifest's id column or the normalised relative path.
+Re-importing the same corpus creates nothing new. A row that cannot become a
+working unit (missing file, path leaving the corpus folder, blank id, a bad
+size or sha256) still becomes a unit, failed with a readable reason, so it is
+easy to find.
+
+A manifest row that carries `size` and `sha256` is *trusted*: both are
+recorded without opening the file, which is what lets a million rows import
+in seconds. The worker hashes the bytes it reads anyway and fails the unit
+`input_changed` when they differ from the recorded sha256, so a wrong checksum
+costs that unit, never a mixed result. Any other row (and every file of a
+folder import) is stat-ed and hashed here: correct, but bound by the disk.
+
+Rows stream through the database in chunks (import_staging.py): memory stays
+flat whatever the size of the corpus.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import csv
+import itertools
+import json
+import os
+import queue
+import re
+import stat
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import closing, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from django.db import connection, transaction
+
+from campaigns.intake.staging import Staging
+from campaigns.models import Campaign, ErrorClass, Unit, UnitState
+from campaigns.review.holdout import is_holdout
+from campaigns.storage.outputs import file_sha256
+from campaigns.storage.paths import InputLocator, normalise_uid, resolve_input
+
+#: Rows per staging round (one transaction each). PostgreSQL streams them
+#: through COPY, so a chunk costs no Python memory; SQLite's chunk is a list
+#: built before its write transaction opens, so the write lock is held for
+#: the inserts only, not while files are hashed.
+CHUNK_ROWS = {"postgresql": 50_000}
+CHUNK_ROWS_DEFAULT = 10_000
+#: (rows, batches) the manifest reader may run ahead of the database: one
+#: PostgreSQL chunk, some 25 MB of row tuples.
+READ_AHEAD = (1000, 50)
+#: Problem lines an ImportReport keeps; the rest are counted. Failed units
+#: keep their reason in the database, where the failures list finds them all.
+PROBLEMS_KEPT = 1000
+#: How often (rows) the progress callback hears from a running import.
+PROGRESS_EVERY = 1000
+
+# Manifest columns with a meaning; any other column is kept as metadata.
+_COLUMNS = frozenset({"id", "path", "category", "size", "sha256"})
+_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
+_BIGINT_MAX = 2**63 - 1
+_UID_MAX = Unit._meta.get_field("uid").max_length
+_PATH_MAX = Unit._meta.get_field("source_path").max_length
+_CATEGORY_MAX = Unit._meta.get_field("category").max_length
+
+Progress = Callable[[int], object]
+# For callers that reach the importer through services (the CLI's progress
+# bar): services keep their signatures, the callback rides along here.
+_progress: contextvars.ContextVar[Progress | None] = contextvars.ContextVar(
+    "import_progress", default=None
+)
+
+
+class ManifestError(Exception):
+    """The manifest as a whole cannot be read."""
+
+
+@dataclass
+class ImportReport:
+    created: int = 0
+    existing: int = 0
+    failed: int = 0
+    changed: int = 0
+    duplicates: int = 0
+    # The first PROBLEMS_KEPT lines, then (after close) one "… and N more".
+    problems: list[str] = field(default_factory=list)
+    problem_count: int = 0
+
+    def room(self) -> int:
+        return max(0, PROBLEMS_KEPT - len(self.problems))
+
+    def note(self, lines: list[str], total: int | None = None) -> None:
+        """Keep what fits of `lines`; `total` also counts lines not even fetched."""
+        self.problems.extend(lines[: self.room()])
+        self.problem_count += len(lines) if total is None else total
+
+    def close(self) -> None:
+        left_out = self.problem_count - len(self.problems)
+        if left_out > 0:
+            self.problems.append(
+                f"… and {left_out} more (every failed unit keeps its reason: "
+                "see the campaign's failures)"
+            )
+
+    def as_dict(self) -> dict:
+        return {
+            "created": self.created,
+            "existing": self.existing,
+            "failed": self.failed,
+            "changed": self.changed,
+            "duplicates": self.duplicates,
+            "problem_count": self.problem_count,
+            "problems": self.problems,
+        }
+
+
+@contextmanager
+def reporting_progress(callback: Progress):
+    """Imports started inside this block call `callback(rows)` as rows go by."""
+    token = _progress.set(callback)
+    try:
+        yield
+    finally:
+        _progress.reset(token)
+
+
+def file_identity(path: Path) -> tuple[int, int, str]:
+    """Size, mtime (ns) and sha256 of an input file."""
+    st = path.stat()
+    if not stat.S_ISREG(st.st_mode):
+        raise IsADirectoryError(str(path))
+    return st.st_size, st.st_mtime_ns, file_sha256(path)
+
+
+@dataclass(slots=True)
+class _Row:
+    line: int
+    uid: str
+    source_path: str
+    category: str = ""
+    metadata: dict | None = None
+    # Given by the manifest (a trusted row); otherwise measured on import.
+    size: int | None = None
+    sha256: str = ""
+    error_class: str = ""
+    error_message: str = ""
+
+    def fail(self, message: str, error_class: str = ErrorClass.INPUT_INVALID) -> _Row:
+        self.error_class, self.error_message = error_class, message
+        return self
+
+
+def _walk_folder(root: Path) -> Iterator[_Row]:
+    number = 0
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        # Hidden files and folders (.git, .DS_Store) are not part of a corpus.
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in sorted(filenames):
+            if name.startswith("."):
+                continue
+            number += 1
+            rel = os.path.relpath(os.path.join(dirpath, name), root)
+            uid = normalise_uid(rel)
+            if len(uid) > _UID_MAX:
+                yield _Row(number, f"file-{number}", uid[:_PATH_MAX]).fail(
+                    f"path longer than {_UID_MAX} characters, too long for an id: {uid[:80]}…"
+                )
+                continue
+            yield _Row(number, uid, uid)
+
+
+def _manifest_records(manifest: Path) -> Iterator[tuple[int, dict]]:
+    suffix = manifest.suffix.lower()
+    try:
+        if suffix == ".csv":
+            with manifest.open(newline="", encoding="utf-8") as fh:
+                reader = csv.DictReader(fh)
+                if not reader.fieldnames or "path" not in reader.fieldnames:
+                    raise ManifestError(f"{manifest.name}: a CSV manifest needs a 'path' column")
+                yield from enumerate(reader, start=2)
+        elif suffix in (".jsonl", ".ndjson"):
+            with manifest.open(encoding="utf-8") as fh:
+                for lineno, line in enumerate(fh, start=1):
+                    if not line.strip():
+                        continue
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        yield lineno, {"__error__": f"line {lineno} is not JSON: {exc.msg}"}
+                        continue
+                    if not isinstance(record, dict):
+                        yield lineno, {"__error__": f"line {lineno} is not a JSON object"}
+                        continue
+                    yield lineno, record
+        else:
+            raise ManifestError(f"{manifest.name}: a manifest is .csv or .jsonl")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{manifest.name} is not UTF-8 text: {exc}") from exc
+
+
+def _given(value) -> bool:
+    return value is not None and value != ""
+
+
+def _trusted_identity(row: _Row, size, sha256) -> None:
+    """Record a manifest's size and sha256 on the row, or fail it with the reason."""
+    line = row.line
+    if not (_given(size) and _given(sha256)):
+        missing = "sha256" if _given(size) else "size"
+        row.fail(f"line {line}: size and sha256 go together; {missing} is missing")
+        return
+    # JSON gives an int (type() is exact: True is no size); CSV gives text.
+    if type(size) is not int and isinstance(size, str) and size.strip().isdigit():
+        size = int(size)
+    if type(size) is not int or not 0 <= size <= _BIGINT_MAX:
+        row.fail(f"line {line}: size must be a whole number of bytes, 0 or more, not {size!r:.40}")
+        return
+    if type(sha256) is str:
+        sha256 = sha256.strip()
+    if type(sha256) is not str or not _SHA256.fullmatch(sha256):
+        row.fail(f"line {line}: sha256 must be 64 hexadecimal characters, not {sha256!r:.80}")
+        return
+    row.size, row.sha256 = size, sha256.lower()
+
+
+def _text(value) -> str:
+    return value if type(value) is str else str(value or "")
+
+
+def _manifest_row(lineno: int, record: dict) -> _Row:
+    if "__error__" in record:
+        return _Row(lineno, f"manifest-line-{lineno}", "").fail(record["__error__"])
+    path = _text(record.get("path")).strip()
+    uid = _text(record.get("id")).strip() or (normalise_uid(path) if path else "")
+    if not uid:
+        return _Row(lineno, f"manifest-line-{lineno}", "").fail(
+            f"line {lineno} has neither id nor path"
+        )
+    if len(uid) > _UID_MAX or "\x00" in uid:
+        return _Row(lineno, f"manifest-line-{lineno}", path[:_PATH_MAX]).fail(
+            f"line {lineno}: the id is longer than {_UID_MAX} characters or holds a NUL character"
+        )
+    row = _Row(lineno, uid, path, _text(record.get("category")))
+    if not _COLUMNS.issuperset(record):
+        row.metadata = {k: v for k, v in record.items() if k not in _COLUMNS}
+    if not path:
+        return row.fail(f"line {lineno} has no path")
+    # The columns' sizes; PostgreSQL refuses longer text, and NUL in any text.
+    if len(path) > _PATH_MAX or "\x00" in path:
+        row.source_path = path[:_PATH_MAX].replace("\x00", "")
+        return row.fail(
+            f"line {lineno}: the path is longer than {_PATH_MAX} characters "
+            "or holds a NUL character"
+        )
+    if len(row.category) > _CATEGORY_MAX or "\x00" in row.category:
+        row.category = ""
+        return row.fail(
+            f"line {lineno}: the category is longer than {_CATEGORY_MAX} characters "
+            "or holds a NUL character"
+        )
+    size, sha256 = record.get("size"), record.get("sha256")
+    if _given(size) or _given(sha256):
+        _trusted_identity(row, size, sha256)
+    return row
+
+
+def _manifest_rows(manifest: Path) -> Iterator[_Row]:
+    for lineno, record in _manifest_records(manifest):
+        yield _manifest_row(lineno, record)
+
+
+def _hash_input(root: Path, row: _Row) -> int | None:
+    """Size and sha256 measured on the file (its mtime is returned), or the row failed."""
+    try:
+        path = resolve_input(root, row.source_path)
+        row.size, mtime_ns, row.sha256 = file_identity(path)
+        return mtime_ns
+    except ValueError as exc:
+        row.fail(str(exc))
+    except FileNotFoundError:
+        row.fail(f"input file not found: {row.source_path}", ErrorClass.INPUT_MISSING)
+    except IsADirectoryError:
+        row.fail(f"input is a folder, not a file: {row.source_path}")
+    except OSError as exc:
+        row.fail(f"cannot read input: {exc.strerror or exc}", ErrorClass.INPUT_UNREADABLE)
+    return None
+
+
+def _staged_rows(campaign: Campaign, rows: Iterable[_Row]) -> Iterator[tuple]:
+    """Each row as the staging table's tuple, in import_staging.STAGED's order."""
+    root = Path(campaign.input_root)
+    # Lexical, no syscall: a trusted row's file is not touched at import. The
+    # worker reads through the strict resolve_input, which also refuses a
+    # symlink that leads out of the corpus.
+    locate = InputLocator(root)
+    share = campaign.holdout_share
+    pending, failed = UnitState.PENDING.value, UnitState.FAILED.value
+    for row in rows:
+        mtime_ns = None
+        if not row.error_class:
+            if row.sha256:
+                # A relative path without ".." cannot leave the folder: the
+                # full check (a few µs a row) only where it could.
+                path = row.source_path
+                if ".." in path or path.startswith("/"):
+                    try:
+                        locate(path)
+                    except ValueError as exc:
+                        row.fail(str(exc))
+            else:
+                mtime_ns = _hash_input(root, row)
+        metadata = json.dumps(row.metadata, ensure_ascii=False) if row.metadata else "{}"
+        if "\\u0000" in metadata:
+            # PostgreSQL's jsonb cannot hold a NUL character.
+            row.fail(f"line {row.line}: a metadata value holds a NUL character")
+            metadata = "{}"
+        if row.error_class:
+            size, sha256, mtime_ns, state = None, "", None, failed
+        else:
+            size, sha256, state = row.size, row.sha256, pending
+        yield (
+            row.line,
+            row.uid,
+            row.source_path,
+            size,
+            sha256,
+            mtime_ns,
+            row.category,
+            metadata,
+            is_holdout(row.uid, share),
+            state,
+            row.error_class,
+            row.error_message,
+        )
+
+
+def _counted(rows: Iterator[tuple], progress: Progress | None) -> Iterator[tuple]:
+    if progress is None:
+        yield from rows
+        return
+    seen = 0
+    for row in rows:
+        yield row
+        seen += 1
+        if seen == PROGRESS_EVERY:
+            progress(seen)
+            seen = 0
+    if seen:
+        progress(seen)
+
+
+def _read_ahead(rows: Iterator[tuple], *, batch: int, batches: int) -> Iterator[tuple]:
+    """`rows`, produced by a thread up to batch × batches rows ahead.
+
+    Parsing (and hashing) runs while this thread waits on the database's
+    INSERT of the previous chunk: on two cores the two overlap instead of
+    taking turns. The lead is bounded, so memory stays flat. An exception in
+    the reader (a manifest that is not UTF-8) is raised here, where it would
+    have been without the thread.
+    """
+    ahead: queue.Queue = queue.Queue(maxsize=batches)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                ahead.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read() -> None:
+        try:
+            while group := list(itertools.islice(rows, batch)):
+                if not put(group):
+                    return
+            put(None)
+        except BaseException as exc:  # handed over, raised by the consumer
+            put(exc)
+
+    reader = threading.Thread(target=read, name="import-reader", daemon=True)
+    reader.start()
+    try:
+        while (group := ahead.get()) is not None:
+            if isinstance(group, BaseException):
+                raise group
+            yield from group
+    finally:
+        stop.set()
+        reader.join()
+
+
+def _import_rows(
+    campaign: Campaign, rows: Iterable[_Row], progress: Progress | None
+) -> ImportReport:
+    report = ImportReport()
+    staged = _read_ahead(_staged_rows(campaign, rows), batch=READ_AHEAD[0], batches=READ_AHEAD[1])
+    counted = _counted(staged, progress or _progress.get())
+    streams = connection.vendor == "postgresql"
+    size = CHUNK_ROWS.get(connection.vendor, CHUNK_ROWS_DEFAULT)
+    with closing(staged), Staging(campaign=campaign) as staging:
+        while True:
+            chunk = itertools.islice(counted, size)
+            if not streams:
+                chunk = list(chunk)
+                if not chunk:
+                    break
+            # One transaction per chunk: progress is durable and visible, and
+            # none holds a million rows of locks and WAL.
+            with transaction.atomic():
+                if not staging.add(chunk, report):
+                    break
+    report.close()
+    return report
+
+
+def import_folder(campaign: Campaign, *, progress: Progress | None = None) -> ImportReport:
+    root = Path(campaign.input_root)
+    if not root.is_dir():
+        raise ManifestError(f"input folder not found: {root}")
+    return _import_rows(campaign, _walk_folder(root), progress)
+
+
+def import_manifest(
+    campaign: Campaign, manifest: Path, *, progress: Progress | None = None
+) -> ImportReport:
+    if not manifest.is_file():
+        raise ManifestError(f"manifest not found: {manifest}")
+    return _import_rows(campaign, _manifest_rows(manifest), progress)
+
+
+@dataclass
+class Preview:
+    total: int = 0
+    first: list[dict] = field(default_factory=list)
+    failing: list[dict] = field(default_factory=list)
+    checked: int = 0
+
+
+def preview(
+    *,
+    root: Path,
+    manifest: Path | None,
+    check_input,
+    params: dict,
+    show: int = 20,
+    check: int = 200,
+) -> Preview:
+    """What an import would make, without writing anything: the first units, and
+    which of the first `check` inputs would fail and why."""
+    from campaigns.intake.inputs import InputError, read_bytes
+
+    result = Preview()
+    rows = _manifest_rows(manifest) if manifest is not None else _walk_folder(root)
+    for row in rows:
+        result.total += 1
+        if len(result.first) < show:
+            result.first.append({"id": row.uid, "source_path": row.source_path})
+        if result.checked >= check:
+            continue
+        result.checked += 1
+        reason = row.error_message
+        if not reason:
+            try:
+                data = read_bytes(root, row.source_path)
+                if check_input is not None:
+                    check_input(data, params)
+            except InputError as exc:
+                reason = exc.message
+        if reason:
+            result.failing.append({"id": row.uid, "reason": reason})
+    return result

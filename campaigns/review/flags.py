@@ -1,0 +1,151 @@
+"""Flag rules: outputs that look wrong go to a human, with the reason.
+
+The thresholds are parameters of the processor, so they are part of the
+parameter version (and of its fingerprint): a change is a new version. The
+checks that need the model's numbers run in the worker (gpuworker/processors);
+the reasons and the checks on plain numbers live here, without torch.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+from campaigns.specs.processors import ParamSpec
+from campaigns.storage import outputs
+
+
+class FlagReason(models.TextChoices):
+    ABNORMAL_NORM = "abnormal_norm", "abnormal vector norm before normalisation"
+    DUPLICATE_VECTOR = "duplicate_vector", "same vector as a different input"
+    TRUNCATED = "truncated", "input truncated beyond the allowed share"
+    CLOSE_CATEGORIES = "close_categories", "close to several categories"
+    LOW_CONFIDENCE = "low_confidence", "low top-1 confidence"
+    CATEGORY_DRIFT = "category_drift", "category share drifts from the checkpoint sample"
+    TINY_INPUT = "tiny_input", "tiny input image"
+    EXTREME_ASPECT = "extreme_aspect", "extreme aspect ratio"
+    # Outputs that failed their check: the unit fails (output_invalid) and a
+    # person sees the item; the reason counts at the checkpoint like any flag.
+    NON_FINITE = outputs.NON_FINITE, "NaN or Inf in the output"
+    WRONG_OUTPUT = outputs.WRONG_OUTPUT, "output dimensions or format not as asked"
+    OUTPUT_INVALID = outputs.OUTPUT_INVALID, "output failed its check"
+    MANUAL = "manual", "flagged by hand"
+    SPOT_CHECK = "spot_check", "checkpoint spot check"
+
+
+TEXT_EMBEDDING_FLAGS = {
+    "flag_truncated_share": ParamSpec(
+        0.95,
+        type=float,
+        minimum=0,
+        maximum=1,
+        help="flag a text when more than this share of its tokens was cut (1: never)",
+    ),
+    "flag_norm_min": ParamSpec(
+        0.05,
+        type=float,
+        minimum=0,
+        help="flag a vector whose norm before normalisation is below this (0: never)",
+    ),
+    "flag_norm_max": ParamSpec(
+        0.0,
+        type=float,
+        minimum=0,
+        help="flag a vector whose norm before normalisation is above this (0: never)",
+    ),
+}
+CLASSIFICATION_FLAGS = {
+    "flag_min_margin": ParamSpec(
+        0.15,
+        type=float,
+        minimum=0,
+        maximum=1,
+        help="flag when top-1 minus top-2 probability is below this (close to several)",
+    ),
+    "flag_min_confidence": ParamSpec(
+        0.5, type=float, minimum=0, maximum=1, help="flag when the top-1 probability is below this"
+    ),
+    "flag_max_drift": ParamSpec(
+        0.5,
+        type=float,
+        minimum=0,
+        maximum=1,
+        help="after a passed checkpoint, flag a batch's units of a category whose share "
+        "exceeds the spot-check sample's by more than this (1: never)",
+    ),
+}
+
+DRIFT_MIN_BATCH = 10  # fewer units say nothing about a distribution
+
+
+def drifting_categories(
+    batch_categories: list[str], reference: list[str], threshold: float
+) -> dict[str, tuple[float, float]]:
+    """Categories over-represented in a batch against the reference sample:
+    {category: (share in batch, share in reference)}."""
+    if threshold >= 1 or len(batch_categories) < DRIFT_MIN_BATCH or not reference:
+        return {}
+    drifting = {}
+    for category in set(batch_categories):
+        share = batch_categories.count(category) / len(batch_categories)
+        expected = reference.count(category) / len(reference)
+        if share - expected > threshold:
+            drifting[category] = (share, expected)
+    return drifting
+
+
+IMAGE_INPUT_FLAGS = {
+    "flag_min_side": ParamSpec(
+        16, type=int, minimum=0, help="flag inputs whose shorter side has fewer pixels (0: never)"
+    ),
+    "flag_max_aspect": ParamSpec(
+        6, type=int, minimum=0, help="flag inputs longer than this × their width (0: never)"
+    ),
+}
+
+
+def truncation_flags(tokens: int, max_tokens: int, params: dict) -> list[tuple[str, str]]:
+    share = float(params.get("flag_truncated_share", 1.0))
+    if tokens <= max_tokens or share >= 1:
+        return []
+    cut = (tokens - max_tokens) / tokens
+    if cut <= share:
+        return []
+    return [(FlagReason.TRUNCATED, f"{tokens} tokens, {cut:.0%} cut at max_tokens {max_tokens}")]
+
+
+def norm_flags(norm: float, params: dict) -> list[tuple[str, str]]:
+    low, high = float(params.get("flag_norm_min", 0)), float(params.get("flag_norm_max", 0))
+    if low and norm < low:
+        return [(FlagReason.ABNORMAL_NORM, f"norm {norm:.4g} below {low:g}")]
+    if high and norm > high:
+        return [(FlagReason.ABNORMAL_NORM, f"norm {norm:.4g} above {high:g}")]
+    return []
+
+
+def classification_flags(probs: list[float], labels: list[str], params: dict):
+    ranked = sorted(zip(probs, labels, strict=True), reverse=True)
+    flags = []
+    if len(ranked) > 1:
+        margin = ranked[0][0] - ranked[1][0]
+        if margin < float(params.get("flag_min_margin", 0)):
+            flags.append(
+                (
+                    FlagReason.CLOSE_CATEGORIES,
+                    f"{ranked[0][1]} {ranked[0][0]:.2f} vs {ranked[1][1]} {ranked[1][0]:.2f} "
+                    f"(margin {margin:.2f})",
+                )
+            )
+    if ranked and ranked[0][0] < float(params.get("flag_min_confidence", 0)):
+        flags.append((FlagReason.LOW_CONFIDENCE, f"top-1 {ranked[0][1]} at {ranked[0][0]:.2f}"))
+    return flags
+
+
+def image_input_flags(width: int, height: int, params: dict) -> list[tuple[str, str]]:
+    flags = []
+    side = int(params.get("flag_min_side", 0))
+    if side and min(width, height) < side:
+        flags.append((FlagReason.TINY_INPUT, f"{width}×{height} pixels"))
+    aspect = int(params.get("flag_max_aspect", 0))
+    if aspect and max(width, height) > aspect * max(1, min(width, height)):
+        flags.append((FlagReason.EXTREME_ASPECT, f"{width}×{height} pixels"))
+    return flags

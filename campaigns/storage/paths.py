@@ -1,0 +1,102 @@
+"""Where things go on disk: one pure function per kind of path."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import unicodedata
+from pathlib import Path, PurePosixPath
+
+# Letters and digits of any script stay readable; everything else becomes "_".
+_UNSAFE = re.compile(r"[^\w.\-]+", re.UNICODE)
+_MAX_NAME = 80
+
+
+def normalise_uid(relative_path: str) -> str:
+    """The stable id of a file found in a folder: NFC, forward slashes, no leading './'."""
+    parts = [p for p in PurePosixPath(relative_path.replace("\\", "/")).parts if p not in ("", ".")]
+    return unicodedata.normalize("NFC", "/".join(parts))
+
+
+def safe_name(uid: str) -> str:
+    """A file name for a unit id: readable, path-safe, and unique per id.
+
+    The readable part may collide ("a/b" and "a_b"), the hash suffix does not;
+    over-long ids keep a readable prefix only.
+    """
+    return _shard_and_name(uid)[1]
+
+
+def _shard_and_name(uid: str) -> tuple[str, str]:
+    digest = hashlib.sha256(uid.encode("utf-8")).hexdigest()
+    readable = _UNSAFE.sub("_", unicodedata.normalize("NFC", uid)).strip("._") or "unit"
+    return digest[:2], f"{readable[:_MAX_NAME]}-{digest[:12]}"
+
+
+def output_name(uid: str, suffix: str) -> str:
+    """'<shard>/<name><suffix>': the part of a unit's output path that does not
+    depend on campaign or version (verify compares many of these)."""
+    shard, name = _shard_and_name(uid)
+    return f"{shard}/{name}{suffix}"
+
+
+def output_relpath(*, campaign: str, version_label: str, uid: str, suffix: str) -> PurePosixPath:
+    """Output of one unit, relative to OUTPUT_ROOT.
+
+    Sharded by the first byte of the id's hash so no folder holds millions of
+    files; the version label keeps outputs of different versions apart.
+    """
+    return PurePosixPath(campaign, version_label, output_name(uid, suffix))
+
+
+class InputLocator:
+    """resolve_input's lexical twin for verify's hot loop: no syscall per unit.
+
+    Symlinks are not followed here; that is acceptable because verify only
+    stats (and with --deep hashes) inputs, and workers read them through the
+    strict resolve_input.
+    """
+
+    def __init__(self, root: Path):
+        self.root = os.path.realpath(root)
+        self._prefix = self.root.rstrip(os.sep) + os.sep
+
+    def __call__(self, source_path: str) -> str:
+        candidate = os.path.normpath(os.path.join(self.root, source_path))
+        if not candidate.startswith(self._prefix):
+            raise ValueError(f"path {source_path!r} leaves the corpus folder {self.root}")
+        return candidate
+
+
+def resolve_input(root: Path, source_path: str) -> Path:
+    """The absolute input path of a unit; refuses anything that leaves the corpus root."""
+    root = root.resolve()
+    candidate = (root / source_path).resolve()
+    if candidate != root and root not in candidate.parents:
+        raise ValueError(f"path {source_path!r} leaves the corpus folder {root}")
+    return candidate
+
+
+SHARDS_FOLDER = "shards"
+
+
+def shard_relpath(*, campaign: str, version_label: str, batch_id: int, token: str) -> PurePosixPath:
+    """A batch's vector shard, relative to OUTPUT_ROOT (campaigns/storage/vector_shards.py).
+
+    Named by the batch and the claim's lease token, so a worker that lost its
+    lease never overwrites the file another worker's results point into; a
+    thousand batches a folder.
+    """
+    folder = shard_folder(campaign=campaign, version_label=version_label, batch_id=batch_id)
+    return folder / f"{shard_prefix(batch_id)}{token[:12]}.npz"
+
+
+def shard_folder(*, campaign: str, version_label: str, batch_id: int) -> PurePosixPath:
+    """Where a batch's shards go, relative to OUTPUT_ROOT."""
+    return PurePosixPath(campaign, version_label, SHARDS_FOLDER, f"{batch_id // 1000:04d}")
+
+
+def shard_prefix(batch_id: int) -> str:
+    """The start of every shard name a batch's claims write: 'b<id>-'."""
+    return f"b{batch_id}-"

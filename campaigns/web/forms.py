@@ -1,0 +1,196 @@
+"""The campaign setup form, its parameter fields generated from the processor's schema."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection
+from pathlib import Path
+
+from django import forms
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.utils.text import slugify
+
+from campaigns.specs import model_files
+from campaigns.specs.processors import ProcessorSpec, all_specs, get_spec
+
+PARAM_PREFIX = "param_"
+# The hidden field naming the processor whose parameter fields the form holds.
+PARAMS_FOR = "params_for"
+
+
+def corpus_folders() -> list[Path]:
+    """Folders under CORPUS_ROOTS, two levels deep: the only inputs the browser may pick."""
+    found: list[Path] = []
+    for root in settings.CORPUS_ROOTS:
+        root = Path(root)
+        if not root.is_dir():
+            continue
+        found.append(root)
+        for dirpath, dirnames, _files in os.walk(root):
+            depth = len(Path(dirpath).relative_to(root).parts)
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            if depth >= 2:
+                dirnames[:] = []
+            found.extend(Path(dirpath) / d for d in dirnames)
+    return found
+
+
+def param_fields(spec: ProcessorSpec, *, initial: dict | None = None) -> dict[str, forms.Field]:
+    fields = {}
+    for key, param in spec.params.items():
+        value = (initial or {}).get(key, param.default)
+        common = {
+            "label": key.replace("_", " "),
+            "help_text": param.help,
+            "initial": value,
+            "required": param.required,
+        }
+        if param.choices:
+            fields[PARAM_PREFIX + key] = forms.ChoiceField(
+                choices=[(c, c) for c in param.choices], **common
+            )
+        elif param.type is int:
+            fields[PARAM_PREFIX + key] = forms.IntegerField(
+                min_value=param.minimum, max_value=param.maximum, **common
+            )
+        elif param.type is float:
+            fields[PARAM_PREFIX + key] = forms.FloatField(
+                min_value=param.minimum, max_value=param.maximum, **common
+            )
+        else:
+            fields[PARAM_PREFIX + key] = forms.CharField(max_length=1000, **common)
+    return fields
+
+
+class ParamsMixin:
+    spec: ProcessorSpec | None = None
+    # True when the posted parameter fields were another processor's and were
+    # replaced by this one's defaults (CampaignSetupForm).
+    params_reset = False
+
+    def add_params(self, spec: ProcessorSpec, initial: dict | None = None) -> None:
+        self.spec = spec
+        self.fields.update(param_fields(spec, initial=initial))
+
+    def params(self) -> dict:
+        return {
+            key[len(PARAM_PREFIX) :]: value
+            for key, value in self.cleaned_data.items()
+            # A field left empty (or not posted) takes the schema's default.
+            if key.startswith(PARAM_PREFIX) and value not in (None, "")
+        }
+
+    def unknown_params(self) -> dict:
+        """Posted parameter fields the schema does not have: a typo or a tampered form."""
+        if not self.is_bound:
+            return {}
+        return {
+            key[len(PARAM_PREFIX) :]: self.data.get(key)
+            for key in self.data
+            if key.startswith(PARAM_PREFIX) and key not in self.fields
+        }
+
+    def check_params(self) -> None:
+        if self.spec is None:
+            return
+        try:
+            # Unknown keys go to the schema too, which refuses them with the
+            # message the command line gives, rather than dropping them unseen.
+            given = {**self.unknown_params(), **self.params()}
+            self.cleaned_data["params"] = self.spec.clean(given)
+            # A model or labels file that is not there, said here, not by the first batch.
+            model_files.digests(self.spec.model_params, self.cleaned_data["params"])
+        except ValidationError as exc:
+            self.add_error(None, exc)
+
+
+class CampaignSetupForm(ParamsMixin, forms.Form):
+    project = forms.CharField(
+        max_length=200, help_text="an existing project of yours, or a new one"
+    )
+    name = forms.SlugField(max_length=100, help_text="lowercase letters, digits and dashes")
+    processor = forms.ChoiceField()
+    folder = forms.ChoiceField(help_text="inputs are read from here, never written")
+    manifest = forms.FileField(
+        required=False,
+        help_text="optional CSV or JSONL (id, path, category…); paths relative to the folder",
+    )
+
+    def __init__(
+        self,
+        data=None,
+        *args,
+        processor: str | None = None,
+        refused_uploads: Collection[str] = (),
+        **kwargs,
+    ):
+        specs = all_specs()
+        chosen = processor if processor in specs else "text-embedding"
+        params_for = data.get(PARAMS_FOR) if data is not None else None
+        if params_for in specs and params_for != chosen:
+            # Another processor was picked without JavaScript, so the fields
+            # posted are the previous one's: not a mistake to refuse, but not
+            # parameters to use either. The form comes back with this one's.
+            data = _with_defaults(data, specs[chosen])
+            self.params_reset = True
+        super().__init__(data, *args, **kwargs)
+        # Files the view's upload handler stopped as they arrived (over the cap).
+        self.refused_uploads = refused_uploads
+        self.fields["processor"].choices = [(n, s.title) for n, s in sorted(specs.items())]
+        self.fields["folder"].choices = [(str(p), str(p)) for p in corpus_folders()]
+        self.fields["processor"].initial = chosen
+        self.add_params(get_spec(chosen))
+
+    def clean_name(self) -> str:
+        from campaigns.models import Campaign
+
+        name = self.cleaned_data["name"]
+        if slugify(name) != name:
+            raise ValidationError("lowercase letters, digits and dashes only")
+        if Campaign.objects.filter(name=name).exists():
+            raise ValidationError(f"a campaign named {name!r} exists already")
+        return name
+
+    def clean_manifest(self):
+        manifest = self.cleaned_data.get("manifest")
+        cap = settings.MANIFEST_UPLOAD_MAX_BYTES
+        # The setup view stops a larger file as it arrives (refused_uploads);
+        # the size covers a form given a file some other way.
+        if "manifest" in self.refused_uploads or (manifest is not None and manifest.size > cap):
+            raise ValidationError(f"manifest too large: the limit is {cap:,} bytes")
+        if manifest is None:
+            return None
+        suffix = Path(manifest.name).suffix.lower()
+        if suffix not in (".csv", ".jsonl", ".ndjson"):
+            raise ValidationError("a manifest is a .csv or .jsonl file")
+        return manifest
+
+    def clean(self):
+        cleaned = super().clean()
+        self.check_params()
+        return cleaned
+
+
+def _with_defaults(data, spec: ProcessorSpec):
+    """The posted data with its parameter fields replaced by the spec's defaults."""
+    data = data.copy()
+    for key in [key for key in data if key.startswith(PARAM_PREFIX)]:
+        del data[key]
+    for key, param in spec.params.items():
+        if param.default is not None:
+            data[PARAM_PREFIX + key] = str(param.default)
+    return data
+
+
+class ParametersForm(ParamsMixin, forms.Form):
+    """New parameters for an existing campaign: saving makes a new version if they differ."""
+
+    def __init__(self, *args, campaign, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.add_params(get_spec(campaign.processor), initial=campaign.current_version.params)
+
+    def clean(self):
+        cleaned = super().clean()
+        self.check_params()
+        return cleaned

@@ -189,7 +189,8 @@ BATCH_TIME_LIMIT = env.int("BATCH_TIME_LIMIT", default=3600)
 # A worker hands a batch's writes and recording to a thread once its model has
 # run, and starts the next batch meanwhile (gpuworker.batch_runner.run_batch):
 # "auto" where the model runs on a CUDA device (on the CPU the thread competes
-# with the model for the cores: bench/RESULTS.md), "1" always, "0" never.
+# with the model for the cores: bench/RESULTS.md, "Tried and reverted: a
+# pipelined worker"), "1" always, "0" never.
 BATCH_PIPELINE = env.str("BATCH_PIPELINE", default="auto").strip().lower()
 # Worker processes that share one device (`celery worker -c N` on one GPU, or N
 # workers with the same CUDA_VISIBLE_DEVICES): each takes 1/N of the GPU's
@@ -302,10 +303,10 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "data_folder_out": str(CELERY_BROKER_DIR / "queue"),
         "control_folder": str(CELERY_BROKER_DIR / "control"),
         # A worker looks for its next batch this often (after each batch it
-        # waits for the next look): at 0.2 s the worker-path benchmark lost a
-        # third of its time waiting; 0.05 → 0.01 s took its Celery rows from
-        # 26–28 % to 17–20 % of the model's time, for 2.5 % of a core spent
-        # polling while idle (0.65 % at 0.05 s; bench/RESULTS.md).
+        # waits for the next look): a longer interval leaves the device idle
+        # between batches, and polling this often costs a few percent of one
+        # core while idle (bench/RESULTS.md, "Rows inserted as rows, fewer
+        # statements a batch (2026-12-01)").
         "polling_interval": 0.01,
     }
 CELERY_TASK_IGNORE_RESULT = True

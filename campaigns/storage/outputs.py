@@ -57,7 +57,8 @@ def write_atomic_group(files: Iterable[tuple[Path, bytes]]) -> list[WrittenFile 
     folders, the filesystem synced once more). A reader (or verify
     after a crash) still sees no file or the whole file, as with
     `write_atomic`, at one journal commit a batch instead of two a file
-    (bench/RESULTS.md: 0.59 → 0.19 ms a file at 41 files). Where libc has no
+    (bench/RESULTS.md, "One flush a batch, a cheaper input check, DEBUG off
+    (2026-11-30)"). Where libc has no
     syncfs (not Linux), each temp file is fsynced instead.
 
     One result per file, in order: its WrittenFile, or the OSError that
@@ -177,7 +178,8 @@ def _create_temp(path: Path) -> tuple[int, str]:
     mode 0600 like mkstemp's; the folder is made when it is missing.
 
     Cheaper than mkstemp plus a mkdir each time: a worker writes thousands of
-    small outputs a minute (bench/RESULTS.md, 0.47 → 0.34 ms a file).
+    small outputs a minute (bench/RESULTS.md, "The ceiling in every row, four
+    small cuts (2026-11-30)").
     """
     tmp = f"{path.parent}/.{path.name}.{secrets.token_hex(6)}.tmp"
     try:

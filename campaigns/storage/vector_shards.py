@@ -4,7 +4,8 @@ A shard is an uncompressed .npz (numpy's zip of .npy arrays, readable anywhere
 numpy is) holding `vectors`, float32 (n, dim), and `ids`, the n unit ids in
 the same order. One file a batch instead of one a unit: a batch's outputs cost
 one create, one write and one flush to disk, and are read back for their
-check in one go (bench/RESULTS.md, session 12).
+check in one go (bench/RESULTS.md, "A shard a batch instead of a file a unit
+(2026-12-01)").
 
 A unit's output path names its row: '<campaign>/<version>/shards/…/b12-…npz#7'.
 Every reader goes through `split_member` and `VectorReader`, so per-unit .npy

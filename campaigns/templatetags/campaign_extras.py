@@ -27,9 +27,9 @@ _UNIT_ROW = (
 
 @register.simple_tag
 def unit_rows(rows):
-    """The unit table's rows, escaped, in one call: the template's own loop
-    over 50 rows of seven cells took ~0.75 ms a page, this ~0.45 (a campaign
-    page view is ~7 ms; bench/RESULTS.md, "Pages at scale")."""
+    """The unit table's rows, escaped, in one call: cheaper than the template's
+    own loop over 50 rows of seven cells, on a page polled while a run goes
+    (bench/RESULTS.md, "Pages at scale")."""
     return format_html_join(
         "\n",
         _UNIT_ROW,

@@ -101,8 +101,9 @@ def _visible_items(request: HttpRequest) -> QuerySet[ReviewItem]:
 
 def _filtered(request: HttpRequest, filters: Filters, *, state: bool = True) -> QuerySet:
     if filters.campaign:
-        # The campaign's id first: filtering by name joined every open item to
-        # its campaign (0.3-0.7 s with 30k open items, bench/RESULTS.md).
+        # The campaign's id first: filtering by name joins every open item to
+        # its campaign, which is slow at tens of thousands of open items
+        # (bench/RESULTS.md, "Pages at scale").
         campaign_id = (
             selectors.campaigns_for_user(request.user)
             .filter(name=filters.campaign)
@@ -123,8 +124,8 @@ def _filtered(request: HttpRequest, filters: Filters, *, state: bool = True) -> 
 
 def _item_for_user(request: HttpRequest, pk) -> ReviewItem:
     # What every pane shows; the attempt and the reviewer load when the item
-    # has them. PostgreSQL spent 2.3 ms planning the seven-table join that
-    # fetched them all, for 0.2 ms of reading.
+    # has them: PostgreSQL plans a seven-table join that fetches them all for
+    # ten times longer than it reads.
     item = (
         _visible_items(request).select_related("campaign", "unit", "version").filter(pk=pk).first()
     )
@@ -185,7 +186,7 @@ def review_queue(request: HttpRequest) -> HttpResponse:
     total = counts.get(filters.reason, 0) if filters.reason else sum(counts.values())
     context = {
         **pane,
-        # The row's four cells only: whole units and campaigns cost ~3 ms a page to build.
+        # The row's four cells only: whole units and campaigns are dear to build.
         "rows": items.select_related("campaign", "unit").only(*QUEUE_ROW_FIELDS)[:ITEMS_SHOWN],
         "total": total,
         "shown": min(total, ITEMS_SHOWN),

@@ -7,6 +7,9 @@ new units, which one INSERT … SELECT … ON CONFLICT DO NOTHING adds in manife
 order (unit ids are the "original" batch order). These are ordinary INSERTs and
 UPDATEs on campaigns_unit, so its constraints and triggers see every row. No
 set of ids lives in Python: the unique index on (campaign, uid) is the memory.
+
+One module over 400 lines: its statements share one temporary table's name
+and shape and one savepoint protocol, and read best side by side.
 """
 
 from __future__ import annotations

@@ -4,30 +4,26 @@ Counts come from campaigns_unitcount, which triggers keep in the transaction
 that changes units (migration 0009): one query over a few dozen rows per
 campaign page or poll, one for the whole campaign list. Never GROUP BY or
 COUNT over campaigns_unit on a page: a campaign may hold millions of units.
+The hand-written SQL of these reads lives in campaigns/db/page_queries.py;
+this module turns its rows into what pages and commands use.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple
 
-from django.contrib.auth import get_user_model
-from django.db import connection
 from django.db.models import Q, QuerySet
 
-from campaigns.db import id_order, sql_rows
+from campaigns.db import id_order, page_queries
 from campaigns.models import (
     Attempt,
-    Batch,
     Campaign,
     Checkpoint,
     ErrorClass,
-    ParameterVersion,
     Profile,
-    Project,
     Reconciliation,
     Unit,
     UnitState,
@@ -94,17 +90,7 @@ def campaign_counts(*, campaign: Campaign) -> Counts:
 def counts_by_campaign(*, campaign_ids: list[int]) -> dict[int, Counts]:
     if not campaign_ids:
         return {}
-    # Plain SQL: the poll's hottest query, where building it through the ORM
-    # cost several times what PostgreSQL spends answering it.
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT campaign_id, state, error_class, SUM(n), COUNT(*) FROM campaigns_unitcount "
-            f"WHERE campaign_id IN ({', '.join(['%s'] * len(campaign_ids))}) "
-            "GROUP BY campaign_id, state, error_class",
-            campaign_ids,
-        )
-        rows = cursor.fetchall()
-    return _counts_from_rows(campaign_ids, rows)
+    return _counts_from_rows(campaign_ids, page_queries.unit_count_rows(campaign_ids=campaign_ids))
 
 
 def _counts_from_rows(campaign_ids: list[int], rows) -> dict[int, Counts]:
@@ -122,37 +108,16 @@ def _counts_from_rows(campaign_ids: list[int], rows) -> dict[int, Counts]:
         deltas[cid] += summed
     for cid, summed in deltas.items():
         if summed > COMPACT_AFTER_ROWS:
-            unit_counts_compact(campaign_id=cid)
+            page_queries.unit_counts_compact(campaign_id=cid)
     return result
-
-
-# campaigns_for_user's rule in SQL, on a campaign `c` (members and staff; tests/
-# campaigns/test_page_queries.py holds the two together): for the queries that
-# read a campaign and more in one round trip.
-_MAY_SEE = """(%(staff)s OR EXISTS (
-    SELECT 1 FROM campaigns_project_members m
-    WHERE m.project_id = c.project_id AND m.user_id = %(user)s))"""
-
-# The poll's one query: the campaign by name if the user may see it, with its
-# counters. An unknown name or an outsider gets no row at all.
-_COUNTS_FOR_USER_SQL = f"""
-SELECT c.id, u.state, u.error_class, SUM(u.n), COUNT(u.n)
-FROM campaigns_campaign c
-LEFT JOIN campaigns_unitcount u ON u.campaign_id = c.id
-WHERE c.name = %(name)s AND {_MAY_SEE}
-GROUP BY c.id, u.state, u.error_class
-"""
 
 
 def campaign_counts_for_user(*, user, name: str) -> tuple[int, Counts] | None:
     """(campaign id, counts) of the named campaign, or None when the user may
     not see it: the counts poll in one round trip, where the campaign lookup
-    through the ORM and the counts query cost three times as much (bench/RESULTS.md)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _COUNTS_FOR_USER_SQL, {"name": name, "staff": bool(user.is_staff), "user": user.pk}
-        )
-        rows = cursor.fetchall()
+    through the ORM and the counts query costs more (bench/RESULTS.md, "Counts poll
+    in one query, cached batch panels (2026-11-30, session 4)")."""
+    rows = page_queries.unit_count_rows_for_user(user=user, name=name)
     if not rows:
         return None
     campaign_id = rows[0][0]
@@ -165,16 +130,6 @@ def campaign_counts_for_user(*, user, name: str) -> tuple[int, Counts] | None:
 COMPACT_AFTER_ROWS = 200
 
 
-def unit_counts_compact(*, campaign_id: int) -> None:
-    """Fold a campaign's count deltas into one row per key (PostgreSQL only:
-    SQLite keeps one row per key already). Never waits: when another
-    transaction is folding the same campaign, this does nothing."""
-    if connection.vendor != "postgresql":
-        return
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT campaigns_unitcount_compact(%s)", [campaign_id])
-
-
 def campaigns_for_user(user) -> QuerySet[Campaign]:
     qs = Campaign.objects.select_related("project", "current_version")
     if user.is_staff:
@@ -182,45 +137,12 @@ def campaigns_for_user(user) -> QuerySet[Campaign]:
     return qs.filter(project__members=user)
 
 
-# A campaign's categories, one index probe each on unit_campaign_category_id
-# (a "skip scan"): reading the distinct values of a million units, or joining
-# every review item to its unit, took 0.1-0.3 s (bench/RESULTS.md).
-_CATEGORIES_SQL = """
-WITH RECURSIVE found(category) AS (
-    SELECT (SELECT category FROM campaigns_unit
-            WHERE campaign_id = %(campaign)s AND category <> ''
-            ORDER BY category LIMIT 1)
-    UNION ALL
-    SELECT (SELECT u.category FROM campaigns_unit u
-            WHERE u.campaign_id = %(campaign)s AND u.category <> '' AND u.category > found.category
-            ORDER BY u.category LIMIT 1)
-    FROM found WHERE found.category IS NOT NULL
-)
-SELECT category FROM found WHERE category IS NOT NULL
-"""
-
-
 def unit_categories(*, campaign_ids: list[int]) -> list[str]:
     """Every category the units of these campaigns have, sorted, without reading them all."""
-    found: set[str] = set()
-    with connection.cursor() as cursor:
-        for campaign_id in campaign_ids:
-            cursor.execute(_CATEGORIES_SQL, {"campaign": campaign_id})
-            found.update(row[0] for row in cursor.fetchall())
-    return sorted(found)
+    return page_queries.unit_categories(campaign_ids=campaign_ids)
 
 
 # --- the campaign page's header ------------------------------------------------
-
-# Only what the page shows of them: a profile's steps or a checkpoint's sample
-# can be long JSON documents.
-_RECONCILIATION_FIELDS = ("id", "created_at", "deep", "seconds", "counts", "samples")
-_PROFILE_FIELDS = ("id", "state", "chosen_batch_size")
-_CHECKPOINT_FIELDS = ("id", "state", "reason", "decided_by", "decided_at")
-
-
-def _decider_fields() -> tuple[str, str]:
-    return ("id", get_user_model().USERNAME_FIELD)  # for get_username()
 
 
 @dataclass
@@ -237,108 +159,33 @@ class CampaignPage:
     newest_finished_batch: object
 
 
-# A campaign with its project and current version, as the pages show it.
-_CAMPAIGN_JOINS = """FROM campaigns_campaign c
-JOIN campaigns_project p ON p.id = c.project_id
-LEFT JOIN campaigns_parameterversion v ON v.id = c.current_version_id"""
-
-
-def _campaign_columns() -> str:
-    return ", ".join(
-        sql_rows.columns(model, alias)
-        for model, alias in ((Campaign, "c"), (Project, "p"), (ParameterVersion, "v"))
-    )
-
-
-def _campaign_from(values) -> Campaign:
-    """The campaign whose _campaign_columns() lead `values`, project and version set."""
-    campaign = sql_rows.instance(Campaign, values)
-    campaign.project = sql_rows.instance(Project, values)
-    campaign.current_version = sql_rows.instance(ParameterVersion, values)
-    return campaign
-
-
-@functools.cache
-def _campaign_for_user_sql() -> str:
-    return (
-        f"SELECT {_campaign_columns()}\n{_CAMPAIGN_JOINS}\nWHERE c.name = %(name)s AND {_MAY_SEE}"
-    )
-
-
 def campaign_for_user(*, user, name: str) -> Campaign | None:
     """The named campaign if the user may see it (project and current version
     loaded), in plain SQL: every campaign view starts with it, and the ORM spent
-    more building this query than PostgreSQL answering it (bench/RESULTS.md)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _campaign_for_user_sql(),
-            {"name": name, "staff": bool(user.is_staff), "user": user.pk},
-        )
-        row = cursor.fetchone()
-    return None if row is None else _campaign_from(iter(row))
-
-
-@functools.cache
-def _campaign_page_sql() -> str:
-    user_model = get_user_model()
-    latest = "SELECT id FROM {} WHERE campaign_id = c.id ORDER BY created_at DESC, id DESC LIMIT 1"
-    return f"""
-SELECT {_campaign_columns()},
-    {sql_rows.columns(Reconciliation, "r", _RECONCILIATION_FIELDS)},
-    {sql_rows.columns(Profile, "pr", _PROFILE_FIELDS)},
-    {sql_rows.columns(Checkpoint, "ck", _CHECKPOINT_FIELDS)},
-    {sql_rows.columns(user_model, "d", _decider_fields())},
-    (SELECT COALESCE(SUM(rc.n), 0) FROM campaigns_reviewcount rc WHERE rc.campaign_id = c.id),
-    (SELECT b.finished_at FROM campaigns_batch b
-     WHERE b.campaign_id = c.id AND b.state = %(done)s AND b.finished_at IS NOT NULL
-     ORDER BY b.finished_at DESC LIMIT 1)
-{_CAMPAIGN_JOINS}
-LEFT JOIN campaigns_reconciliation r
-    ON r.id = ({latest.format("campaigns_reconciliation")})
-LEFT JOIN campaigns_profile pr
-    ON pr.id = ({latest.format("campaigns_profile")})
-LEFT JOIN campaigns_checkpoint ck
-    ON ck.campaign_id = c.id AND ck.version_id = c.current_version_id
-LEFT JOIN {user_model._meta.db_table} d ON d.id = ck.decided_by_id
-WHERE c.name = %(name)s AND {_MAY_SEE}
-"""
+    more building this query than PostgreSQL answering it (bench/RESULTS.md, "The
+    campaign page's header in one query (2026-11-30, session 5)")."""
+    return page_queries.campaign_row_for_user(user=user, name=name)
 
 
 def campaign_page_for_user(*, user, name: str) -> CampaignPage | None:
     """The named campaign if the user may see it, with its project, current
     version, last verify, latest profile, the current version's checkpoint,
     the open review count and the newest finished batch: one round trip where
-    the ORM took six (bench/RESULTS.md, "Pages at scale")."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _campaign_page_sql(),
-            {
-                "name": name,
-                "staff": bool(user.is_staff),
-                "user": user.pk,
-                "done": Batch.State.DONE.value,
-            },
-        )
-        row = cursor.fetchone()
+    the ORM takes six (bench/RESULTS.md, "The campaign page's header in one query
+    (2026-11-30, session 5)")."""
+    row = page_queries.campaign_page_row(user=user, name=name)
     if row is None:
         return None
-    values = iter(row)
-    campaign = _campaign_from(values)
-    reconciliation = sql_rows.instance(Reconciliation, values, _RECONCILIATION_FIELDS)
-    profile = sql_rows.instance(Profile, values, _PROFILE_FIELDS)
-    checkpoint = sql_rows.instance(Checkpoint, values, _CHECKPOINT_FIELDS)
-    decider = sql_rows.instance(get_user_model(), values, _decider_fields())
-    if checkpoint is not None:
-        checkpoint.campaign = campaign
-        checkpoint.decided_by = decider
-    open_review_items, newest_finished_batch = values
+    if row.checkpoint is not None:
+        row.checkpoint.campaign = row.campaign
+        row.checkpoint.decided_by = row.decider
     return CampaignPage(
-        campaign=campaign,
-        reconciliation=reconciliation,
-        latest_profile=profile,
-        checkpoint=checkpoint,
-        open_review_items=int(open_review_items),  # SUM(bigint) is numeric on PostgreSQL
-        newest_finished_batch=newest_finished_batch,
+        campaign=row.campaign,
+        reconciliation=row.reconciliation,
+        latest_profile=row.profile,
+        checkpoint=row.checkpoint,
+        open_review_items=row.open_review_items,
+        newest_finished_batch=row.newest_finished_batch,
     )
 
 
@@ -359,27 +206,14 @@ def failure_reasons(*, campaign: Campaign, limit: int = 10) -> list[tuple[str, s
     are an index read however many units failed. The page shows a few and
     links to the unit table filtered to failed units for the rest.
     """
-    # Plain SQL, as the counts: building it through the ORM cost more than
-    # PostgreSQL spends answering it.
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT uid, error_class, error_message FROM campaigns_unit "
-            "WHERE campaign_id = %s AND state = %s ORDER BY error_class, id LIMIT %s",
-            [campaign.pk, UnitState.FAILED.value, limit],
-        )
-        return cursor.fetchall()
+    return page_queries.failed_unit_rows(campaign_id=campaign.pk, limit=limit)
 
 
 def open_review_items(*, campaign: Campaign) -> int:
     """How many review items of the campaign wait for a decision, from the
     counters the triggers of migration 0016 keep (campaign_page_for_user reads
     them in its query)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT COALESCE(SUM(n), 0) FROM campaigns_reviewcount WHERE campaign_id = %s",
-            [campaign.pk],
-        )
-        return int(cursor.fetchone()[0])
+    return page_queries.open_review_count(campaign_id=campaign.pk)
 
 
 # --- the unit table ------------------------------------------------------------

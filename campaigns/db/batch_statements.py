@@ -1,8 +1,9 @@
 """The statements a worker sends for every batch, written out.
 
-A batch of ~40 short texts costs the worker ~20–30 ms of host work, and Django
-building these few statements (filters, compilers, model instances) took more
-of it than the database running them (bench/RESULTS.md, session 15). They are
+Django building these few statements (filters, compilers, model instances)
+costs a worker more of a small batch's host work than the database running
+them (bench/RESULTS.md, "Session 15 (2026-12-01): the worker's statements
+written out; arrays for PostgreSQL"). They are
 plain SQL here, tied to the models through sql_rows (column lists from the
 fields, values through the ORM's converters), on SQLite and PostgreSQL alike.
 What the worker does less often stays in the ORM.
@@ -118,8 +119,8 @@ class ClaimedUnit:
     """A unit as the worker runs it: what it reads (where the input is, the
     hash recorded at import) and the results it writes back (the `Unit`
     columns of the same names). A plain record: a `Unit` instance a row, every
-    column converted, cost 82.7 ms for 3,000 units against 2.1 (bench/RESULTS.md,
-    session 16)."""
+    column converted, costs many times more (bench/RESULTS.md, "Session 16
+    (2026-12-01): where the Celery rows' time outside the model goes")."""
 
     pk: int
     uid: str
@@ -217,7 +218,7 @@ def _probe_template(vendor: str) -> tuple[str, str, tuple]:
 
 def earlier_outputs_statement(version_id: int, digests: list[str]) -> tuple[str, list]:
     """earlier_outputs_with_hashes's SQL and values. Its queryset is built and
-    compiled once a process (a batch's building it took more than the
+    compiled once a process (building it for each batch costs more than the
     database's answer); the statement is the same text, with the version and
     as many hashes as asked."""
     head, tail, template = _probe_template(connection.vendor)

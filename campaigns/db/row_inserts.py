@@ -99,9 +99,10 @@ def array_marks(fields: Sequence[models.Field]) -> str:
     array, so a statement carries a value a column, not one a row and column.
 
     psycopg parses a statement's placeholders in Python, on every call for a
-    long one: a batch's attempts as VALUES (~40 rows × 16) cost more to parse
-    than to run (bench/RESULTS.md, session 15). Django's bulk_create does the
-    same (its UNNEST insert), with the types' lengths dropped so that nothing
+    long one: a batch's attempts as VALUES (a row each, 16 columns) cost more
+    to parse than to run (bench/RESULTS.md, "Session 15 (2026-12-01): the
+    worker's statements written out; arrays for PostgreSQL"). Django's
+    bulk_create does the same (its UNNEST insert), with the types' lengths dropped so that nothing
     is cut to a varchar's length on the way.
     """
     return ", ".join(f"(%s)::{f.db_type(connection).split('(')[0]}[]" for f in fields)

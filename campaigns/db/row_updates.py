@@ -1,7 +1,8 @@
 """Many rows of one table updated with their own values, in one statement per chunk.
 
-`bulk_update` builds a CASE expression per field and row (a fifth of a small
-batch's time in the worker-path benchmark), and an UPDATE per row makes
+`bulk_update` builds a CASE expression per field and row (a large share of a
+small batch's time: bench/RESULTS.md, "Worker path against
+sentence-transformers — `bench/worker_path.py`"), and an UPDATE per row makes
 PostgreSQL run campaigns_unit's statement-level counter trigger once per row.
 `UPDATE … FROM` a set of rows does neither: on SQLite (3.33+) `WITH v(…) AS
 (VALUES …)`, on PostgreSQL `UNNEST` of one array a column (typed by its

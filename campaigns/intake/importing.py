@@ -13,7 +13,7 @@ in seconds. The worker hashes the bytes it reads anyway and fails the unit
 costs that unit, never a mixed result. Any other row (and every file of a
 folder import) is stat-ed and hashed here: correct, but bound by the disk.
 
-Rows stream through the database in chunks (import_staging.py): memory stays
+Rows stream through the database in chunks (campaigns/db/import_staging.py): memory stays
 flat whatever the size of the corpus.
 """
 
@@ -35,7 +35,7 @@ from pathlib import Path
 
 from django.db import connection, transaction
 
-from campaigns.intake.staging import Staging
+from campaigns.db.import_staging import Staging
 from campaigns.models import Campaign, ErrorClass, Unit, UnitState
 from campaigns.review.holdout import is_holdout
 from campaigns.storage.outputs import file_sha256

@@ -9,9 +9,9 @@ from datetime import datetime
 from functools import cached_property
 
 from django.core.cache import cache
-from django.db import connection
 from django.db.models import Count, Sum
 
+from campaigns.db import page_queries
 from campaigns.models import Batch, Campaign
 
 CHART_BATCHES = 200
@@ -66,23 +66,16 @@ _NOT_READ = object()
 def batch_panels(*, campaign: Campaign, newest_finished=_NOT_READ) -> BatchPanels:
     """The policy comparison, the memory chart (drawn) and its warning.
 
-    The aggregate reads every finished batch of the campaign (20–46 ms at
-    15,625 batches, bench/RESULTS.md "Pages at scale"), the chart the last 200
-    and formats 800 points: all are computed again only when a batch finished
+    The aggregate reads every finished batch of the campaign, tens of
+    milliseconds at a large campaign (bench/RESULTS.md, "Pages at scale (issue
+    8) — `bench/pages_scale.py`"), the chart the last 200 and formats 800
+    points: all are computed again only when a batch finished
     since, which the newest finished_at tells from one index entry
     (batch_done_finished), the key of the cached panels. A caller that read
     that finished_at already (the campaign page's header query) passes it.
     """
     if newest_finished is _NOT_READ:
-        with connection.cursor() as cursor:
-            # Plain SQL: on a cache hit this is all the panels cost.
-            cursor.execute(
-                "SELECT finished_at FROM campaigns_batch WHERE campaign_id = %s AND state = %s "
-                "AND finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT 1",
-                [campaign.pk, Batch.State.DONE.value],
-            )
-            row = cursor.fetchone()
-        newest_finished = row[0] if row else None
+        newest_finished = page_queries.newest_finished_batch(campaign_id=campaign.pk)
     if newest_finished is None:  # nothing finished yet, or only rows without a time: no key
         return _batch_panels(campaign)
     # The time as the database gives it (a datetime, or text on SQLite),

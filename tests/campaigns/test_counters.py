@@ -160,7 +160,7 @@ def test_the_migration_backfill_counts_existing_units(make_campaign):
     migration = importlib.import_module("campaigns.migrations.0009_unit_counters")
     UnitCount.objects.all().delete()
     with connection.cursor() as cursor:
-        cursor.execute(migration.BACKFILL)
+        cursor.execute(migration.UNIT_COUNTS.backfill)
     _assert_counters_match()
 
 

@@ -509,7 +509,7 @@ def test_the_import_command_reports_as_json(project, tmp_path):
 def test_an_id_another_import_adds_meanwhile_is_counted_once(project, tmp_path, monkeypatch):
     # given: a campaign with "x"; between looking ids up and inserting, another
     # import adds "b"
-    from campaigns.intake.staging import Staging
+    from campaigns.db.import_staging import Staging
 
     def row(uid):
         return {"id": uid, "path": f"{uid}.txt", "size": 1, "sha256": _sha(uid)}

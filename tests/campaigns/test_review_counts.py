@@ -102,7 +102,7 @@ def test_the_migration_backfill_counts_existing_open_items(make_campaign, owner)
     migration = importlib.import_module("campaigns.migrations.0016_review_counters")
     ReviewCount.objects.all().delete()
     with connection.cursor() as cursor:
-        cursor.execute(migration.BACKFILL)
+        cursor.execute(migration.OPEN_REVIEW_ITEMS.backfill)
     _assert_counters_match()
     assert selectors.open_review_items(campaign=campaign) == 3
 

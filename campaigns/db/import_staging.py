@@ -7,6 +7,9 @@ new units, which one INSERT … SELECT … ON CONFLICT DO NOTHING adds in manife
 order (unit ids are the "original" batch order). These are ordinary INSERTs and
 UPDATEs on campaigns_unit, so its constraints and triggers see every row. No
 set of ids lives in Python: the unique index on (campaign, uid) is the memory.
+
+One module over 400 lines: its statements share one temporary table's name
+and shape and one savepoint protocol, and read best side by side.
 """
 
 from __future__ import annotations
@@ -169,8 +172,10 @@ class Staging:
         """Import one chunk of rows (tuples in STAGED order); returns how many were read.
 
         On PostgreSQL, while every id so far was new, the chunk is first COPYed
-        straight into campaigns_unit: half the database's work of staging it
-        and then INSERT … SELECT (bench/RESULTS.md, "Import at scale"). The
+        straight into campaigns_unit, which costs the database much less than
+        staging it and then INSERT … SELECT (bench/RESULTS.md, "Fewer index entries, a
+        statement-level campaign check, COPY into the units (2026-11-30,
+        session 3)"). The
         unique index refuses a chunk with an id that is not new; its savepoint
         is undone and the chunk goes the staged way, which sorts it out.
         """
@@ -290,8 +295,9 @@ class Staging:
 
         The table's statistics lag a bulk import (a fresh campaign's million
         units look like a thousand), and even when right the planner would
-        rather hash the whole campaign than probe 50,000 ids: ten times slower
-        at a million units. LOCAL: the transaction's rollback undoes it too.
+        rather hash the whole campaign than probe 50,000 ids, which is slower
+        by far at a million units (bench/RESULTS.md, "Import at scale (issue 8)
+        — `bench/import_scale.py`"). LOCAL: the transaction's rollback undoes it too.
         """
         if self.postgres:
             cursor.execute("SET LOCAL enable_hashjoin = off")
@@ -307,10 +313,11 @@ class Staging:
 
         Right after a bulk import the statistics still say the campaign has a
         handful of units; the planner then reads the campaign's units through
-        (campaign, id) and filters on uid, once per staged row: a re-import of
-        a million rows ran for minutes. With fresh statistics it probes the
-        unique (campaign, uid) index. ANALYZE samples 30,000 rows (well under a
-        second at a million units) and waits only for another ANALYZE.
+        (campaign, id) and filters on uid, once per staged row, and a re-import
+        of a million rows takes minutes (bench/RESULTS.md, "Fewer index entries,
+        a statement-level campaign check, COPY into the units (2026-11-30,
+        session 3)"). With fresh statistics it probes the unique (campaign, uid)
+        index. ANALYZE samples 30,000 rows and waits only for another ANALYZE.
         """
         if self.statistics_checked:
             return

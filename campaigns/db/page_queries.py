@@ -1,0 +1,274 @@
+"""The hand-written reads behind the campaign pages and the counts poll.
+
+Each function sends one statement (unit_categories one a campaign) and returns
+rows or model instances; campaigns/selectors.py turns them into what pages
+show. Plain SQL because these are the pages' hottest queries, where building
+them through the ORM costs more than the database spends answering them
+(bench/RESULTS.md, "Counts poll in one query, cached batch panels (2026-11-30,
+session 4)" and "The campaign page's header in one query (2026-11-30, session
+5)"). Counts come from the trigger-kept counter tables (campaigns/db/counters.py),
+never from GROUP BY or COUNT over campaigns_unit: a campaign may hold millions
+of units.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+from django.contrib.auth import get_user_model
+from django.db import connection
+
+from campaigns.db import sql_rows
+from campaigns.models import (
+    Batch,
+    Campaign,
+    Checkpoint,
+    ParameterVersion,
+    Profile,
+    Project,
+    Reconciliation,
+    UnitState,
+)
+
+# --- unit counts ------------------------------------------------------------------
+
+
+def unit_count_rows(*, campaign_ids: list[int]) -> list[tuple]:
+    """(campaign id, state, error class, SUM(n), rows summed) of these campaigns'
+    unit counters, one row per key."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT campaign_id, state, error_class, SUM(n), COUNT(*) FROM campaigns_unitcount "
+            f"WHERE campaign_id IN ({', '.join(['%s'] * len(campaign_ids))}) "
+            "GROUP BY campaign_id, state, error_class",
+            campaign_ids,
+        )
+        return cursor.fetchall()
+
+
+# campaigns_for_user's rule in SQL, on a campaign `c` (members and staff; tests/
+# campaigns/test_page_queries.py holds the two together): for the queries that
+# read a campaign and more in one round trip.
+_MAY_SEE = """(%(staff)s OR EXISTS (
+    SELECT 1 FROM campaigns_project_members m
+    WHERE m.project_id = c.project_id AND m.user_id = %(user)s))"""
+
+# The poll's one query: the campaign by name if the user may see it, with its
+# counters. An unknown name or an outsider gets no row at all.
+_COUNTS_FOR_USER_SQL = f"""
+SELECT c.id, u.state, u.error_class, SUM(u.n), COUNT(u.n)
+FROM campaigns_campaign c
+LEFT JOIN campaigns_unitcount u ON u.campaign_id = c.id
+WHERE c.name = %(name)s AND {_MAY_SEE}
+GROUP BY c.id, u.state, u.error_class
+"""
+
+
+def _access(user, name: str) -> dict:
+    return {"name": name, "staff": bool(user.is_staff), "user": user.pk}
+
+
+def unit_count_rows_for_user(*, user, name: str) -> list[tuple]:
+    """unit_count_rows of the named campaign if the user may see it (no rows
+    otherwise); a campaign without counter rows gives one row of NULLs."""
+    with connection.cursor() as cursor:
+        cursor.execute(_COUNTS_FOR_USER_SQL, _access(user, name))
+        return cursor.fetchall()
+
+
+def unit_counts_compact(*, campaign_id: int) -> None:
+    """Fold a campaign's count deltas into one row per key (PostgreSQL only:
+    SQLite keeps one row per key already). Never waits: when another
+    transaction is folding the same campaign, this does nothing."""
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT campaigns_unitcount_compact(%s)", [campaign_id])
+
+
+def open_review_count(*, campaign_id: int) -> int:
+    """The campaign's open review items, from the counters of migration 0016."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT COALESCE(SUM(n), 0) FROM campaigns_reviewcount WHERE campaign_id = %s",
+            [campaign_id],
+        )
+        return int(cursor.fetchone()[0])  # SUM(bigint) is numeric on PostgreSQL
+
+
+# --- units ---------------------------------------------------------------------------
+
+# A campaign's categories, one index probe each on unit_campaign_category_id
+# (a "skip scan"), rather than reading the distinct values of a million units
+# or joining every review item to its unit (bench/RESULTS.md, "Re-measured on
+# an idle machine (2026-11-30, session 3)", under "Pages at scale").
+_CATEGORIES_SQL = """
+WITH RECURSIVE found(category) AS (
+    SELECT (SELECT category FROM campaigns_unit
+            WHERE campaign_id = %(campaign)s AND category <> ''
+            ORDER BY category LIMIT 1)
+    UNION ALL
+    SELECT (SELECT u.category FROM campaigns_unit u
+            WHERE u.campaign_id = %(campaign)s AND u.category <> '' AND u.category > found.category
+            ORDER BY u.category LIMIT 1)
+    FROM found WHERE found.category IS NOT NULL
+)
+SELECT category FROM found WHERE category IS NOT NULL
+"""
+
+
+def unit_categories(*, campaign_ids: list[int]) -> list[str]:
+    """Every category the units of these campaigns have, sorted, without reading them all."""
+    found: set[str] = set()
+    with connection.cursor() as cursor:
+        for campaign_id in campaign_ids:
+            cursor.execute(_CATEGORIES_SQL, {"campaign": campaign_id})
+            found.update(row[0] for row in cursor.fetchall())
+    return sorted(found)
+
+
+def failed_unit_rows(*, campaign_id: int, limit: int) -> list[tuple[str, str, str]]:
+    """(uid, error class, message) of the campaign's first failed units by
+    (error_class, pk): the partial failed-units index's order, so an index read
+    however many units failed."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT uid, error_class, error_message FROM campaigns_unit "
+            "WHERE campaign_id = %s AND state = %s ORDER BY error_class, id LIMIT %s",
+            [campaign_id, UnitState.FAILED.value, limit],
+        )
+        return cursor.fetchall()
+
+
+def newest_finished_batch(*, campaign_id: int) -> object | None:
+    """The finished_at of the campaign's newest finished batch, as the database
+    gives it (a datetime, or text on SQLite), from one entry of the partial
+    index batch_done_finished; None before any. On a cache hit of the batch
+    panels this is all they cost."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT finished_at FROM campaigns_batch WHERE campaign_id = %s AND state = %s "
+            "AND finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT 1",
+            [campaign_id, Batch.State.DONE.value],
+        )
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+# --- the campaign and its page's header -----------------------------------------------
+
+# Only what the page shows of them: a profile's steps or a checkpoint's sample
+# can be long JSON documents.
+_RECONCILIATION_FIELDS = ("id", "created_at", "deep", "seconds", "counts", "samples")
+_PROFILE_FIELDS = ("id", "state", "chosen_batch_size")
+_CHECKPOINT_FIELDS = ("id", "state", "reason", "decided_by", "decided_at")
+
+
+def _decider_fields() -> tuple[str, str]:
+    return ("id", get_user_model().USERNAME_FIELD)  # for get_username()
+
+
+# A campaign with its project and current version, as the pages show it.
+_CAMPAIGN_JOINS = """FROM campaigns_campaign c
+JOIN campaigns_project p ON p.id = c.project_id
+LEFT JOIN campaigns_parameterversion v ON v.id = c.current_version_id"""
+
+
+def _campaign_columns() -> str:
+    return ", ".join(
+        sql_rows.columns(model, alias)
+        for model, alias in ((Campaign, "c"), (Project, "p"), (ParameterVersion, "v"))
+    )
+
+
+def _campaign_from(values) -> Campaign:
+    """The campaign whose _campaign_columns() lead `values`, project and version set."""
+    campaign = sql_rows.instance(Campaign, values)
+    campaign.project = sql_rows.instance(Project, values)
+    campaign.current_version = sql_rows.instance(ParameterVersion, values)
+    return campaign
+
+
+@functools.cache
+def _campaign_for_user_sql() -> str:
+    return (
+        f"SELECT {_campaign_columns()}\n{_CAMPAIGN_JOINS}\nWHERE c.name = %(name)s AND {_MAY_SEE}"
+    )
+
+
+def campaign_row_for_user(*, user, name: str) -> Campaign | None:
+    """The named campaign if the user may see it, its project and current
+    version loaded, in one statement."""
+    with connection.cursor() as cursor:
+        cursor.execute(_campaign_for_user_sql(), _access(user, name))
+        row = cursor.fetchone()
+    return None if row is None else _campaign_from(iter(row))
+
+
+class CampaignPageRow(NamedTuple):
+    """campaign_page_row's instances and values, as read."""
+
+    campaign: Campaign
+    reconciliation: Reconciliation | None
+    profile: Profile | None
+    checkpoint: Checkpoint | None
+    decider: object | None  # the user who decided the checkpoint
+    open_review_items: int
+    newest_finished_batch: object  # its finished_at, as the database gives it
+
+
+@functools.cache
+def _campaign_page_sql() -> str:
+    user_model = get_user_model()
+    latest = "SELECT id FROM {} WHERE campaign_id = c.id ORDER BY created_at DESC, id DESC LIMIT 1"
+    return f"""
+SELECT {_campaign_columns()},
+    {sql_rows.columns(Reconciliation, "r", _RECONCILIATION_FIELDS)},
+    {sql_rows.columns(Profile, "pr", _PROFILE_FIELDS)},
+    {sql_rows.columns(Checkpoint, "ck", _CHECKPOINT_FIELDS)},
+    {sql_rows.columns(user_model, "d", _decider_fields())},
+    (SELECT COALESCE(SUM(rc.n), 0) FROM campaigns_reviewcount rc WHERE rc.campaign_id = c.id),
+    (SELECT b.finished_at FROM campaigns_batch b
+     WHERE b.campaign_id = c.id AND b.state = %(done)s AND b.finished_at IS NOT NULL
+     ORDER BY b.finished_at DESC LIMIT 1)
+{_CAMPAIGN_JOINS}
+LEFT JOIN campaigns_reconciliation r
+    ON r.id = ({latest.format("campaigns_reconciliation")})
+LEFT JOIN campaigns_profile pr
+    ON pr.id = ({latest.format("campaigns_profile")})
+LEFT JOIN campaigns_checkpoint ck
+    ON ck.campaign_id = c.id AND ck.version_id = c.current_version_id
+LEFT JOIN {user_model._meta.db_table} d ON d.id = ck.decided_by_id
+WHERE c.name = %(name)s AND {_MAY_SEE}
+"""
+
+
+def campaign_page_row(*, user, name: str) -> CampaignPageRow | None:
+    """The named campaign if the user may see it, with its project, current
+    version, last verify, latest profile, the current version's checkpoint and
+    who decided it, the open review count and the newest finished batch's
+    time: one statement."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _campaign_page_sql(), {**_access(user, name), "done": Batch.State.DONE.value}
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    values = iter(row)
+    campaign = _campaign_from(values)
+    reconciliation = sql_rows.instance(Reconciliation, values, _RECONCILIATION_FIELDS)
+    profile = sql_rows.instance(Profile, values, _PROFILE_FIELDS)
+    checkpoint = sql_rows.instance(Checkpoint, values, _CHECKPOINT_FIELDS)
+    decider = sql_rows.instance(get_user_model(), values, _decider_fields())
+    open_review_items, newest_finished_batch = values
+    return CampaignPageRow(
+        campaign=campaign,
+        reconciliation=reconciliation,
+        profile=profile,
+        checkpoint=checkpoint,
+        decider=decider,
+        open_review_items=int(open_review_items),  # SUM(bigint) is numeric on PostgreSQL
+        newest_finished_batch=newest_finished_batch,
+    )

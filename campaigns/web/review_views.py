@@ -87,7 +87,7 @@ class Filters:
         """The queue URL of this filter up to an item's id, for links in templates.
 
         Computed once: each of the queue's 100 rows links to its item twice, and
-        a reverse() and urlencode() per link were a fifth of the page's time.
+        a reverse() and urlencode() per link would be a large share of the page's time.
         """
         url = self.url()
         return f"{url}{'&' if '?' in url else '?'}item="

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from django.apps import apps
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 
 from campaigns.models import Campaign
 from campaigns.runs import services
 
-DEMO_CORPUS = Path(__file__).resolve().parents[2] / "demo_corpus"
+
+def demo_corpus() -> Path:
+    """The corpus shipped with the campaigns app, which owns it."""
+    return Path(apps.get_app_config("campaigns").path) / "demo_corpus"
+
+
 DEMO_USER, DEMO_PASSWORD = "demo", "demo-briefgpu"
 DEMO_CAMPAIGN = "demo-embeddings"
 DEMO_STAFF, DEMO_STAFF_PASSWORD = "staff", "staff-briefgpu"
@@ -36,7 +42,7 @@ class Command(BaseCommand):
                 name=DEMO_CAMPAIGN,
                 processor="text-embedding",
                 project=project,
-                input_folder=DEMO_CORPUS,
+                input_folder=demo_corpus(),
                 params={"batch_size": 4},
             )
             self.stdout.write(f"created {campaign.name}: {report.created} units")

@@ -32,8 +32,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench import django_env  # noqa: E402
 from bench.corpus import DEFAULT_CORPUS, corpus_folder, read_texts  # noqa: E402
-from bench.django_env import setup  # noqa: E402
 
 MiB = 1024 * 1024
 
@@ -49,14 +49,14 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    work = setup("gpu-check-")
+    work = django_env.setup("gpu-check-")
     import numpy as np
     import torch
     from django.conf import settings
 
     from campaigns import selectors
     from campaigns.models import Batch, Unit
-    from campaigns.runs import batch_stats, services
+    from campaigns.runs import batch_stats, setup, start
     from campaigns.storage.vector_shards import VectorReader
     from gpuworker import batch_runner
     from gpuworker.memory import runtime_facts
@@ -71,7 +71,7 @@ def main() -> None:
         dtypes = ("float32",)
     from unittest import mock
 
-    mock.patch.object(services.celery_app, "send_task").start()  # batches run here
+    mock.patch.object(start.celery_app, "send_task").start()  # batches run here
 
     out_lines: list[str] = []
     raw: dict = {"facts": runtime_facts()}
@@ -89,10 +89,10 @@ def main() -> None:
     say(f"# gpu_check: {json.dumps(raw['facts'])}")
     texts = read_texts(args.corpus, args.limit)
     corpus = corpus_folder(work / "corpus", texts)
-    project = services.project_for_user(name="gpu-check")
+    project = setup.project_for_user(name="gpu-check")
 
     def make(name: str, folder: Path, **params):
-        campaign, _ = services.campaign_create(
+        campaign, _ = setup.campaign_create(
             checkpoint_after=0,  # measuring speed: no stop for a spot check
             name=name,
             processor="text-embedding",
@@ -103,7 +103,7 @@ def main() -> None:
         return campaign
 
     def run_all(campaign) -> float:
-        services.campaign_run(campaign=campaign)
+        start.campaign_run(campaign=campaign)
         started = time.perf_counter()
         for pk in (
             Batch.objects.filter(campaign=campaign).order_by("pk").values_list("pk", flat=True)

@@ -103,12 +103,12 @@ def run_one(manifest: Path, rows: int, profile: bool) -> dict:
 
     from campaigns.intake.importing import import_manifest
     from campaigns.models import Campaign, Unit
-    from campaigns.runs import services
+    from campaigns.runs import setup
 
     call_command("migrate", verbosity=0)
-    project = services.project_for_user(name="bench")
+    project = setup.project_for_user(name="bench")
     name = f"bench-import-{os.getpid()}"
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name=name,
         processor="text-embedding",
         project=project,

@@ -30,7 +30,7 @@ from unittest import mock
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from bench.django_env import setup  # noqa: E402
+from bench import django_env  # noqa: E402
 
 
 def main() -> None:
@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeat", type=int, default=2, help="off/on pairs")
     args = parser.parse_args()
-    work = setup("bench-prefetch-")
+    work = django_env.setup("bench-prefetch-")
     logging.disable(logging.INFO)  # a line a batch would bury the table
     width, height = (int(v) for v in args.size.split("x"))
     folder = make_photos(work / "photos", args.images, width, height)
@@ -113,21 +113,21 @@ def make_model(work: Path) -> tuple[Path, Path]:
 
 def run(folder: Path, model: Path, labels: Path, batch_size: int, *, prefetch: bool, label: str):
     from campaigns.models import Batch, Project
-    from campaigns.runs import services
+    from campaigns.runs import setup, start
     from gpuworker import batch_runner
     from gpuworker.processors.image_classification import ImageClassificationProcessor
 
     project, _ = Project.objects.get_or_create(name="bench")
     name = f"photos-{label}-{'on' if prefetch else 'off'}"
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name=name,
         processor="image-classification",
         project=project,
         input_folder=folder,
         params={"model": str(model), "labels": str(labels), "batch_size": batch_size},
     )
-    with mock.patch.object(services.celery_app, "send_task"):
-        services.campaign_run(campaign=campaign)
+    with mock.patch.object(start.celery_app, "send_task"):
+        start.campaign_run(campaign=campaign)
     spans: list[tuple[float, float]] = []
     forward = ImageClassificationProcessor.run
 
@@ -138,12 +138,12 @@ def run(folder: Path, model: Path, labels: Path, batch_size: int, *, prefetch: b
         finally:
             spans.append((started, time.perf_counter()))
 
-    start = batch_runner.prefetch.start if prefetch else (lambda *a, **k: None)
+    prefetch_start = batch_runner.prefetch.start if prefetch else (lambda *a, **k: None)
     ids = list(Batch.objects.filter(campaign=campaign).order_by("pk").values_list("pk", flat=True))
     began = time.perf_counter()
     with (
         mock.patch.object(ImageClassificationProcessor, "run", timed),
-        mock.patch.object(batch_runner.prefetch, "start", start),
+        mock.patch.object(batch_runner.prefetch, "start", prefetch_start),
     ):
         for batch_id in ids:
             batch_runner.run_batch(batch_id, hand_off=True)

@@ -31,8 +31,8 @@ from unittest import mock
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench import django_env  # noqa: E402
 from bench.corpus import DEFAULT_CORPUS, corpus_folder, read_texts  # noqa: E402
-from bench.django_env import setup  # noqa: E402
 
 
 def main() -> None:
@@ -60,21 +60,21 @@ def main() -> None:
     if (args.profile or args.statements) and args.processes > 1:
         parser.error("--profile and --statements measure one process: leave --processes at 1")
 
-    work = setup("bench-orchestration-", args.database_url)
+    work = django_env.setup("bench-orchestration-", args.database_url)
     import logging
 
     import numpy as np
     from django.db import connections
 
     from campaigns.models import Batch, Unit, UnitState
-    from campaigns.runs import services
+    from campaigns.runs import setup, start
     from gpuworker.batch_runner import run_batch
     from gpuworker.processors import text_embedding
 
     logging.getLogger("gpuworker").setLevel(logging.WARNING)
     texts = read_texts(args.corpus, args.limit)
     corpus = corpus_folder(work / "corpus", texts)
-    project = services.project_for_user(name="bench")
+    project = setup.project_for_user(name="bench")
     rng = np.random.default_rng(0)
 
     def instant_embed(self, items):
@@ -91,7 +91,7 @@ def main() -> None:
         )
 
     def campaign(name: str, budget: int):
-        created, _ = services.campaign_create(
+        created, _ = setup.campaign_create(
             checkpoint_after=0,
             name=name,
             processor="text-embedding",
@@ -99,7 +99,7 @@ def main() -> None:
             input_folder=corpus,
             params={"batch_size": 16, "batch_policy": "token_budget", "token_budget": budget},
         )
-        services.campaign_run(campaign=created)
+        start.campaign_run(campaign=created)
         return list(
             Batch.objects.filter(campaign=created).order_by("pk").values_list("pk", flat=True)
         )
@@ -133,7 +133,7 @@ def main() -> None:
             raise SystemExit(f"a process failed: exit codes {[p.exitcode for p in shares]}")
 
     with (
-        mock.patch.object(services.celery_app, "send_task"),
+        mock.patch.object(start.celery_app, "send_task"),
         mock.patch.object(text_embedding.TextEmbeddingProcessor, "embed", instant_embed),
     ):
         for pk in campaign("warm-up", 2048)[:3]:

@@ -3,7 +3,7 @@
     DEBUG=0 .venv/bin/python bench/plan_costs.py --limit 3000 --rounds 3
 
 `campaign run` with a length_grouped or token_budget policy first weighs every
-pending unit (services.measure_costs): for texts, the model's tokenizer over
+pending unit (costs.measure_costs): for texts, the model's tokenizer over
 each file. That runs before the first batch is sent, so the device waits for
 it. This times it over the benchmark corpus (one file a text), the processor's
 batch call (ProcessorSpec.costs: the tokenizer's batch call on a thread per
@@ -23,8 +23,8 @@ from unittest import mock
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench import django_env  # noqa: E402
 from bench.corpus import DEFAULT_CORPUS, corpus_folder, read_texts  # noqa: E402
-from bench.django_env import setup  # noqa: E402
 
 
 def main() -> None:
@@ -34,15 +34,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
-    work = setup("bench-plan-costs-")
+    work = django_env.setup("bench-plan-costs-")
     from campaigns.models import Unit
-    from campaigns.runs import services
+    from campaigns.runs import costs, setup
     from campaigns.specs import processors as processor_specs
 
     texts = read_texts(args.corpus, args.limit)
     corpus = corpus_folder(work / "corpus", texts)
-    project = services.project_for_user(name="bench")
-    campaign, _ = services.campaign_create(
+    project = setup.project_for_user(name="bench")
+    campaign, _ = setup.campaign_create(
         name="plan-costs",
         processor="text-embedding",
         project=project,
@@ -55,9 +55,9 @@ def main() -> None:
 
     def timed(which) -> tuple[float, dict[int, int]]:
         Unit.objects.filter(campaign=campaign).update(cost=None)
-        with mock.patch.object(services, "get_spec", lambda _name: which):
+        with mock.patch.object(costs, "get_spec", lambda _name: which):
             started = time.perf_counter()
-            measured = services.measure_costs(campaign=campaign, params=params)
+            measured = costs.measure_costs(campaign=campaign, params=params)
             seconds = time.perf_counter() - started
         assert measured == len(texts), measured
         return seconds, dict(Unit.objects.filter(campaign=campaign).values_list("pk", "cost"))

@@ -18,8 +18,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench import django_env  # noqa: E402
 from bench.corpus import DEFAULT_CORPUS, corpus_folder, read_texts  # noqa: E402
-from bench.django_env import setup  # noqa: E402
 
 
 def main() -> None:
@@ -40,7 +40,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    work = setup("bench-profile-")
+    work = django_env.setup("bench-profile-")
     # Each step as it ends: on the first H200 run the whole profile outlasted
     # its 90 s bound and, printing only at the end, left nothing.
     import logging
@@ -51,16 +51,16 @@ def main() -> None:
     logging.getLogger("gpuworker.profiler").setLevel(logging.DEBUG)
     logging.getLogger("gpuworker.profiler").propagate = False  # once, not again as JSON
     from campaigns.profiles import profiling
-    from campaigns.runs import services
+    from campaigns.runs import setup
     from gpuworker.profiler import profile_run
 
     texts = read_texts(args.corpus, args.limit)
     corpus = corpus_folder(work / "corpus", texts)
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         checkpoint_after=0,  # measuring speed: no stop for a spot check
         name="profile-bench",
         processor="text-embedding",
-        project=services.project_for_user(name="bench"),
+        project=setup.project_for_user(name="bench"),
         input_folder=corpus,
         params={"max_tokens": args.max_tokens, "dtype": args.dtype},
     )
@@ -102,16 +102,16 @@ def compare_with_a_run(campaign, profile) -> str:
     from unittest import mock
 
     from campaigns.models import Batch
-    from campaigns.runs import services
+    from campaigns.runs import setup, start
     from gpuworker.batch_runner import run_batch
 
-    services.version_create(
+    setup.version_create(
         campaign=campaign,
         params={**campaign.current_version.params, "batch_size": profile.chosen_batch_size},
     )
     started = time.perf_counter()
-    with mock.patch.object(services.celery_app, "send_task"):
-        services.campaign_run(campaign=campaign)
+    with mock.patch.object(start.celery_app, "send_task"):
+        start.campaign_run(campaign=campaign)
     queued = Batch.objects.filter(campaign=campaign, state=Batch.State.QUEUED).order_by("pk")
     for pk in queued.values_list("pk", flat=True):
         run_batch(pk)

@@ -4,11 +4,11 @@
         .venv/bin/python bench/run_scale.py --units 1000000 [--old]
 
 Imports --units trusted rows (bench/import_scale.py's manifest) into a fresh
-campaign with batch_policy=original, then times services.campaign_run with
+campaign with batch_policy=original, then times start.campaign_run with
 the broker send mocked out (sending is the broker's cost, not ours). --old
 also times the previous loop (one Batch INSERT and one UPDATE per batch) on
 the same units first, then puts them back to pending. --policy token_budget
-times the weighing of every unit (services.measure_costs) before the run;
+times the weighing of every unit (costs.measure_costs) before the run;
 with --weigh-in-run the run weighs them itself, as `campaign run` does; with
 --first-group the run stops at the default checkpoint, and weighs only the
 units it sends. Each run says when its first batch was sent. The campaign is
@@ -31,15 +31,15 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 
-def old_run(campaign, services, Batch, Unit, UnitState, transaction) -> int:
+def old_run(campaign, batching, Batch, Unit, UnitState, transaction) -> int:
     """campaign_run's loop before issue 8, for comparison."""
     version = campaign.current_version
-    policy = version.params.get("batch_policy", "original")
+    policy = batching.batch_policy(version.params)
     pending_units = Unit.objects.filter(campaign=campaign, state=UnitState.PENDING)
     created = []
     with transaction.atomic():
         pending = list(pending_units.order_by("pk").values_list("pk", "cost"))
-        for ids in services.plan_batches(pending, version.params):
+        for ids in batching.plan_batches(pending, version.params):
             batch = Batch.objects.create(
                 campaign=campaign, version=version, size=len(ids), policy=policy
             )
@@ -61,7 +61,7 @@ def main() -> None:
         "--policy",
         default="original",
         choices=("original", "token_budget"),
-        help="token_budget: the run first weighs every unit (services.measure_costs), "
+        help="token_budget: the run first weighs every unit (costs.measure_costs), "
         "timed apart; the manifest's files do not exist, so each weighs 1 after a failed read",
     )
     parser.add_argument(
@@ -94,16 +94,16 @@ def main() -> None:
 
     from campaigns.intake.importing import import_manifest
     from campaigns.models import Batch, Campaign, Unit, UnitState
-    from campaigns.runs import services
+    from campaigns.runs import batching, costs, setup, start
 
     call_command("migrate", verbosity=0)
     manifest = work / "manifest.jsonl"
     write_manifest(manifest, args.units, "jsonl")
     (work / "empty.jsonl").write_text("")
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name=f"bench-run-{os.getpid()}",
         processor="text-embedding",
-        project=services.project_for_user(name="bench"),
+        project=setup.project_for_user(name="bench"),
         manifest=work / "empty.jsonl",
         input_root=work / "corpus",
         checkpoint_after=None if args.first_group else 0,
@@ -121,10 +121,10 @@ def main() -> None:
             if not first_send:
                 first_send.append(time.perf_counter())
 
-        with mock.patch.object(services.celery_app, "send_task", side_effect=send):
+        with mock.patch.object(start.celery_app, "send_task", side_effect=send):
             if args.old:
                 started = time.perf_counter()
-                n = old_run(campaign, services, Batch, Unit, UnitState, transaction)
+                n = old_run(campaign, batching, Batch, Unit, UnitState, transaction)
                 seconds = time.perf_counter() - started
                 rate = args.units / seconds
                 print(f"old loop: {n:,} batches in {seconds:.1f} s ({rate:,.0f} units/s)")
@@ -133,13 +133,13 @@ def main() -> None:
             if args.policy != "original" and not (args.first_group or args.weigh_in_run):
                 started = time.perf_counter()
                 params = campaign.current_version.params
-                weighed = services.measure_costs(campaign=campaign, params=params)
+                weighed = costs.measure_costs(campaign=campaign, params=params)
                 seconds = time.perf_counter() - started
                 print(f"measure_costs: {weighed:,} units in {seconds:.1f} s")
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             first_send.clear()
             started = time.perf_counter()
-            n = services.campaign_run(campaign=campaign)
+            n = start.campaign_run(campaign=campaign)
             seconds = time.perf_counter() - started
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         rate = args.units / seconds

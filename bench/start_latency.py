@@ -1,4 +1,4 @@
-"""How long the campaign page's Start keeps its request (services.campaign_start),
+"""How long the campaign page's Start keeps its request (start.campaign_start),
 and how soon `campaign run` sends its first batch.
 
     DEBUG=0 .venv/bin/python bench/start_latency.py --units 60000 --rounds 2
@@ -24,8 +24,8 @@ from unittest import mock
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from bench import django_env  # noqa: E402
 from bench.corpus import DEFAULT_CORPUS, corpus_folder, read_texts  # noqa: E402
-from bench.django_env import setup  # noqa: E402
 
 
 def main() -> None:
@@ -36,19 +36,19 @@ def main() -> None:
     parser.add_argument("--database-url", default="", help="emptied first: give one of its own")
     args = parser.parse_args()
 
-    work = setup("bench-start-", args.database_url)
+    work = django_env.setup("bench-start-", args.database_url)
     from django.db import connection
 
     from campaigns.models import Batch, Campaign, Unit, UnitState
-    from campaigns.runs import services
+    from campaigns.runs import setup, start
 
     texts = read_texts(args.corpus, args.units)
     texts = [f"{texts[i % len(texts)]} ({i})" for i in range(args.units)]
     corpus = corpus_folder(work / "corpus", texts)
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="start-latency",
         processor="text-embedding",
-        project=services.project_for_user(name="bench"),
+        project=setup.project_for_user(name="bench"),
         input_folder=corpus,
         params={"batch_policy": "token_budget"},
     )
@@ -60,15 +60,15 @@ def main() -> None:
         units.update(state=UnitState.PENDING, batch=None, cost=None)
         Batch.objects.filter(campaign=campaign).delete()
 
-    def start(first: int) -> tuple[float, int]:
+    def press_start(first: int) -> tuple[float, int]:
         """The page's Start: the request's seconds, the units it queued."""
         reset()
         with (
-            mock.patch.object(services, "FIRST_SLICE_UNITS", first),
-            mock.patch.object(services.celery_app, "send_task"),
+            mock.patch.object(start, "FIRST_SLICE_UNITS", first),
+            mock.patch.object(start.celery_app, "send_task"),
         ):
             started = time.perf_counter()
-            services.campaign_start(campaign=campaign)
+            start.campaign_start(campaign=campaign)
             seconds = time.perf_counter() - started
         return seconds, units.filter(state=UnitState.QUEUED).count()
 
@@ -77,20 +77,20 @@ def main() -> None:
         reset()
         sent: list[float] = []
         with (
-            mock.patch.object(services, "FIRST_SLICE_UNITS", first),
+            mock.patch.object(start, "FIRST_SLICE_UNITS", first),
             mock.patch.object(
-                services.celery_app,
+                start.celery_app,
                 "send_task",
                 side_effect=lambda *_a, **_k: sent.append(time.perf_counter()),
             ),
         ):
             started = time.perf_counter()
-            services.campaign_run(campaign=campaign)
+            start.campaign_run(campaign=campaign)
             seconds = time.perf_counter() - started
         return sent[0] - started, seconds
 
-    start(services.FIRST_SLICE_UNITS)  # the tokenizer and the files' pages loaded first
-    small_n, large_n = services.FIRST_SLICE_UNITS, services.RUN_SLICE_UNITS
+    press_start(start.FIRST_SLICE_UNITS)  # the tokenizer and the files' pages loaded first
+    small_n, large_n = start.FIRST_SLICE_UNITS, start.RUN_SLICE_UNITS
     print(f"# {connection.vendor}, {args.units:,} texts, token_budget, 2,048 tokens a batch")
     print(
         "| round | first slice | Start's request, s | queued by it | "
@@ -99,7 +99,7 @@ def main() -> None:
     print("|---:|---:|---:|---:|---:|---:|")
     for round_ in range(1, args.rounds + 1):
         for first in (small_n, large_n):
-            seconds, queued = start(first)
+            seconds, queued = press_start(first)
             first_sent, whole = run(first)
             print(
                 f"| {round_} | {first:,} | {seconds:.2f} | {queued:,} | "

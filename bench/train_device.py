@@ -21,7 +21,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from bench.django_env import setup  # noqa: E402
+from bench import django_env  # noqa: E402
 
 DEFAULT_CORPUS = REPO.parent / "shared" / "data" / "corpus_stdlib_docstrings_5000.jsonl.gz"
 MiB = 1024 * 1024
@@ -50,10 +50,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
-    work = setup("bench-train-")
+    work = django_env.setup("bench-train-")
     from campaigns.models import Training
     from campaigns.profiles import profiling
-    from campaigns.runs import services
+    from campaigns.runs import setup
     from gpuworker.profiler import profile_run
     from gpuworker.training_tasks import run_training
 
@@ -62,10 +62,10 @@ def main() -> None:
     for i, pair in enumerate(pairs_from(args.corpus, args.pairs)):
         (folder / f"pair-{i:05d}.json").write_text(json.dumps(pair), encoding="utf-8")
     params = {"max_tokens": args.max_tokens, "precision": args.precision, "checkpoint_every": 10**6}
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="train-bench",
         processor="text-adaptation",
-        project=services.project_for_user(name="bench"),
+        project=setup.project_for_user(name="bench"),
         input_folder=folder,
         params=params,
         checkpoint_after=0,
@@ -103,7 +103,7 @@ def main() -> None:
     print("\n".join(lines), flush=True)
 
     if report["chosen_batch_size"]:
-        version = services.version_create(
+        version = setup.version_create(
             campaign=campaign,
             params={**campaign.current_version.params, "batch_size": report["chosen_batch_size"]},
         )

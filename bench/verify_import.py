@@ -51,7 +51,7 @@ def main() -> None:
 
     from campaigns.exports.inventory import consolidate_vectors
     from campaigns.models import Unit, UnitState
-    from campaigns.runs import services
+    from campaigns.runs import setup
     from campaigns.storage.outputs import vector_to_npy
     from campaigns.storage.paths import output_relpath, shard_relpath
     from campaigns.storage.vector_shards import member_path, row_sha256, shard_bytes
@@ -71,9 +71,9 @@ def main() -> None:
             fh.write(json.dumps({"id": f"doc-{i:06d}", "path": f"{i // 1000:03d}/doc-{i:06d}.txt"}))
             fh.write("\n")
 
-    project = services.project_for_user(name="bench")
+    project = setup.project_for_user(name="bench")
     started = time.perf_counter()
-    campaign, report = services.campaign_create(
+    campaign, report = setup.campaign_create(
         checkpoint_after=0,  # measuring speed: no stop for a spot check
         name="bench",
         processor="text-embedding",

@@ -131,7 +131,7 @@ def main() -> None:
 
     from campaigns import selectors
     from campaigns.models import Batch
-    from campaigns.runs import services
+    from campaigns.runs import control, costs, leases, setup, start
     from campaigns.specs.builtin import TEXT_EMBEDDING, resolve_model_path
     from gpuworker.batch_runner import finisher, run_batch
 
@@ -140,7 +140,7 @@ def main() -> None:
         call_command("flush", interactive=False, verbosity=0)  # an earlier run's campaigns
     texts = read_texts(args.corpus, args.limit)
     corpus = corpus_folder(work / "corpus", texts)
-    project = services.project_for_user(name="bench")
+    project = setup.project_for_user(name="bench")
 
     def campaign(policy: str, name: str):
         params = {
@@ -148,7 +148,7 @@ def main() -> None:
             "batch_policy": policy,
             "token_budget": args.token_budget,
         }
-        c, _ = services.campaign_create(
+        c, _ = setup.campaign_create(
             checkpoint_after=0,  # measuring speed: no stop for a spot check
             name=name,
             processor="text-embedding",
@@ -159,19 +159,19 @@ def main() -> None:
         if args.weighed:
             # As after a profile (docs/profiling.md), which weighs the whole
             # corpus under the version's parameters: the run finds every cost.
-            services.measure_costs(campaign=c, params=c.current_version.params, pending_only=False)
+            costs.measure_costs(campaign=c, params=c.current_version.params, pending_only=False)
         return c
 
     # In-process rows run the batches here: no message goes to the broker.
     from unittest import mock
 
-    quiet = mock.patch.object(services.celery_app, "send_task")
+    quiet = mock.patch.object(start.celery_app, "send_task")
     quiet.start()
     # Warm the model once, like a worker that already ran a batch.
     warm = campaign("original", "warm-up")
-    services.campaign_run(campaign=warm)
+    start.campaign_run(campaign=warm)
     run_batch(Batch.objects.filter(campaign=warm).first().pk)
-    services.campaign_pause(campaign=warm)  # its other batches: cancelled, not left queued
+    control.campaign_pause(campaign=warm)  # its other batches: cancelled, not left queued
 
     rows = []
     runs = [(p, False) for p in args.policies.split(",")]
@@ -180,7 +180,7 @@ def main() -> None:
     for policy, pipelined in runs:
         c = campaign(policy, f"path-{policy.replace('_', '-')}-{int(pipelined)}")
         started = time.perf_counter()
-        services.campaign_run(campaign=c)
+        start.campaign_run(campaign=c)
         plan_s = time.perf_counter() - started
         started = time.perf_counter()
         for pk in Batch.objects.filter(campaign=c).order_by("pk").values_list("pk", flat=True):
@@ -222,7 +222,7 @@ def main() -> None:
             # Unacknowledged messages of an earlier run come back on the next
             # consume; a queue purge does not reach them.
             redis.Redis.from_url(args.broker_url).flushdb()
-        with services.celery_app.connection_for_write() as conn:
+        with leases.celery_app.connection_for_write() as conn:
             conn.default_channel.queue_purge("gpu")
         tag = f"{policy.replace('_', '-')}-{int(pipeline)}-{processes}"
         c = campaign(policy, f"celery-{tag}")
@@ -258,7 +258,7 @@ def main() -> None:
         try:
             # Let the pool processes load torch and the model first: a batch a
             # text, more batches than processes.
-            probe, _ = services.campaign_create(
+            probe, _ = setup.campaign_create(
                 checkpoint_after=0,  # measuring speed: no stop for a spot check
                 name=f"celery-warm-{tag}",
                 processor="text-embedding",
@@ -266,12 +266,12 @@ def main() -> None:
                 input_folder=REPO / "campaigns" / "demo_corpus" / "news",
                 params={"batch_size": 1},
             )
-            services.campaign_run(campaign=probe)
+            start.campaign_run(campaign=probe)
             while selectors.campaign_counts(campaign=probe).active:
                 time.sleep(0.2)
             # Planning (token counts) is part of the end-to-end time here.
             started = time.time()
-            services.campaign_run(campaign=c)
+            start.campaign_run(campaign=c)
             # The end is the last batch's recording time, so this process can
             # look seldom: polling every 0.1 s took CPU from the worker's model.
             while selectors.campaign_counts(campaign=c).active:

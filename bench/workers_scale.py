@@ -127,10 +127,10 @@ def main() -> None:
     from PIL import Image
 
     from campaigns.models import Batch, Unit, UnitState
-    from campaigns.runs import services
+    from campaigns.runs import leases, setup, start
 
     call_command("migrate", verbosity=0)
-    project = services.project_for_user(name="bench-workers")
+    project = setup.project_for_user(name="bench-workers")
     stamp = time.strftime("%H%M%S")
     images = work / "images"
     images.mkdir()
@@ -149,7 +149,7 @@ def main() -> None:
             (warm / f"w{i}.txt").write_text(f"warm-up text number {i}\n")
 
     def campaign(name: str, processor: str, folder: Path, params: dict):
-        c, _ = services.campaign_create(
+        c, _ = setup.campaign_create(
             name=f"{name}-{stamp}",
             processor=processor,
             project=project,
@@ -165,7 +165,7 @@ def main() -> None:
 
     def timed_run(c) -> float:
         started = time.perf_counter()
-        services.campaign_run(campaign=c)
+        start.campaign_run(campaign=c)
         while unfinished(c):
             time.sleep(0.05)
         return time.perf_counter() - started
@@ -174,7 +174,7 @@ def main() -> None:
     embed_params = {"batch_size": args.embed_batch_size, "batch_policy": "length_grouped"}
     rows = []
     for n in [int(x) for x in args.workers.split(",")]:
-        with services.celery_app.connection_for_write() as conn:
+        with leases.celery_app.connection_for_write() as conn:
             conn.default_channel.queue_purge("gpu")
         threads = {"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}
         workers = Workers(n, work, {**os.environ, **env, **threads})

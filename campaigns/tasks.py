@@ -10,7 +10,8 @@ from celery.signals import worker_ready
 from django.core.exceptions import ValidationError
 
 from campaigns.models import Campaign
-from campaigns.runs.services import batches_requeue_expired, campaign_run_rest
+from campaigns.runs.leases import batches_requeue_expired
+from campaigns.runs.start import campaign_run_rest
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ def requeue_expired_batches() -> list[int]:
 @shared_task(name="campaigns.tasks.plan_campaign")
 def plan_campaign(campaign_id: int, since: str) -> int:
     """The rest of a run a web request started at `since` (ISO time;
-    services.campaign_start); nothing once the campaign was paused after it."""
+    campaigns/runs/start.py, campaign_start); nothing once the campaign was paused after it."""
     campaign = Campaign.objects.filter(pk=campaign_id).first()
     if campaign is None:
         return 0

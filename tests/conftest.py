@@ -9,7 +9,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from campaigns.models import Project
-from campaigns.runs import services
+from campaigns.runs import setup, start
 
 DEMO_CORPUS = Path(__file__).resolve().parent.parent / "campaigns" / "demo_corpus"
 # The demo corpus: 35 texts that embed, 4 bad inputs that must fail with a reason.
@@ -76,7 +76,7 @@ def output_root(tmp_path, settings) -> Path:
 @pytest.fixture
 def make_campaign(project, corpus):
     def make(name: str = "texts", **params):
-        campaign, _ = services.campaign_create(
+        campaign, _ = setup.campaign_create(
             name=name,
             processor="text-embedding",
             project=project,
@@ -102,10 +102,10 @@ def run_here(django_capture_on_commit_callbacks):
 
     def run(campaign) -> None:
         with (
-            mock.patch.object(services.celery_app, "send_task"),
+            mock.patch.object(start.celery_app, "send_task"),
             django_capture_on_commit_callbacks(execute=True),
         ):
-            services.campaign_run(campaign=campaign)
+            start.campaign_run(campaign=campaign)
         queued = Batch.objects.filter(campaign=campaign, state=Batch.State.QUEUED)
         for pk in queued.order_by("pk").values_list("pk", flat=True):
             run_batch(pk)

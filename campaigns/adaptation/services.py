@@ -123,7 +123,7 @@ def checkpoint_folder(checkpoint: ModelCheckpoint) -> Path:
 
 def checkpoint_use(*, checkpoint: ModelCheckpoint, target: Campaign) -> ParameterVersion:
     """A new version of an inference campaign whose model is this checkpoint."""
-    from campaigns.runs import services
+    from campaigns.runs import setup
 
     if checkpoint.state != ModelCheckpoint.State.KEPT:
         raise ValidationError(f"checkpoint at step {checkpoint.step} is {checkpoint.state}")
@@ -142,7 +142,7 @@ def checkpoint_use(*, checkpoint: ModelCheckpoint, target: Campaign) -> Paramete
         raise ValidationError(
             f"a {source.processor} checkpoint cannot be the model of a {target.processor} campaign"
         )
-    return services.version_create(campaign=target, params=params)
+    return setup.version_create(campaign=target, params=params)
 
 
 def checkpoint_for_model(path: str) -> ModelCheckpoint | None:

@@ -1,7 +1,7 @@
 """Adaptation campaigns: a training run per parameter version, and its checkpoints.
 
-Imported by campaigns/models.py (the app's models module); kept apart because
-training follows its own life cycle, not the unit-by-unit one of batches.
+Imported by campaigns/models/__init__.py. Training follows its own life cycle,
+not the unit-by-unit one of batches.
 """
 
 from __future__ import annotations

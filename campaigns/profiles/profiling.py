@@ -34,8 +34,8 @@ from campaigns.models import (
     Unit,
     UnitState,
 )
-from campaigns.runs import services
-from campaigns.runs.batching import plan_batches
+from campaigns.runs.batching import batch_policy, plan_batches
+from campaigns.runs.costs import measure_costs
 from campaigns.specs.processors import get_spec
 from campaigns.storage.paths import resolve_input
 
@@ -80,7 +80,7 @@ def sample_build(
     that have none, whatever their state.
     """
     version = version or campaign.current_version
-    services.measure_costs(campaign=campaign, params=version.params, pending_only=False)
+    measure_costs(campaign=campaign, params=version.params, pending_only=False)
     # The holdout stays out of profiling and tuning: it judges them afterwards.
     units = Unit.objects.filter(campaign=campaign, holdout=False)
     readable = units.exclude(state=UnitState.FAILED, error_class__in=INPUT_ERRORS)
@@ -545,7 +545,7 @@ def estimate_build(*, profile: Profile) -> Estimate:
         hours=hours,
         io_hours=io_hours,
         hours_naive=per_item_naive * len(pairs) / 3600 + io_hours,
-        reason=f"{batches_at[size]} batches, policy {params.get('batch_policy', 'original')}",
+        reason=f"{batches_at[size]} batches, policy {batch_policy(params)}",
         hours_at=hours_at,
         costs=[cost for _, cost in pairs],
     )

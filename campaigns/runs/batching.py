@@ -6,16 +6,30 @@
 - token_budget: sorted by cost, as many units as keep units × the longest one
   within token_budget, so short texts travel in large batches and long ones in
   small batches at the same memory.
+
+A version's params are its processor spec's cleaned ones (ProcessorSpec.clean,
+called by campaigns/runs/setup.py's version_create): a processor that declares
+batch_policy has it in every version, given or filled with the spec's default,
+which is the only default it has. A processor that declares none (an
+adaptation processor, a plugin without the parameter) keeps import order.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+#: The policy of a processor whose spec declares no batch_policy parameter.
+UNDECLARED_POLICY = "original"
+
+
+def batch_policy(params: dict) -> str:
+    """The batch policy a version's params (or a plan's) ask for."""
+    return params.get("batch_policy", UNDECLARED_POLICY)
+
 
 def plan_batches(pending: list[tuple[int, int | None]], params: dict) -> Iterator[list[int]]:
     """Batches of unit ids from (id, cost) pairs in import order."""
-    policy = params.get("batch_policy", "original")
+    policy = batch_policy(params)
     size = int(params.get("batch_size", 16))
     if policy == "original":
         ids = [pk for pk, _ in pending]

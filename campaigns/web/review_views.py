@@ -36,7 +36,7 @@ from campaigns.models import (
 from campaigns.review import holdout, previews
 from campaigns.review import queue as review
 from campaigns.review.flags import FlagReason
-from campaigns.runs import services
+from campaigns.runs import start
 
 Item = ReviewItem.State
 PANE = "review-item"
@@ -450,7 +450,7 @@ def checkpoint_decide(request: HttpRequest, pk: int) -> HttpResponse:
         )
         return redirect("checkpoint_detail", pk=checkpoint.pk)
     try:
-        batches, more = services.campaign_start(campaign=checkpoint.campaign)
+        batches, more = start.campaign_start(campaign=checkpoint.campaign)
     except ValidationError as exc:
         messages.error(
             request, f"Checkpoint passed, but the run did not continue: {'; '.join(exc.messages)}"

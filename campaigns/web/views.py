@@ -33,7 +33,7 @@ from campaigns.profiles import charts as profile_charts
 from campaigns.profiles import profiling
 from campaigns.review import previews
 from campaigns.review import queue as review
-from campaigns.runs import batch_stats, services
+from campaigns.runs import batch_stats, control, setup, start
 from campaigns.specs import processors as processor_specs
 from campaigns.verify import reconcile
 from campaigns.web import training_views
@@ -270,7 +270,7 @@ def campaign_run(request: HttpRequest, name: str) -> HttpResponse:
         # Its run is a training, with its own page.
         return training_views.training_start(request, name)
     try:
-        batches, more = services.campaign_start(campaign=campaign)
+        batches, more = start.campaign_start(campaign=campaign)
     except ValidationError as exc:
         messages.error(request, "; ".join(exc.messages))
     else:
@@ -353,7 +353,7 @@ def _campaign_new(request: HttpRequest, *, refused_uploads: set[str]) -> HttpRes
         form.add_error("project", "that project belongs to someone else; choose another name")
         return render(request, "campaigns/campaign_new.html", {"form": form}, status=400)
     try:
-        campaign, report = services.campaign_create(
+        campaign, report = setup.campaign_create(
             name=data["name"],
             processor=data["processor"],
             project=project,
@@ -365,7 +365,7 @@ def _campaign_new(request: HttpRequest, *, refused_uploads: set[str]) -> HttpRes
     except (ValidationError, importing.ManifestError) as exc:
         form.add_error(None, "; ".join(getattr(exc, "messages", [str(exc)])))
         return render(request, "campaigns/campaign_new.html", {"form": form}, status=400)
-    batches, more = services.campaign_start(campaign=campaign)
+    batches, more = start.campaign_start(campaign=campaign)
     messages.success(
         request,
         f"Created {campaign.name}: {report.created} units ({report.failed} failed at import), "
@@ -377,7 +377,7 @@ def _campaign_new(request: HttpRequest, *, refused_uploads: set[str]) -> HttpRes
 def _project_for(request: HttpRequest, name: str):
     project = Project.objects.filter(name=name).first()
     if project is None:
-        return services.project_for_user(name=name, user=request.user)
+        return setup.project_for_user(name=name, user=request.user)
     if request.user.is_staff or project.members.filter(pk=request.user.pk).exists():
         return project
     return None
@@ -387,7 +387,7 @@ def _project_for(request: HttpRequest, name: str):
 @require_POST
 def campaign_pause(request: HttpRequest, name: str) -> HttpResponse:
     campaign = _get_campaign_for_user(request, name)
-    units = services.campaign_pause(campaign=campaign)
+    units = control.campaign_pause(campaign=campaign)
     messages.info(request, f"Paused: {units} queued units taken back; running batches finish.")
     return redirect("campaign_detail", name=campaign.name)
 
@@ -398,7 +398,7 @@ def campaign_resume(request: HttpRequest, name: str) -> HttpResponse:
     campaign = _get_campaign_for_user(request, name)
     if adaptation.is_adaptation(campaign):
         return training_views.training_start(request, name)
-    report, _retried, batches = services.campaign_resume(campaign=campaign)
+    report, _retried, batches = control.campaign_resume(campaign=campaign)
     messages.info(
         request,
         f"Resumed: verify found {report.counts['valid']} valid outputs; "
@@ -414,7 +414,7 @@ def campaign_params(request: HttpRequest, name: str) -> HttpResponse:
     form = ParametersForm(request.POST or None, campaign=campaign)
     if request.method == "POST" and form.is_valid():
         before = campaign.current_version
-        version = services.version_create(campaign=campaign, params=form.cleaned_data["params"])
+        version = setup.version_create(campaign=campaign, params=form.cleaned_data["params"])
         if version.pk == before.pk:
             messages.info(request, f"Nothing changed: the parameters are those of {version.label}.")
         else:

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from campaigns.runs.batching import plan_batches
+from campaigns.runs.batching import batch_policy, plan_batches
+from campaigns.specs.processors import all_specs
 
 PENDING = [(1, 50), (2, 3), (3, 200), (4, 4), (5, 60), (6, 5), (7, 210)]
 
@@ -33,3 +34,16 @@ def test_token_budget_keeps_count_times_longest_under_the_budget():
 def test_an_unknown_policy_is_refused():
     with pytest.raises(ValueError, match="unknown batch policy"):
         list(plan_batches(PENDING, {"batch_policy": "random"}))
+
+
+def test_batch_policy_is_the_spec_default_unless_given():
+    # Every spec that declares batch_policy fills its default into the cleaned
+    # params (what version_create stores); one that declares none plans in import order.
+    for spec in all_specs().values():
+        declared = spec.params.get("batch_policy")
+        if spec.training or any(p.required for p in spec.params.values()):
+            continue
+        expected = declared.default if declared else "original"
+        assert batch_policy(spec.clean({})) == expected, spec.name
+    assert batch_policy({}) == "original"
+    assert batch_policy({"batch_policy": "token_budget"}) == "token_budget"

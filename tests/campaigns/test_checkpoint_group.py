@@ -13,7 +13,7 @@ import pytest
 from campaigns import selectors
 from campaigns.models import Checkpoint, Unit, UnitState
 from campaigns.review import queue as review
-from campaigns.runs import services
+from campaigns.runs import setup, start
 from campaigns.specs import processors as processor_specs
 
 pytestmark = pytest.mark.django_db
@@ -47,7 +47,7 @@ def test_with_the_defaults_the_sample_is_drawn_outside_the_holdout_across_catego
     text_stats, project, tmp_path, output_root, run_here
 ):
     # given: 4,000 units with the default holdout and checkpoint
-    campaign, report = services.campaign_create(
+    campaign, report = setup.campaign_create(
         name="letters",
         processor="text-stats",
         project=project,
@@ -81,11 +81,11 @@ def test_with_the_defaults_the_sample_is_drawn_outside_the_holdout_across_catego
     assert buckets == {0, 1, 2, 3}, (quartiles, sample)
 
     # nothing more runs until a person passes the spot check
-    assert services.campaign_run(campaign=campaign) == 0
+    assert start.campaign_run(campaign=campaign) == 0
 
 
 def test_the_default_checkpoint_is_one_percent_or_200_units(project, corpus):
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="sizes", processor="text-embedding", project=project, input_folder=corpus
     )
     assert campaign.checkpoint_after is None

@@ -19,7 +19,7 @@ from django.urls import reverse
 from campaigns import selectors
 from campaigns.models import Batch, Campaign, Project, Unit, UnitCount, UnitState
 from campaigns.review import queue as review
-from campaigns.runs import services
+from campaigns.runs import control, start
 from gpuworker.batch_runner import run_batch
 
 HTMX_COUNTS = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "counts"}
@@ -59,8 +59,8 @@ def _assert_counters_match() -> None:
 
 
 def _queue(campaign: Campaign, capture) -> None:
-    with mock.patch.object(services.celery_app, "send_task"), capture(execute=True):
-        services.campaign_run(campaign=campaign)
+    with mock.patch.object(start.celery_app, "send_task"), capture(execute=True):
+        start.campaign_run(campaign=campaign)
 
 
 def _run_queued(campaign: Campaign) -> None:
@@ -93,10 +93,10 @@ def test_counts_follow_units_from_import_to_deletion(
 
     # retry: failed -> pending -> queued, and they fail again
     with (
-        mock.patch.object(services.celery_app, "send_task"),
+        mock.patch.object(start.celery_app, "send_task"),
         django_capture_on_commit_callbacks(execute=True),
     ):
-        services.campaign_resume(campaign=texts, retry_failed=True)
+        control.campaign_resume(campaign=texts, retry_failed=True)
     _assert_counters_match()
     assert selectors.campaign_counts(campaign=texts).failed < 4
     _run_queued(texts)

@@ -11,7 +11,7 @@ import pytest
 
 from campaigns import selectors
 from campaigns.models import UnitState
-from campaigns.runs import services
+from campaigns.runs import control, start
 from campaigns.storage.outputs import is_temp_file
 from campaigns.verify.reconcile import campaign_verify
 from tests.conftest import DEMO_BAD, DEMO_GOOD
@@ -54,10 +54,10 @@ def test_a_full_disk_fails_units_cleanly_and_resume_completes_after_space_is_fre
     # when space is freed, resume does only what is missing
     subprocess.run(["mount", "-o", "remount,size=4m", str(small_disk)], check=True)
     with (
-        mock.patch.object(services.celery_app, "send_task"),
+        mock.patch.object(start.celery_app, "send_task"),
         django_capture_on_commit_callbacks(execute=True),
     ):
-        _report, retried, _enqueued = services.campaign_resume(campaign=campaign)
+        _report, retried, _enqueued = control.campaign_resume(campaign=campaign)
     assert retried == write_errors
     run_here(campaign)  # runs the batches resume queued
     counts = selectors.campaign_counts(campaign=campaign)

@@ -13,7 +13,7 @@ from campaigns.models import Attempt, Checkpoint, Unit, UnitState
 from campaigns.profiles.profiling import sample_build
 from campaigns.review import queue as review
 from campaigns.review.holdout import holdout_report, is_holdout
-from campaigns.runs import services
+from campaigns.runs import setup
 from tests.gpuworker.test_image_classification import (  # noqa: F401 (user_model: a fixture)
     CLASSES,
     classifier_params,
@@ -74,7 +74,7 @@ def test_is_holdout_is_deterministic_and_about_the_share():
 
 @pytest.mark.django_db
 def test_import_marks_exactly_the_hashed_holdout(project, tmp_path):
-    campaign, report = services.campaign_create(
+    campaign, report = setup.campaign_create(
         name="notes",
         processor="text-embedding",
         project=project,
@@ -90,7 +90,7 @@ def test_import_marks_exactly_the_hashed_holdout(project, tmp_path):
 
 @pytest.mark.django_db
 def test_the_holdout_never_enters_a_profiling_sample(project, tmp_path):
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="profiled",
         processor="text-embedding",
         project=project,
@@ -131,7 +131,7 @@ def test_embedding_stability_against_the_previous_version(
         output_file(output_root, path)
         for path in Unit.objects.filter(pk__in=chosen).values_list("output_path", flat=True)
     ]
-    second = services.version_create(campaign=campaign, params={**first.params, "pooling": "cls"})
+    second = setup.version_create(campaign=campaign, params={**first.params, "pooling": "cls"})
     assert second.number == first.number + 1
     # A new version puts the holdout (and only it) back in the first group; the
     # outputs of the first stay, in their version's folder, for the comparison.
@@ -188,7 +188,7 @@ def test_another_processor_gets_counts_only(project, tmp_path):
     rng = random.Random(3)
     for i in range(4):
         shape_image(CLASSES[i % 3], rng).save(folder / f"{i}.png")
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="thumbs", processor="image-transform", project=project, input_folder=folder
     )
     Unit.objects.filter(campaign=campaign).update(holdout=True)
@@ -224,7 +224,7 @@ def test_labelled_classification_reports_accuracy_and_confusion(
             kind = CLASSES[i % 3]
             shape_image(kind, rng).save(root / f"img{i:02d}.png")
             writer.writerow([f"img-{i:02d}", f"img{i:02d}.png", kind])
-    campaign, report = services.campaign_create(
+    campaign, report = setup.campaign_create(
         name="labelled",
         processor="image-classification",
         project=project,
@@ -264,7 +264,7 @@ def test_unlabelled_classification_has_no_accuracy(
     rng = random.Random(5)
     for i in range(4):
         shape_image(CLASSES[i % 3], rng).save(folder / f"{i}.png")
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="unlabelled",
         processor="image-classification",
         project=project,

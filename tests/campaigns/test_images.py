@@ -9,7 +9,7 @@ from PIL import Image
 from campaigns.intake.images import decode_image
 from campaigns.intake.inputs import InputError
 from campaigns.models import Unit, UnitState
-from campaigns.runs import services
+from campaigns.runs import setup
 from campaigns.verify.reconcile import campaign_verify
 from tests.images import png_claiming, write_image_corpus
 
@@ -54,7 +54,7 @@ def test_alpha_is_composited_on_white_and_16_bit_is_scaled(images):
 @pytest.mark.django_db
 def test_an_image_transform_campaign_checks_every_output(images, project, output_root, run_here):
     root, expected = images
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="thumbs",
         processor="image-transform",
         project=project,
@@ -93,7 +93,7 @@ def test_a_resized_output_of_the_wrong_size_is_not_a_result(images, project, out
     from gpuworker.processors.image_transform import ImageTransformProcessor
 
     root, _ = images
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="resized",
         processor="image-transform",
         project=project,
@@ -124,7 +124,7 @@ def test_a_decompression_bomb_fails_its_unit_and_the_campaign_still_runs(
     for index in range(3):
         Image.new("RGB", (40 + index, 30), (10, 20, 30)).save(root / f"ok-{index}.png")
     (root / "bomb.png").write_bytes(png_claiming(30000, 30000))
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="bombed",
         processor="image-transform",
         project=project,

@@ -8,15 +8,13 @@ import pytest
 
 from campaigns.intake.importing import ManifestError
 from campaigns.models import ErrorClass, Unit, UnitState
-from campaigns.runs import services
+from campaigns.runs import setup, start
 from campaigns.storage.vector_shards import load_shard, split_member
 from tests.conftest import DEMO_BAD, DEMO_GOOD
 
 
 def _create(project, **kwargs):
-    return services.campaign_create(
-        name="imp", processor="text-embedding", project=project, **kwargs
-    )
+    return setup.campaign_create(name="imp", processor="text-embedding", project=project, **kwargs)
 
 
 def test_folder_import_makes_one_unit_per_file_with_size_and_checksum(project, corpus):
@@ -31,7 +29,7 @@ def test_folder_import_makes_one_unit_per_file_with_size_and_checksum(project, c
 
 def test_reimporting_the_same_folder_creates_no_duplicates(project, corpus):
     campaign, _ = _create(project, input_folder=corpus)
-    report = services.campaign_import(campaign=campaign)
+    report = setup.campaign_import(campaign=campaign)
     assert report.created == 0
     assert report.existing == DEMO_GOOD + DEMO_BAD
     assert Unit.objects.filter(campaign=campaign).count() == DEMO_GOOD + DEMO_BAD
@@ -118,10 +116,10 @@ def test_awkward_manifest_rows_each_get_a_clear_outcome_and_outputs_stay_inside(
     # when
     campaign, report = _create(project, manifest=manifest)
     with (
-        mock.patch("campaigns.runs.services.celery_app.send_task"),
+        mock.patch("campaigns.runs.start.celery_app.send_task"),
         django_capture_on_commit_callbacks(execute=True),
     ):
-        services.campaign_run(campaign=campaign)
+        start.campaign_run(campaign=campaign)
     for batch in Batch.objects.filter(campaign=campaign):
         run_batch(batch.pk)
 
@@ -153,7 +151,7 @@ def test_reimport_of_a_changed_input_is_shown_not_mixed(project, corpus):
     )
     (corpus / "news" / "rail-strike.txt").write_text("Trains run normally today.\n")
     (corpus / "news" / "solar-farm.txt").write_text("Never processed, now different.\n")
-    report = services.campaign_import(campaign=campaign)
+    report = setup.campaign_import(campaign=campaign)
     assert report.changed == 2
     done_before = Unit.objects.get(campaign=campaign, uid="news/rail-strike.txt")
     assert (done_before.state, done_before.error_class) == ("failed", "input_changed")
@@ -343,7 +341,7 @@ def test_reimporting_a_trusted_manifest_creates_nothing(project, tmp_path, monke
         [{"id": f"u{i}", "path": f"{i}.txt", "size": i, "sha256": _sha(str(i))} for i in range(5)],
     )
     campaign, _ = _create(project, manifest=manifest)
-    report = services.campaign_import(campaign=campaign, manifest=manifest)
+    report = setup.campaign_import(campaign=campaign, manifest=manifest)
     assert (report.created, report.existing, report.duplicates, report.changed) == (0, 5, 0, 0)
     assert report.problems == []
     assert Unit.objects.filter(campaign=campaign).count() == 5
@@ -359,7 +357,7 @@ def test_a_changed_sha256_on_reimport_is_recorded_or_fails_the_unit(project, tmp
     # when: every input has new bytes
     for uid, row in rows.items():
         row.update(size=2, sha256=_sha(uid + "new"))
-    report = services.campaign_import(
+    report = setup.campaign_import(
         campaign=campaign, manifest=_jsonl(tmp_path / "m2.jsonl", rows.values())
     )
 
@@ -527,7 +525,7 @@ def test_an_id_another_import_adds_meanwhile_is_counted_once(project, tmp_path, 
     monkeypatch.setattr(Staging, "_match", racing)
 
     # when
-    report = services.campaign_import(
+    report = setup.campaign_import(
         campaign=campaign, manifest=_jsonl(tmp_path / "m2.jsonl", [row(u) for u in "xabc"])
     )
 
@@ -548,7 +546,7 @@ def test_run_claims_units_in_groups_and_a_unit_taken_meanwhile_shrinks_its_batch
     from unittest import mock
 
     from campaigns.models import Batch
-    from campaigns.runs import services
+    from campaigns.runs import start
 
     manifest = _jsonl(
         tmp_path / "manifest.jsonl",
@@ -561,7 +559,7 @@ def test_run_claims_units_in_groups_and_a_unit_taken_meanwhile_shrinks_its_batch
         project, manifest=manifest, checkpoint_after=0, params={"batch_policy": "original"}
     )
     taken = Unit.objects.get(campaign=campaign, uid="u1500")
-    plan = services.plan_batches
+    plan = start.plan_batches
 
     def planning(pending, params):
         for number, ids in enumerate(plan(pending, params)):
@@ -569,11 +567,11 @@ def test_run_claims_units_in_groups_and_a_unit_taken_meanwhile_shrinks_its_batch
                 Unit.objects.filter(pk=taken.pk).update(state=UnitState.QUEUED)
             yield ids
 
-    monkeypatch.setattr(services, "plan_batches", planning)
+    monkeypatch.setattr(start, "plan_batches", planning)
 
     # when
-    with mock.patch.object(services.celery_app, "send_task"):
-        enqueued = services.campaign_run(campaign=campaign)
+    with mock.patch.object(start.celery_app, "send_task"):
+        enqueued = start.campaign_run(campaign=campaign)
 
     # then
     batches = list(Batch.objects.filter(campaign=campaign).order_by("pk"))

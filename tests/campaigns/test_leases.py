@@ -7,7 +7,7 @@ import pytest
 from django.utils import timezone
 
 from campaigns.models import Batch, Unit, UnitState
-from campaigns.runs import services
+from campaigns.runs import leases, start
 
 pytestmark = pytest.mark.django_db
 
@@ -17,10 +17,10 @@ def running(make_campaign, django_capture_on_commit_callbacks):
     """Two batches taken by a worker: one whose lease ran out, one still renewed."""
     campaign = make_campaign("leased", batch_size=20)
     with (
-        mock.patch.object(services.celery_app, "send_task"),
+        mock.patch.object(start.celery_app, "send_task"),
         django_capture_on_commit_callbacks(execute=True),
     ):
-        services.campaign_run(campaign=campaign)
+        start.campaign_run(campaign=campaign)
     dead, alive = Batch.objects.filter(campaign=campaign).order_by("pk")
     now = timezone.now()
     for batch, expires in (
@@ -43,10 +43,10 @@ def test_an_expired_lease_puts_the_batch_back_in_the_queue(
 ):
     campaign, dead, alive = running
     with (
-        mock.patch.object(services.celery_app, "send_task") as send,
+        mock.patch.object(start.celery_app, "send_task") as send,
         django_capture_on_commit_callbacks(execute=True),
     ):
-        assert services.batches_requeue_expired() == [dead.pk]
+        assert leases.batches_requeue_expired() == [dead.pk]
     send.assert_called_once_with("gpuworker.tasks.run_batch", args=[dead.pk])
     dead.refresh_from_db()
     assert dead.state == Batch.State.QUEUED and "lease expired" in dead.error
@@ -57,8 +57,8 @@ def test_an_expired_lease_puts_the_batch_back_in_the_queue(
 def test_a_batch_that_kills_its_worker_again_and_again_fails_instead(running, settings):
     campaign, dead, _alive = running
     settings.BATCH_MAX_DELIVERIES = 1
-    with mock.patch.object(services.celery_app, "send_task") as send:
-        assert services.batches_requeue_expired() == []
+    with mock.patch.object(start.celery_app, "send_task") as send:
+        assert leases.batches_requeue_expired() == []
     assert not send.called
     dead.refresh_from_db()
     assert dead.state == Batch.State.FAILED
@@ -69,5 +69,5 @@ def test_a_batch_that_kills_its_worker_again_and_again_fails_instead(running, se
 def test_a_finished_batch_is_never_swept(running):
     _campaign, dead, _alive = running
     Batch.objects.filter(pk=dead.pk).update(state=Batch.State.DONE)
-    with mock.patch.object(services.celery_app, "send_task"):
-        assert services.batches_requeue_expired() == []
+    with mock.patch.object(start.celery_app, "send_task"):
+        assert leases.batches_requeue_expired() == []

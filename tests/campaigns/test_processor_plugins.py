@@ -12,7 +12,7 @@ import pytest
 from django.core.management import call_command
 
 from campaigns.models import Campaign, Unit
-from campaigns.runs import services
+from campaigns.runs import setup
 from campaigns.specs import processors as processor_specs
 from campaigns.specs.software import processor_software
 from campaigns.verify.reconcile import campaign_verify
@@ -69,7 +69,7 @@ def test_a_plugin_refuses_unknown_parameters_like_a_builtin(plugin, corpus, proj
     from django.core.exceptions import ValidationError
 
     with pytest.raises(ValidationError, match="unknown parameter.*pooling"):
-        services.campaign_create(
+        setup.campaign_create(
             name="s",
             processor="text-stats",
             project=project,

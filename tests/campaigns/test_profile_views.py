@@ -15,7 +15,7 @@ from django.urls import reverse
 
 from campaigns.models import Campaign, Profile, Unit
 from campaigns.profiles import profiling
-from campaigns.runs import services
+from campaigns.runs import costs, setup
 from portal.celery import app as celery_app
 from portal.models import Environment, GpuModel, RentalDuration
 
@@ -72,7 +72,7 @@ STEPS = [
 def build_done_profile(campaign: Campaign, *, leak: bool = False) -> Profile:
     """A profile as a CPU worker leaves it, and its estimate."""
     params = campaign.current_version.params
-    services.measure_costs(campaign=campaign, params=params, pending_only=False)
+    costs.measure_costs(campaign=campaign, params=params, pending_only=False)
     units = Unit.objects.filter(campaign=campaign)
     heaviest = list(units.order_by("-cost", "pk")[:4])
     profile = Profile.objects.create(
@@ -514,7 +514,7 @@ def test_re_run_this_sample_queues_the_same_sample_and_compares_the_two(
 ):
     campaign = done.campaign
     # the campaign moved on to other parameters since the profile
-    services.version_create(campaign=campaign, params={"max_tokens": 128})
+    setup.version_create(campaign=campaign, params={"max_tokens": 128})
     client.force_login(owner)
     form = _one(_page(client, campaign), "form", id="profile-rerun")
     assert _attr(form, "action") == _rerun(campaign, done)

@@ -20,7 +20,7 @@ from campaigns.models import (
     UnitState,
 )
 from campaigns.review import queue as review
-from campaigns.runs import services
+from campaigns.runs import control, setup, start
 from campaigns.specs import processors as processor_specs
 from gpuworker.batch_runner import run_batch
 from tests.vectors import output_file
@@ -34,7 +34,7 @@ def stats(settings, project, corpus, output_root, run_here) -> Campaign:
     """The demo texts through the text-stats plugin (no model), without a checkpoint."""
     settings.BRIEFGPU_PROCESSORS = ["tests.plugins.text_stats.SPEC"]
     processor_specs._registry.cache_clear()
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="stats",
         processor="text-stats",
         project=project,
@@ -52,7 +52,7 @@ def _unit(campaign: Campaign) -> Unit:
 
 
 def _new_version(campaign: Campaign):
-    version = services.version_create(
+    version = setup.version_create(
         campaign=campaign, params={**campaign.current_version.params, "lowercase": "yes"}
     )
     campaign.refresh_from_db()
@@ -61,10 +61,10 @@ def _new_version(campaign: Campaign):
 
 def _resume_and_run(campaign: Campaign, django_capture_on_commit_callbacks) -> int:
     with (
-        mock.patch.object(services.celery_app, "send_task"),
+        mock.patch.object(start.celery_app, "send_task"),
         django_capture_on_commit_callbacks(execute=True),
     ):
-        _report, retried, _enqueued = services.campaign_resume(campaign=campaign, retry_failed=True)
+        _report, retried, _enqueued = control.campaign_resume(campaign=campaign, retry_failed=True)
     queued = Batch.objects.filter(campaign=campaign, state=Batch.State.QUEUED)
     for pk in queued.order_by("pk").values_list("pk", flat=True):
         run_batch(pk)
@@ -89,7 +89,7 @@ def test_a_requeued_unit_waits_for_a_new_version_then_runs_under_it(
     unit.refresh_from_db()
     assert unit.state == UnitState.PENDING
     assert unit.attempts.count() == 1
-    assert services.campaign_run(campaign=stats) == 0
+    assert start.campaign_run(campaign=stats) == 0
 
     # when: a new parameter version runs
     second = _new_version(stats)

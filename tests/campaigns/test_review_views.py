@@ -25,7 +25,7 @@ from campaigns.models import (
     UnitState,
 )
 from campaigns.review import queue as review
-from campaigns.runs import services
+from campaigns.runs import setup, start
 from tests.images import write_image_corpus
 from tests.vectors import unit_vector
 
@@ -333,7 +333,7 @@ def test_images_are_shown_as_small_thumbnails_never_as_the_file_and_classificati
 ):
     root = tmp_path / "images"
     write_image_corpus(root)
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="pictures",
         processor="image-transform",
         project=project,
@@ -373,7 +373,7 @@ def test_a_thumbnail_is_at_most_256_pixels(client, owner, project, tmp_path, out
     root = tmp_path / "big"
     root.mkdir()
     Image.new("RGB", (1200, 600), (10, 120, 200)).save(root / "wide.png")
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="big", processor="image-transform", project=project, input_folder=root
     )
     item = ReviewItem.objects.create(
@@ -417,7 +417,7 @@ def test_passing_the_checkpoint_continues_the_run(client, owner, at_checkpoint):
     assert queue.count('<tr id="row-') == sample.count()
 
     pending = at_checkpoint.units.filter(state=UnitState.PENDING).count()
-    with mock.patch.object(services.celery_app, "send_task"):
+    with mock.patch.object(start.celery_app, "send_task"):
         response = client.post(
             reverse("checkpoint_decide", args=[checkpoint.pk]), {"verdict": "pass"}, follow=True
         )
@@ -606,7 +606,7 @@ def test_a_transformed_image_shows_its_dimensions_and_format_beside_what_was_ask
     root = tmp_path / "wide"
     root.mkdir()
     Image.new("RGB", (1200, 600), (10, 120, 200)).save(root / "wide.png")
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="wide", processor="image-transform", project=project, input_folder=root
     )
     run_here(campaign)

@@ -8,7 +8,7 @@ from django.core.exceptions import ValidationError
 from django.db import connections, transaction
 
 from campaigns.models import Batch, Campaign, Unit, UnitState
-from campaigns.runs import services
+from campaigns.runs import control, costs, setup, start
 from campaigns.specs.processors import ProcessorSpec
 from tests.conftest import DEMO_BAD, DEMO_GOOD
 
@@ -27,8 +27,8 @@ def test_first_version_records_params_software_and_a_fingerprint(make_campaign):
 
 def test_same_parameters_reuse_the_version_and_a_change_makes_a_new_one(make_campaign):
     campaign = make_campaign()
-    same = services.version_create(campaign=campaign, params={})
-    changed = services.version_create(campaign=campaign, params={"batch_size": 8})
+    same = setup.version_create(campaign=campaign, params={})
+    changed = setup.version_create(campaign=campaign, params={"batch_size": 8})
     assert same.pk == campaign.versions.get(number=1).pk
     assert changed.number == 2
     assert changed.fingerprint != same.fingerprint
@@ -43,7 +43,7 @@ def test_a_version_cannot_be_edited(make_campaign):
 
 def test_unknown_parameters_are_refused_before_anything_is_created(project, corpus):
     with pytest.raises(ValidationError, match="unknown parameter.*polling"):
-        services.campaign_create(
+        setup.campaign_create(
             name="x",
             processor="text-embedding",
             project=project,
@@ -58,10 +58,10 @@ def test_run_groups_pending_units_into_batches_and_enqueues_after_commit(
 ):
     campaign = make_campaign(batch_size=10)
     with (
-        mock.patch.object(services.celery_app, "send_task") as send,
+        mock.patch.object(start.celery_app, "send_task") as send,
         django_capture_on_commit_callbacks(execute=True),
     ):
-        count = services.campaign_run(campaign=campaign)
+        count = start.campaign_run(campaign=campaign)
     total = DEMO_GOOD + DEMO_BAD
     assert count == 4  # 39 pending units in batches of 10
     assert Unit.objects.filter(campaign=campaign, state=UnitState.QUEUED).count() == total
@@ -77,20 +77,20 @@ def test_planning_weighs_each_text_in_tokens_and_an_unreadable_one_least(
 ):
     from campaigns.specs.builtin import text_token_cost
 
-    monkeypatch.setattr(services, "COST_CHUNK", 7)  # 39 units: six queries, none skipped
+    monkeypatch.setattr(costs, "COST_CHUNK", 7)  # 39 units: six queries, none skipped
     campaign = make_campaign(batch_policy="token_budget", token_budget=1024)
     params = campaign.current_version.params
     gone = corpus / "news" / "rail-strike.txt"
     gone.unlink()  # after import: the worker will classify it missing
     with (
-        mock.patch.object(services.celery_app, "send_task"),
+        mock.patch.object(start.celery_app, "send_task"),
         django_capture_on_commit_callbacks(execute=True),
     ):
-        services.campaign_run(campaign=campaign)
-    costs = dict(Unit.objects.filter(campaign=campaign).values_list("source_path", "cost"))
-    assert costs.pop("news/rail-strike.txt") == 1
-    assert costs == {path: text_token_cost(corpus / path, params) for path in costs}
-    assert len(set(costs.values())) > 5  # texts of many lengths, each its own count
+        start.campaign_run(campaign=campaign)
+    weights = dict(Unit.objects.filter(campaign=campaign).values_list("source_path", "cost"))
+    assert weights.pop("news/rail-strike.txt") == 1
+    assert weights == {path: text_token_cost(corpus / path, params) for path in weights}
+    assert len(set(weights.values())) > 5  # texts of many lengths, each its own count
 
 
 def test_a_version_with_another_token_cap_weighs_the_texts_again_and_a_flag_change_does_not(
@@ -100,17 +100,17 @@ def test_a_version_with_another_token_cap_weighs_the_texts_again_and_a_flag_chan
 
     def run_and_costs(campaign) -> dict[str, int]:
         with (
-            mock.patch.object(services.celery_app, "send_task"),
+            mock.patch.object(start.celery_app, "send_task"),
             django_capture_on_commit_callbacks(execute=True),
         ):
-            services.campaign_run(campaign=campaign)
-        services.campaign_pause(campaign=campaign)  # back to pending, as a user's Pause
+            start.campaign_run(campaign=campaign)
+        control.campaign_pause(campaign=campaign)  # back to pending, as a user's Pause
         return dict(Unit.objects.filter(campaign=campaign).values_list("source_path", "cost"))
 
     campaign = make_campaign(batch_policy="token_budget", max_tokens=32)
     capped = run_and_costs(campaign)
     assert max(capped.values()) == 32
-    longer = services.version_create(
+    longer = setup.version_create(
         campaign=campaign, params={"batch_policy": "token_budget", "max_tokens": 256}
     )
     # Planned with costs capped at 32, texts of up to 256 tokens would overfill
@@ -118,7 +118,7 @@ def test_a_version_with_another_token_cap_weighs_the_texts_again_and_a_flag_chan
     recounted = run_and_costs(campaign)
     assert recounted == {p: text_token_cost(corpus / p, longer.params) for p in recounted}
     assert max(recounted.values()) == 256
-    services.version_create(
+    setup.version_create(
         campaign=campaign,
         params={"batch_policy": "token_budget", "max_tokens": 256, "pooling": "cls"},
     )
@@ -130,7 +130,7 @@ def test_a_version_with_another_token_cap_weighs_the_texts_again_and_a_flag_chan
 def test_before_the_checkpoint_a_run_weighs_only_the_units_it_sends(
     project, corpus, django_capture_on_commit_callbacks
 ):
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="first-group",
         processor="text-embedding",
         project=project,
@@ -139,10 +139,10 @@ def test_before_the_checkpoint_a_run_weighs_only_the_units_it_sends(
         params={"batch_policy": "token_budget"},
     )
     with (
-        mock.patch.object(services.celery_app, "send_task"),
+        mock.patch.object(start.celery_app, "send_task"),
         django_capture_on_commit_callbacks(execute=True),
     ):
-        services.campaign_run(campaign=campaign)
+        start.campaign_run(campaign=campaign)
     units = Unit.objects.filter(campaign=campaign)
     sent = set(units.filter(state=UnitState.QUEUED).values_list("pk", flat=True))
     assert 5 <= len(sent) < DEMO_GOOD + DEMO_BAD  # the first group: 5 + the holdout
@@ -160,8 +160,8 @@ def token_budget_campaign_past_checkpoint(make_campaign) -> Campaign:
 @pytest.mark.django_db(transaction=True)
 def test_a_large_run_sends_its_first_batches_before_it_weighs_the_rest(make_campaign, monkeypatch):
     # a first slice of 4 units, then slices of 10
-    monkeypatch.setattr(services, "RUN_SLICE_UNITS", 10)
-    monkeypatch.setattr(services, "FIRST_SLICE_UNITS", 4)
+    monkeypatch.setattr(start, "RUN_SLICE_UNITS", 10)
+    monkeypatch.setattr(start, "FIRST_SLICE_UNITS", 4)
     campaign = token_budget_campaign_past_checkpoint(make_campaign)
     units = Unit.objects.filter(campaign=campaign)
     weighed_when_sent: list[int] = []
@@ -169,8 +169,8 @@ def test_a_large_run_sends_its_first_batches_before_it_weighs_the_rest(make_camp
     def send(_name, args):
         weighed_when_sent.append(units.filter(cost__isnull=False).count())
 
-    with mock.patch.object(services.celery_app, "send_task", side_effect=send):
-        sent = services.campaign_run(campaign=campaign)
+    with mock.patch.object(start.celery_app, "send_task", side_effect=send):
+        sent = start.campaign_run(campaign=campaign)
     total = DEMO_GOOD + DEMO_BAD
     assert sent == len(weighed_when_sent) == Batch.objects.filter(campaign=campaign).count()
     assert weighed_when_sent[0] == 4  # out while 35 texts were still to weigh
@@ -190,8 +190,8 @@ def test_a_web_start_plans_a_small_first_slice_and_leaves_the_rest_to_the_worker
     make_campaign, monkeypatch
 ):
     # given: slices of 20 units, a web start's first slice of 6
-    monkeypatch.setattr(services, "RUN_SLICE_UNITS", 20)
-    monkeypatch.setattr(services, "FIRST_SLICE_UNITS", 6)
+    monkeypatch.setattr(start, "RUN_SLICE_UNITS", 20)
+    monkeypatch.setattr(start, "FIRST_SLICE_UNITS", 6)
     campaign = token_budget_campaign_past_checkpoint(make_campaign)
     units = Unit.objects.filter(campaign=campaign)
     planned: list[tuple] = []
@@ -201,10 +201,10 @@ def test_a_web_start_plans_a_small_first_slice_and_leaves_the_rest_to_the_worker
 
     # when: the page's Start
     with (
-        mock.patch.object(services.celery_app, "send_task", side_effect=send),
+        mock.patch.object(start.celery_app, "send_task", side_effect=send),
         transaction.atomic(),
     ):
-        batches, more = services.campaign_start(campaign=campaign)
+        batches, more = start.campaign_start(campaign=campaign)
 
     # then: only the first 6 units were weighed and queued in the request,
     # and the rest was handed to the portal worker's planning task
@@ -212,12 +212,12 @@ def test_a_web_start_plans_a_small_first_slice_and_leaves_the_rest_to_the_worker
     assert set(units.filter(state=UnitState.QUEUED).values_list("pk", flat=True)) == first_six
     assert set(units.filter(cost__isnull=False).values_list("pk", flat=True)) == first_six
     assert more and batches == Batch.objects.filter(campaign=campaign).count() >= 1
-    assert planned[-1][0] == services.PLAN_TASK
+    assert planned[-1][0] == start.PLAN_TASK
 
     # and: the worker's part plans the rest in slices of 20, none of them
     # sharing a batch with another
-    with mock.patch.object(services.celery_app, "send_task"):
-        services.campaign_run_rest(campaign=campaign, since=campaign.created_at)
+    with mock.patch.object(start.celery_app, "send_task"):
+        start.campaign_run_rest(campaign=campaign, since=campaign.created_at)
     total = DEMO_GOOD + DEMO_BAD
     assert units.filter(state=UnitState.QUEUED).count() == total
     ids = list(units.order_by("pk").values_list("pk", "batch_id"))
@@ -232,7 +232,7 @@ def test_a_web_start_plans_a_small_first_slice_and_leaves_the_rest_to_the_worker
 def test_a_pause_while_a_large_run_is_planned_stops_it_at_the_next_slice(
     make_campaign, monkeypatch
 ):
-    monkeypatch.setattr(services, "RUN_SLICE_UNITS", 10)
+    monkeypatch.setattr(start, "RUN_SLICE_UNITS", 10)
     campaign = token_budget_campaign_past_checkpoint(make_campaign)
 
     paused: list[int] = []
@@ -240,10 +240,10 @@ def test_a_pause_while_a_large_run_is_planned_stops_it_at_the_next_slice(
     def send(_name, args):
         # The user pauses once, as the first slice's batches go out.
         if not paused:
-            paused.append(services.campaign_pause(campaign=campaign))
+            paused.append(control.campaign_pause(campaign=campaign))
 
-    with mock.patch.object(services.celery_app, "send_task", side_effect=send):
-        services.campaign_run(campaign=campaign)
+    with mock.patch.object(start.celery_app, "send_task", side_effect=send):
+        start.campaign_run(campaign=campaign)
     units = Unit.objects.filter(campaign=campaign)
     assert paused == [10]  # the first slice, taken back
     assert not units.filter(state=UnitState.QUEUED).exists()
@@ -267,7 +267,7 @@ def test_a_pause_landing_as_a_slice_commits_takes_that_slice_back(make_campaign)
 
     def pause() -> None:
         try:
-            pauses.append(services.campaign_pause(campaign=campaign))
+            pauses.append(control.campaign_pause(campaign=campaign))
         finally:
             connections.close_all()
 
@@ -280,10 +280,10 @@ def test_a_pause_landing_as_a_slice_commits_takes_that_slice_back(make_campaign)
         return real_on_commit(func, *args, **kwargs)
 
     with (
-        mock.patch.object(services.celery_app, "send_task"),
-        mock.patch.object(services.transaction, "on_commit", side_effect=on_commit),
+        mock.patch.object(start.celery_app, "send_task"),
+        mock.patch.object(start.transaction, "on_commit", side_effect=on_commit),
     ):
-        services.campaign_run(campaign=campaign)
+        start.campaign_run(campaign=campaign)
     pausing[0].join(timeout=30)
     units = Unit.objects.filter(campaign=campaign)
     assert pauses == [DEMO_GOOD + DEMO_BAD]  # the whole slice, taken back
@@ -294,16 +294,16 @@ def test_a_pause_landing_as_a_slice_commits_takes_that_slice_back(make_campaign)
 def test_running_again_enqueues_nothing_new(make_campaign, django_capture_on_commit_callbacks):
     campaign = make_campaign()
     with (
-        mock.patch.object(services.celery_app, "send_task"),
+        mock.patch.object(start.celery_app, "send_task"),
         django_capture_on_commit_callbacks(execute=True),
     ):
-        services.campaign_run(campaign=campaign)
-        assert services.campaign_run(campaign=campaign) == 0
+        start.campaign_run(campaign=campaign)
+        assert start.campaign_run(campaign=campaign) == 0
 
 
 def test_campaign_names_must_be_slugs(project, corpus):
     with pytest.raises(ValidationError, match="lowercase"):
-        services.campaign_create(
+        setup.campaign_create(
             name="My Campaign", processor="text-embedding", project=project, input_folder=corpus
         )
 
@@ -317,10 +317,10 @@ def test_a_campaign_can_be_deleted_but_not_a_version_that_made_batches(
 
     campaign = make_campaign()
     with (
-        mock.patch.object(services.celery_app, "send_task"),
+        mock.patch.object(start.celery_app, "send_task"),
         django_capture_on_commit_callbacks(execute=True),
     ):
-        services.campaign_run(campaign=campaign)
+        start.campaign_run(campaign=campaign)
     with pytest.raises(RestrictedError):
         campaign.current_version.delete()
     campaign.delete()

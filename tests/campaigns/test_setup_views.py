@@ -9,7 +9,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
 from campaigns.models import Batch, Campaign, Unit, UnitState
-from campaigns.runs import services
+from campaigns.runs import start
 from tests.conftest import DEMO_BAD, DEMO_GOOD, ProjectFactory
 
 pytestmark = pytest.mark.django_db
@@ -24,7 +24,7 @@ def roots(settings, corpus):
 
 @pytest.fixture
 def send():
-    with mock.patch.object(services.celery_app, "send_task") as send:
+    with mock.patch.object(start.celery_app, "send_task") as send:
         yield send
 
 
@@ -140,7 +140,7 @@ def test_pause_takes_back_queued_batches_and_resume_queues_them_again(
 ):
     campaign = make_campaign()
     with django_capture_on_commit_callbacks(execute=True):
-        services.campaign_run(campaign=campaign)
+        start.campaign_run(campaign=campaign)
     client.force_login(owner)
     client.post(reverse("campaign_pause", args=[campaign.name]))
     assert Unit.objects.filter(campaign=campaign, state=UnitState.PENDING).count() == 39
@@ -155,7 +155,7 @@ def test_changing_parameters_after_a_run_makes_a_new_version_and_says_so(
     client, owner, make_campaign, send
 ):
     campaign = make_campaign()
-    services.campaign_run(campaign=campaign)
+    start.campaign_run(campaign=campaign)
     client.force_login(owner)
     url = reverse("campaign_params", args=[campaign.name])
     warning = client.get(url).content.decode().split('id="new-version-warning"')[1]

@@ -15,7 +15,7 @@ from django.urls import reverse
 
 from campaigns.adaptation import services as adaptation
 from campaigns.models import ModelCheckpoint, ParameterVersion, Training
-from campaigns.runs import services
+from campaigns.runs import setup
 from campaigns.specs.builtin import resolve_model_path
 from tests.conftest import ProjectFactory
 
@@ -31,7 +31,7 @@ def pairs(tmp_path):
 
 @pytest.fixture
 def trained(project, pairs, output_root):
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="adapt", processor="text-adaptation", project=project, input_folder=pairs
     )
     training = Training.objects.create(
@@ -119,7 +119,7 @@ def test_a_tampered_target_or_a_pruned_checkpoint_changes_nothing(
     client, owner, outsider, trained, corpus
 ):
     campaign, training = trained
-    foreign, _ = services.campaign_create(
+    foreign, _ = setup.campaign_create(
         name="theirs",
         processor="text-embedding",
         project=ProjectFactory(name="other"),
@@ -143,7 +143,7 @@ def test_a_tampered_target_or_a_pruned_checkpoint_changes_nothing(
 def test_start_sends_one_training_and_a_second_press_changes_nothing(
     client, owner, project, pairs, django_capture_on_commit_callbacks
 ):
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="fresh", processor="text-adaptation", project=project, input_folder=pairs
     )
     client.force_login(owner)

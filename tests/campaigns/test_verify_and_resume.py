@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from campaigns.models import Attempt, Batch, Unit, UnitState
-from campaigns.runs import services
+from campaigns.runs import control, start
 from campaigns.storage.vector_shards import load_shard, shard_bytes, split_member
 from campaigns.verify.reconcile import campaign_verify
 from gpuworker.batch_runner import run_batch
@@ -40,7 +40,7 @@ def enqueue(django_capture_on_commit_callbacks):
 
     def call(fn, **kwargs):
         with (
-            mock.patch.object(services.celery_app, "send_task"),
+            mock.patch.object(start.celery_app, "send_task"),
             django_capture_on_commit_callbacks(execute=True),
         ):
             return fn(**kwargs)
@@ -51,7 +51,7 @@ def enqueue(django_capture_on_commit_callbacks):
 @pytest.fixture
 def done(make_campaign, output_root, enqueue):
     campaign = make_campaign("checked", batch_size=8)
-    enqueue(services.campaign_run, campaign=campaign)
+    enqueue(start.campaign_run, campaign=campaign)
     _run_queued(campaign)
     return campaign
 
@@ -105,7 +105,7 @@ def test_missing_and_truncated_outputs_are_told_apart_and_only_they_are_recomput
     assert set(pending.values_list("uid", flat=True)) == hit
 
     # and resume recomputes those and no other
-    _report, _retried, batches = enqueue(services.campaign_resume, campaign=done)
+    _report, _retried, batches = enqueue(control.campaign_resume, campaign=done)
     assert batches == 2
     _run_queued(done)
     assert Unit.objects.filter(campaign=done, state=UnitState.SUCCEEDED).count() == DEMO_GOOD
@@ -133,14 +133,14 @@ def test_a_removed_input_is_input_missing_not_a_missing_output_and_is_not_retrie
     report = campaign_verify(campaign=done).as_dict()
     assert report["input_missing"] == 2
     assert report["output_missing"] == 0
-    _report, _retried, batches = enqueue(services.campaign_resume, campaign=done)
+    _report, _retried, batches = enqueue(control.campaign_resume, campaign=done)
     assert batches == 0
     for unit in gone:
         unit.refresh_from_db()
         assert (unit.state, unit.error_class) == ("failed", "input_missing")
         assert "not found" in unit.error_message
     # even --retry-failed leaves an input that is still gone alone
-    _report, retried, _batches = enqueue(services.campaign_resume, campaign=done, retry_failed=True)
+    _report, retried, _batches = enqueue(control.campaign_resume, campaign=done, retry_failed=True)
     assert Unit.objects.filter(campaign=done, error_class="input_missing").count() == 2
 
 
@@ -155,7 +155,7 @@ def test_a_modified_input_is_input_changed_and_retry_makes_a_new_output(
     unit.refresh_from_db()
     assert (unit.state, unit.error_class) == ("failed", "input_changed")
 
-    enqueue(services.campaign_resume, campaign=done, retry_failed=True)
+    enqueue(control.campaign_resume, campaign=done, retry_failed=True)
     _run_queued(done)
     unit.refresh_from_db()
     assert unit.state == UnitState.SUCCEEDED
@@ -199,7 +199,7 @@ def test_a_redelivered_batch_adopts_valid_outputs_instead_of_recomputing(
     make_campaign, output_root, enqueue
 ):
     campaign = make_campaign("redeliver", batch_size=50)
-    enqueue(services.campaign_run, campaign=campaign)
+    enqueue(start.campaign_run, campaign=campaign)
     batch = Batch.objects.get(campaign=campaign)
     run_batch(batch.pk)
     files = {p: p.stat().st_mtime_ns for p in Path(output_root).rglob("*.npz")}
@@ -270,7 +270,7 @@ def test_a_redelivered_batch_recomputes_the_rows_of_a_damaged_shard(
     make_campaign, output_root, enqueue
 ):
     campaign = make_campaign("damaged", batch_size=50)
-    enqueue(services.campaign_run, campaign=campaign)
+    enqueue(start.campaign_run, campaign=campaign)
     batch = Batch.objects.get(campaign=campaign)
     run_batch(batch.pk)
     (first,) = Path(output_root).rglob("*.npz")

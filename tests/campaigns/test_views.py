@@ -8,7 +8,7 @@ from django.core.cache import cache
 from django.urls import reverse
 
 from campaigns.models import Unit, UnitState
-from campaigns.runs import services
+from campaigns.runs import start
 
 HTMX_COUNTS = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "counts"}
 
@@ -134,7 +134,7 @@ def test_run_button_enqueues_the_pending_units(
 ):
     client.force_login(owner)
     with (
-        mock.patch.object(services.celery_app, "send_task") as send,
+        mock.patch.object(start.celery_app, "send_task") as send,
         django_capture_on_commit_callbacks(execute=True),
     ):
         response = client.post(reverse("campaign_run", args=[campaign.name]), follow=True)
@@ -147,25 +147,25 @@ def test_run_button_enqueues_the_pending_units(
 def test_the_run_button_queues_a_large_campaigns_first_slice_and_hands_on_the_rest(
     client, owner, campaign, django_capture_on_commit_callbacks, monkeypatch
 ):
-    monkeypatch.setattr(services, "RUN_SLICE_UNITS", 16)
+    monkeypatch.setattr(start, "RUN_SLICE_UNITS", 16)
     type(campaign).objects.filter(pk=campaign.pk).update(checkpoint_after=0)  # past it
     client.force_login(owner)
     with (
-        mock.patch.object(services.celery_app, "send_task") as send,
+        mock.patch.object(start.celery_app, "send_task") as send,
         django_capture_on_commit_callbacks(execute=True),
     ):
         response = client.post(reverse("campaign_run", args=[campaign.name]), follow=True)
     page = response.content.decode()
     assert "Queued 1 batch. The rest of the campaign is being planned in the background." in page
     name, args = send.call_args_list[-1].args[0], send.call_args_list[-1].kwargs["args"]
-    assert (name, args[0]) == (services.PLAN_TASK, campaign.pk)
+    assert (name, args[0]) == (start.PLAN_TASK, campaign.pk)
     assert Unit.objects.filter(campaign=campaign, state=UnitState.QUEUED).count() == 16
 
     # what the portal worker does with it
     from campaigns.tasks import plan_campaign
 
     with (
-        mock.patch.object(services.celery_app, "send_task") as send,
+        mock.patch.object(start.celery_app, "send_task") as send,
         django_capture_on_commit_callbacks(execute=True),
     ):
         assert plan_campaign(*args) == 2  # 23 units left, batches of 16
@@ -178,17 +178,17 @@ def test_pause_stops_the_planning_a_started_campaign_left_to_the_worker(
 ):
     from campaigns.tasks import plan_campaign
 
-    monkeypatch.setattr(services, "RUN_SLICE_UNITS", 16)
+    monkeypatch.setattr(start, "RUN_SLICE_UNITS", 16)
     type(campaign).objects.filter(pk=campaign.pk).update(checkpoint_after=0)
     client.force_login(owner)
     with (
-        mock.patch.object(services.celery_app, "send_task") as send,
+        mock.patch.object(start.celery_app, "send_task") as send,
         django_capture_on_commit_callbacks(execute=True),
     ):
         client.post(reverse("campaign_run", args=[campaign.name]))
         client.post(reverse("campaign_pause", args=[campaign.name]))
     args = send.call_args_list[-1].kwargs["args"]
-    with mock.patch.object(services.celery_app, "send_task") as send:
+    with mock.patch.object(start.celery_app, "send_task") as send:
         assert plan_campaign(*args) == 0  # the worker gets to it after the Pause
     send.assert_not_called()
     assert Unit.objects.filter(campaign=campaign, state=UnitState.PENDING).count() == 39
@@ -196,7 +196,7 @@ def test_pause_stops_the_planning_a_started_campaign_left_to_the_worker(
 
 def test_an_outsider_cannot_run_a_campaign(client, outsider, campaign):
     client.force_login(outsider)
-    with mock.patch.object(services.celery_app, "send_task") as send:
+    with mock.patch.object(start.celery_app, "send_task") as send:
         response = client.post(reverse("campaign_run", args=[campaign.name]))
     assert response.status_code == 404
     assert not send.called

@@ -8,7 +8,7 @@ from unittest import mock
 import pytest
 
 from campaigns.models import Campaign, UnitState
-from campaigns.runs import services
+from campaigns.runs import start
 
 pytestmark = pytest.mark.e2e
 
@@ -44,7 +44,7 @@ def test_set_up_preview_and_start_a_campaign(
     assert not Campaign.objects.exists()
 
     # create and start: the campaign page shows the queued work
-    with mock.patch.object(services.celery_app, "send_task") as send:
+    with mock.patch.object(start.celery_app, "send_task") as send:
         page.click("button[value=create]")
         page.wait_for_url("**/campaigns/from-the-browser/")
     campaign = Campaign.objects.get(name="from-the-browser")

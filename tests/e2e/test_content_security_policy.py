@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from campaigns.runs import services
+from campaigns.runs import setup
 from portal.models import GpuModel
 
 pytestmark = pytest.mark.e2e
@@ -25,7 +25,7 @@ def test_the_main_pages_load_with_the_policy_and_refuse_nothing(
     project.members.add(staff)
     staff.is_superuser = True  # the admin's change lists too
     staff.save()
-    services.campaign_import(campaign=campaign)
+    setup.campaign_import(campaign=campaign)
 
     # an injected inline script is what the policy is for: it must not run
     response = page.goto(f"{live_server.url}/order/")

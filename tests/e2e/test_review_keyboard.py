@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from campaigns.models import Campaign, ErrorClass, ReviewItem, Unit, UnitState
-from campaigns.runs import services
+from campaigns.runs import setup
 from tests.gpuworker.test_image_classification import (
     CLASSES,
     SIZE,
@@ -65,7 +65,7 @@ def test_reject_with_a_reason_and_requeue_using_only_the_keyboard(
 ):
     # The plain tiny CNN (user_model) is sure of itself on two shapes too (margins
     # above 0.96): the one trained with soft labels answers close to both classes.
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="shapes",
         processor="image-classification",
         project=project,

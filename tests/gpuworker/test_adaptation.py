@@ -10,7 +10,7 @@ import pytest
 
 from campaigns.adaptation import services as adaptation
 from campaigns.models import Batch, ModelCheckpoint, Training, Unit, UnitState
-from campaigns.runs import services
+from campaigns.runs import setup
 from campaigns.verify.reconcile import campaign_verify
 from gpuworker.processors import forget_loaded
 from gpuworker.training_tasks import run_training
@@ -69,7 +69,7 @@ def test_an_adaptation_campaign_trains_checkpoints_and_its_checkpoint_embeds_wit
     project, pairs_folder, output_root, corpus, run_here, train_here
 ):
     # given: pairs, two of them unusable, a quarter held out
-    campaign, report = services.campaign_create(
+    campaign, report = setup.campaign_create(
         name="adapt",
         processor="text-adaptation",
         project=project,
@@ -103,7 +103,7 @@ def test_an_adaptation_campaign_trains_checkpoints_and_its_checkpoint_embeds_wit
     assert 0 < last.linkage["metrics"]["cosine_stability"] < 1.0  # it moved, not far
 
     # when: the last checkpoint becomes the model of an embedding campaign
-    texts, _ = services.campaign_create(
+    texts, _ = setup.campaign_create(
         name="texts",
         processor="text-embedding",
         project=project,
@@ -138,7 +138,7 @@ def test_an_adaptation_campaign_trains_checkpoints_and_its_checkpoint_embeds_wit
     # a campaign whose model is that folder fails its batch, saying why (a
     # fresh worker: this process still holds the model it verified and loaded)
     forget_loaded()
-    again, _ = services.campaign_create(
+    again, _ = setup.campaign_create(
         name="texts-again",
         processor="text-embedding",
         project=project,
@@ -173,7 +173,7 @@ def test_an_image_classifier_learns_from_labelled_folders_and_its_checkpoint_cla
         weights = tmp_path / "tiny.pt"
         torch.save(dict(torch.jit.load(str(user_model[0])).state_dict()), str(weights))
         model, extra = (weights, user_model[1]), {"architecture": "tiny"}
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="shapes-tuned",
         processor="image-adaptation",
         project=project,
@@ -197,7 +197,7 @@ def test_an_image_classifier_learns_from_labelled_folders_and_its_checkpoint_cla
     assert set(training.base_metrics) == {"heldout_loss", "heldout_accuracy"}
 
     # the checkpoint's weights over the same model file classify a new campaign
-    target, _ = services.campaign_create(
+    target, _ = setup.campaign_create(
         name="shapes-run",
         processor="image-classification",
         project=project,

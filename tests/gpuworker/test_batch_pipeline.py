@@ -10,7 +10,7 @@ from unittest import mock
 import pytest
 
 from campaigns.models import Attempt, Batch, Unit, UnitState
-from campaigns.runs import services
+from campaigns.runs import leases, start
 from gpuworker import batch_runner
 from gpuworker.batch_runner import finisher, pipeline_enabled, run_batch
 from gpuworker.input_prefetch import prefetch
@@ -24,8 +24,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def queued(make_campaign, output_root):
     campaign = make_campaign(batch_size=8)
-    with mock.patch.object(services.celery_app, "send_task"):
-        services.campaign_run(campaign=campaign)
+    with mock.patch.object(start.celery_app, "send_task"):
+        start.campaign_run(campaign=campaign)
     yield campaign
     prefetch.drop()
     finisher.drain()  # no thread of this test outlives it
@@ -74,7 +74,7 @@ def test_a_batch_the_finisher_cannot_record_is_left_to_its_lease(queued):
     batch.refresh_from_db()
     assert batch.state == Batch.State.RUNNING
     Batch.objects.filter(pk=batch.pk).update(lease_expires_at=batch.started_at)
-    assert services.batches_requeue_expired(campaign=queued) == [batch.pk]
+    assert leases.batches_requeue_expired(campaign=queued) == [batch.pk]
     assert run_batch(batch.pk) == "done"
     adopted = Attempt.objects.filter(batch=batch, metrics__adopted=True).count()
     assert adopted == Attempt.objects.filter(batch=batch, outcome="succeeded").count() > 0

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from campaigns.models import Attempt, Batch, ReviewItem, Unit, UnitState
-from campaigns.runs import services
+from campaigns.runs import start
 from campaigns.storage.vector_shards import load_shard, split_member
 from gpuworker.batch_runner import run_batch
 from gpuworker.processors.text_embedding import TextEmbeddingProcessor
@@ -26,10 +26,10 @@ pytestmark = pytest.mark.django_db
 def queued(make_campaign, output_root, django_capture_on_commit_callbacks):
     campaign = make_campaign(batch_size=8)
     with (
-        mock.patch.object(services.celery_app, "send_task"),
+        mock.patch.object(start.celery_app, "send_task"),
         django_capture_on_commit_callbacks(execute=True),
     ):
-        services.campaign_run(campaign=campaign)
+        start.campaign_run(campaign=campaign)
     return campaign
 
 

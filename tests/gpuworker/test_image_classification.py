@@ -14,7 +14,7 @@ from django.urls import reverse
 from PIL import Image, ImageDraw
 
 from campaigns.models import Attempt, Unit, UnitState
-from campaigns.runs import services
+from campaigns.runs import control, setup, start
 from campaigns.verify.reconcile import campaign_verify
 
 CLASSES = ["circle", "square", "triangle"]
@@ -123,7 +123,7 @@ def _params(user_model, **extra):
 
 
 def _classifier(name: str, project, folder: Path, params: dict):
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name=name,
         processor="image-classification",
         project=project,
@@ -212,7 +212,7 @@ def test_model_and_labels_are_required(project, shapes):
     from django.core.exceptions import ValidationError
 
     with pytest.raises(ValidationError, match="model is required"):
-        services.campaign_create(
+        setup.campaign_create(
             name="x", processor="image-classification", project=project, input_folder=shapes
         )
 
@@ -232,7 +232,7 @@ def test_a_torch_export_program_works_like_a_torchscript_file(
     torch.export.save(program, str(path))
     params = _params(user_model, batch_size=7)
     params["model"] = str(path)
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="exported",
         processor="image-classification",
         project=project,
@@ -319,11 +319,11 @@ def test_a_version_records_its_model_and_a_model_replaced_under_it_fails_clearly
     assert not any(output_root.rglob("*.npz"))  # nothing written under v1's label
 
     # Saving the same parameters again is a new version, with the new model's digest.
-    v2 = services.version_create(campaign=campaign, params=params)
+    v2 = setup.version_create(campaign=campaign, params=params)
     assert v2.pk != v1.pk and ParameterVersion.objects.filter(campaign=campaign).count() == 2
     assert v2.software["files"]["model"]["sha256"] != files["model"]["sha256"]
-    with mock.patch.object(services.celery_app, "send_task"):
-        services.campaign_resume(campaign=campaign, retry_failed=True)
+    with mock.patch.object(start.celery_app, "send_task"):
+        control.campaign_resume(campaign=campaign, retry_failed=True)
     run_here(campaign)
     # Every unit has its output under v2 (the untrained model's low confidence
     # sends some to review: flagged, not failed).

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from campaigns.models import Unit, UnitState
-from campaigns.runs import services
+from campaigns.runs import setup
 from campaigns.specs.builtin import IMAGE_TRANSFORM, check_image_output
 from campaigns.storage.outputs import WRONG_OUTPUT, InvalidOutput
 from gpuworker.processors.image_transform import ImageTransformProcessor
@@ -33,7 +33,7 @@ def transparent(tmp_path) -> Path:
 
 
 def _run(name: str, project, root: Path, run_here, **params) -> dict[str, Unit]:
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name=name, processor="image-transform", project=project, input_folder=root, params=params
     )
     run_here(campaign)

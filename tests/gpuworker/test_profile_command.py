@@ -80,7 +80,7 @@ def test_a_budget_below_the_model_itself_fails_with_a_reason(make_campaign, outp
 @pytest.fixture
 def paced(settings, tmp_path, project):
     """A campaign of the paced test processor (tests/plugins/paced_text.py): no model."""
-    from campaigns.runs import services
+    from campaigns.runs import setup
     from campaigns.specs import processors as processor_specs
     from gpuworker import processors
 
@@ -93,7 +93,7 @@ def paced(settings, tmp_path, project):
         (root / f"note-{i:02d}.txt").write_text(f"note {i}: the cache was warm\n")
     for i in range(3):
         (root / f"report-{i}.txt").write_text(" ".join(f"w{j}" for j in range(40)) + "\n")
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="paced", processor="paced-text", project=project, input_folder=root
     )
     yield campaign
@@ -120,12 +120,12 @@ def test_rerun_runs_the_saved_sample_with_its_own_parameters_and_compares(
     paced, output_root, catalog
 ):
     from campaigns.models import Profile
-    from campaigns.runs import services
+    from campaigns.runs import setup
 
     # given: a profile, then the campaign's parameters changed
     _profile("--max-batch", "2", "--sample", "4", "--heavy", "2", "--budget-mb", "65536")
     first = Profile.objects.get()
-    services.version_create(campaign=first.campaign, params={"batch_size": 3})
+    setup.version_create(campaign=first.campaign, params={"batch_size": 3})
 
     # when
     text = _profile("--rerun", str(first.pk))

@@ -15,7 +15,7 @@ from PIL import Image
 from campaigns import selectors
 from campaigns.models import Batch, ErrorClass, Profile, Unit, UnitState
 from campaigns.profiles import profiling
-from campaigns.runs import services
+from campaigns.runs import costs, setup
 from campaigns.specs import processors as processor_specs
 from gpuworker import processors
 from gpuworker.memory import StepMemory, allocated_now, cpu
@@ -47,7 +47,7 @@ def campaign_for_sweeps(project, skewed_corpus):
 
 
 def _campaign(project, folder, name="skewed", **params):
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name=name,
         processor="text-embedding",
         project=project,
@@ -100,7 +100,7 @@ def test_profile_fits_the_heaviest_inputs_with_the_margin_and_a_full_run_stays_u
     assert profile.leak["leak"] is False, profile.leak
 
     # and a full run at the chosen size never exceeds the budget
-    version = services.version_create(
+    version = setup.version_create(
         campaign=campaign, params={**campaign.current_version.params, "batch_size": chosen}
     )
     assert version.params["batch_size"] == chosen
@@ -125,7 +125,7 @@ def test_estimate_follows_the_corpus_distribution_not_the_sample_mean(
     # the estimate priced the batches a real run at the profiled size makes: the
     # same count and the same padded tokens (how long they take on this machine
     # is a benchmark's question: bench/profile_device.py --run)
-    services.version_create(
+    setup.version_create(
         campaign=campaign,
         params={**campaign.current_version.params, "batch_size": profile.chosen_batch_size},
     )
@@ -152,7 +152,7 @@ def test_a_profile_is_rerun_on_the_same_sample_and_its_own_parameters(
     campaign = _campaign(project, skewed_corpus)
     first = profiling.profile_create(campaign=campaign, max_batch_size=4, sample_size=10)
     # the campaign moved on to other parameters since
-    services.version_create(campaign=campaign, params={"max_tokens": 128})
+    setup.version_create(campaign=campaign, params={"max_tokens": 128})
     assert campaign.current_version != first.version
 
     again = profiling.profile_rerun(profile=first)
@@ -387,7 +387,7 @@ def odd_images(tmp_path):
 def test_images_of_extreme_aspect_are_sampled_and_run_in_batches_of_their_own(
     project, odd_images, output_root, catalog
 ):
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="odd-images",
         processor="image-transform",
         project=project,
@@ -456,7 +456,7 @@ def _texts(root, **counts_by_words):
 
 
 def _paced(project, root, name="paced", **params):
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name=name, processor="paced-text", project=project, input_folder=root, params=params
     )
     return campaign
@@ -582,7 +582,7 @@ def test_the_leak_verdict_compares_every_repeat_with_the_baseline(after, leak, w
 
 def _measured(campaign, *, device, chosen, peaks_gb, oom=(), margin=0.2, items_per_s=100.0):
     """A done profile as a GPU worker leaves it: heaviest steps at these peaks."""
-    services.measure_costs(campaign=campaign, params=campaign.current_version.params)
+    costs.measure_costs(campaign=campaign, params=campaign.current_version.params)
     units = list(campaign.units.order_by("-cost", "pk"))
     steps = []
     for size, peak in peaks_gb.items():

@@ -17,7 +17,7 @@ from campaigns.db.batch_statements import earlier_outputs, earlier_outputs_state
 from campaigns.models import Attempt, Checkpoint, ReviewItem, Unit, UnitState
 from campaigns.review import queue as review
 from campaigns.review.flags import classification_flags, image_input_flags, norm_flags
-from campaigns.runs import services
+from campaigns.runs import setup, start
 from tests.gpuworker.test_image_classification import (
     CLASSES,
     COLOURS,
@@ -95,7 +95,7 @@ def test_ambiguous_images_are_flagged_close_to_several_categories_and_clear_ones
     output_root,
     run_here,
 ):
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="shapes",
         processor="image-classification",
         project=project,
@@ -131,7 +131,7 @@ def test_texts_that_embed_the_same_are_flagged_as_duplicates(
     (root / "a.txt").write_text("The harbour reopens on Monday.\n")
     (root / "b.txt").write_text("THE HARBOUR REOPENS ON MONDAY.\n")  # uncased model: same tokens
     (root / "c.txt").write_text("A completely different sentence about GPUs.\n")
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="dupes", processor="text-embedding", project=project, input_folder=root
     )
     run_here(campaign)
@@ -149,7 +149,7 @@ def test_a_text_embedding_like_one_of_an_earlier_batch_is_flagged_through_the_in
     for i in range(3):
         (root / f"b{i}.txt").write_text(f"Unrelated sentence number {i} about GPUs.\n")
     (root / "z.txt").write_text("THE HARBOUR REOPENS ON MONDAY.\n")  # same tokens, last batch
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="dupes-late",
         processor="text-embedding",
         project=project,
@@ -216,7 +216,7 @@ def test_a_repeating_defect_keeps_the_campaign_paused_until_a_new_version(
     project, corpus, output_root, run_here
 ):
     # given: a norm threshold no vector meets, and a checkpoint after 10 units
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="defect",
         processor="text-embedding",
         project=project,
@@ -235,12 +235,12 @@ def test_a_repeating_defect_keeps_the_campaign_paused_until_a_new_version(
     status = review.verification_status(campaign=campaign)
     assert (status.status, status.by) == ("failed", "flag rules")
     with pytest.raises(ValidationError, match="checkpoint failed"):
-        services.campaign_run(campaign=campaign)
+        start.campaign_run(campaign=campaign)
     pending = campaign.units.filter(state=UnitState.PENDING).count()
     assert pending > 0
 
     # when the method is fixed (a new parameter version), the campaign may go on
-    services.version_create(
+    setup.version_create(
         campaign=campaign,
         params={**campaign.current_version.params, "flag_norm_min": 0.05},
     )
@@ -253,7 +253,7 @@ def test_a_passed_checkpoint_lets_the_campaign_finish(
 ):
     # A sample smaller than the group, so that which units it takes can be judged.
     settings.CHECKPOINT_SAMPLE_SIZE = 4
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="spot",
         processor="text-embedding",
         project=project,
@@ -279,7 +279,7 @@ def test_a_passed_checkpoint_lets_the_campaign_finish(
     assert not sampled.filter(holdout=True).exists()
     buckets = sorted(sum(u.size > q for q in quartiles) for u in sampled)
     assert buckets == [0, 1, 2, 3], (quartiles, [u.size for u in sampled])
-    assert services.campaign_run(campaign=campaign) == 0  # nothing beyond the first group
+    assert start.campaign_run(campaign=campaign) == 0  # nothing beyond the first group
     assert campaign.units.filter(state=UnitState.PENDING).exists()
 
     review.checkpoint_decide(checkpoint=checkpoint, passed=True, user=owner)
@@ -322,7 +322,7 @@ def test_after_the_checkpoint_a_batch_drifting_to_one_category_is_flagged(
         shape_image(kind, rng).save(root / "a-mixed" / f"{i:02d}-{kind}.png")
     for i in range(12):
         shape_image("square", rng).save(root / "b-squares" / f"{i:02d}.png")
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="drift",
         processor="image-classification",
         project=project,
@@ -357,7 +357,7 @@ def test_a_nan_vector_fails_the_unit_and_reaches_the_queue_and_the_checkpoint(
     def nan_output(self, result, index):
         return np.full(self.dimension, np.nan, dtype=np.float32)
 
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="nans",
         processor="text-embedding",
         project=project,
@@ -397,7 +397,7 @@ def test_a_transformed_image_of_the_wrong_size_fails_and_is_reviewed(
     root = tmp_path / "pictures"
     root.mkdir()
     Image.new("RGB", (120, 80), (200, 30, 30)).save(root / "wide.png")
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="resized",
         processor="image-transform",
         project=project,
@@ -443,7 +443,7 @@ def test_the_worker_flags_tiny_and_extreme_aspect_images(project, tmp_path, outp
     Image.new("RGB", (12, 12), (10, 10, 10)).save(root / "tiny.png")
     Image.new("RGB", (300, 30), (10, 90, 10)).save(root / "strip.png")
     Image.new("RGB", (64, 48), (90, 10, 10)).save(root / "normal.png")
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="odd",
         processor="image-transform",
         project=project,

@@ -10,7 +10,7 @@ from django.urls import reverse
 
 from campaigns.models import Profile
 from campaigns.profiles import profiling
-from campaigns.runs import services
+from campaigns.runs import setup
 from gpuworker import training_profile
 from gpuworker.profiler import profile_run
 
@@ -31,7 +31,7 @@ def long_pairs(tmp_path):
 def test_a_training_profile_counts_each_part_of_memory_and_plans_the_epochs(
     project, long_pairs, output_root, catalog, client, owner
 ):
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="adapt",
         processor="text-adaptation",
         project=project,

@@ -17,7 +17,7 @@ import redis
 from django.utils import timezone
 
 from campaigns.models import Batch, UnitState
-from campaigns.runs import services
+from campaigns.runs import leases, start
 from tests.conftest import services_required
 from tests.integration.test_several_workers import (
     assert_each_unit_succeeded_once,
@@ -103,7 +103,7 @@ def _run_through_a_restart(server, campaign, n, worker) -> int:
     Returns the succeeded count at the restart, after checking that batches
     were still waiting when Redis went away.
     """
-    batches = services.campaign_run(campaign=campaign)
+    batches = start.campaign_run(campaign=campaign)
     assert batches == n // 2
     wait_until(
         lambda: units_in(campaign, UnitState.SUCCEEDED) >= 4,
@@ -157,8 +157,8 @@ def test_after_redis_restarts_the_worker_resumes_and_persisted_batches_all_run(
         if unfinished(campaign):
             left = list(Batch.objects.filter(campaign=campaign).exclude(state=Batch.State.DONE))
             assert [b.state for b in left] == [Batch.State.QUEUED], left
-            assert services.broker_queue_waiting(services.BATCH_QUEUE) == 0
-            assert services.batches_resend_lost(grace=0) == [left[0].pk]
+            assert leases.broker_queue_waiting(leases.BATCH_QUEUE) == 0
+            assert leases.batches_resend_lost(grace=0) == [left[0].pk]
             wait_until(lambda: unfinished(campaign) == 0, timeout=60, worker=worker)
     assert_each_unit_succeeded_once(campaign, output_root, n)
     assert "Connection to broker lost" in worker.output()
@@ -197,10 +197,10 @@ def queued(make_campaign, django_capture_on_commit_callbacks):
     """Two queued batches of the demo corpus, created two minutes ago."""
     campaign = make_campaign("queued", batch_size=20)
     with (
-        mock.patch.object(services.celery_app, "send_task"),
+        mock.patch.object(start.celery_app, "send_task"),
         django_capture_on_commit_callbacks(execute=True),
     ):
-        services.campaign_run(campaign=campaign)
+        start.campaign_run(campaign=campaign)
     Batch.objects.filter(campaign=campaign).update(
         created_at=timezone.now() - dt.timedelta(minutes=2)
     )
@@ -209,10 +209,10 @@ def queued(make_campaign, django_capture_on_commit_callbacks):
 
 def _sweep(waiting: int | None):
     with (
-        mock.patch.object(services, "broker_queue_waiting", return_value=waiting),
-        mock.patch.object(services.celery_app, "send_task") as send,
+        mock.patch.object(leases, "broker_queue_waiting", return_value=waiting),
+        mock.patch.object(start.celery_app, "send_task") as send,
     ):
-        resent = services.batches_resend_lost(confirm_after=0)
+        resent = leases.batches_resend_lost(confirm_after=0)
     return resent, sorted(call.kwargs["args"][0] for call in send.call_args_list)
 
 
@@ -238,20 +238,20 @@ def test_a_batch_queued_moments_ago_is_left_to_its_message(queued):
 @pytest.mark.django_db
 def test_the_periodic_sweep_sends_lost_batches_and_resume_leaves_it_to_itself(queued):
     with (
-        mock.patch.object(services, "batches_resend_lost") as resend,
-        mock.patch.object(services.celery_app, "send_task"),
+        mock.patch.object(leases, "batches_resend_lost") as resend,
+        mock.patch.object(start.celery_app, "send_task"),
     ):
-        services.batches_requeue_expired()
+        leases.batches_requeue_expired()
         assert resend.call_count == 1
-        services.batches_requeue_expired(campaign=Batch.objects.get(pk=queued[0]).campaign)
+        leases.batches_requeue_expired(campaign=Batch.objects.get(pk=queued[0]).campaign)
         assert resend.call_count == 1
 
 
 def test_the_broker_says_how_many_messages_wait_or_none_when_down():
     # An empty queue on the configured broker (filesystem, or Redis in the services pass).
-    assert services.broker_queue_waiting("briefgpu-queue-never-used") == 0
+    assert leases.broker_queue_waiting("briefgpu-queue-never-used") == 0
     with use_broker(f"redis://127.0.0.1:{free_port()}/0"):
-        assert services.broker_queue_waiting(services.BATCH_QUEUE) is None
+        assert leases.broker_queue_waiting(leases.BATCH_QUEUE) is None
 
 
 def test_a_worker_refuses_a_redis_that_would_evict_queued_messages(private_redis, start_worker):

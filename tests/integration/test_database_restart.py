@@ -150,11 +150,11 @@ from pathlib import Path
 from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
 from django.contrib.auth import get_user_model
 from django.contrib.sessions.backends.db import SessionStore
-from campaigns.runs import services
+from campaigns.runs import setup
 
 user = get_user_model().objects.create_user("owner", password="pw-for-tests-123")
-project = services.project_for_user(name="acme", user=user)
-services.campaign_create(
+project = setup.project_for_user(name="acme", user=user)
+setup.campaign_create(
     name="pg-restart", processor="image-transform", project=project,
     input_folder=Path({corpus!r}), params={{"batch_size": 2, "width": 16, "height": 16}},
     checkpoint_after=0,

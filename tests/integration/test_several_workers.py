@@ -14,7 +14,7 @@ from django.db.models import Count
 from PIL import Image
 
 from campaigns.models import Attempt, Batch, Unit, UnitState
-from campaigns.runs import services
+from campaigns.runs import setup, start
 from portal.celery import app as celery_app
 from tests.conftest import services_required
 from tests.worker import purge_queue, use_broker, wait_until
@@ -35,7 +35,7 @@ def image_corpus(root: Path, n: int) -> None:
 
 
 def image_campaign(project, corpus: Path, *, name: str, batch_size: int):
-    campaign, report = services.campaign_create(
+    campaign, report = setup.campaign_create(
         name=name,
         processor="image-transform",
         project=project,
@@ -154,7 +154,7 @@ def test_two_workers_share_a_campaign_and_every_unit_succeeds_once(
         worker.wait_ready()
 
     # when
-    assert services.campaign_run(campaign=campaign) == n // 2
+    assert start.campaign_run(campaign=campaign) == n // 2
     wait_until(lambda: unfinished(campaign) == 0, timeout=180, workers=workers)
 
     # then: both took batches, and the units were processed once each, no more

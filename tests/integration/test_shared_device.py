@@ -9,7 +9,7 @@ import pytest
 from django.db.models import Count
 
 from campaigns.models import IN_FLIGHT, Attempt, Batch, Unit, UnitState
-from campaigns.runs import services
+from campaigns.runs import start
 from tests.vectors import unit_vector
 from tests.worker import wait_until
 
@@ -26,7 +26,7 @@ def test_two_pool_processes_share_the_device_and_the_campaign(
     worker.wait_ready()
 
     # when
-    batches = services.campaign_run(campaign=campaign)
+    batches = start.campaign_run(campaign=campaign)
     wait_until(
         lambda: not Unit.objects.filter(campaign=campaign, state__in=IN_FLIGHT).exists(),
         timeout=240,

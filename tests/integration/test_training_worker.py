@@ -7,7 +7,7 @@ import pytest
 
 from campaigns.adaptation import services as adaptation
 from campaigns.models import ModelCheckpoint, Training
-from campaigns.runs import services
+from campaigns.runs import setup
 from gpuworker.training_tasks import run_training
 from tests.gpuworker.test_adaptation import write_pairs
 from tests.worker import wait_until
@@ -24,7 +24,7 @@ def test_a_killed_training_resumes_from_its_last_checkpoint_with_the_same_steps_
     beat = {"TRAINING_HEARTBEAT_SECONDS": "0.5"}
     pairs = tmp_path / "pairs"
     write_pairs(pairs, 28)
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="adapt",
         processor="text-adaptation",
         project=project,
@@ -59,7 +59,7 @@ def test_a_killed_training_resumes_from_its_last_checkpoint_with_the_same_steps_
     # and it ends where the same training never interrupted ends (run here, with
     # no worker left whose sweeper could take it over)
     survivor.stop()
-    reference, _ = services.campaign_create(
+    reference, _ = setup.campaign_create(
         name="adapt-ref",
         processor="text-adaptation",
         project=project,

@@ -10,7 +10,7 @@ import pytest
 
 from campaigns import selectors
 from campaigns.models import Attempt, Batch, Unit, UnitState
-from campaigns.runs import services
+from campaigns.runs import control, setup, start
 from campaigns.verify.reconcile import campaign_verify
 from tests.vectors import unit_vector
 from tests.worker import wait_until
@@ -39,14 +39,14 @@ def test_three_kills_then_resume_leave_exactly_one_valid_output_per_unit(
     corpus = tmp_path / "long-corpus"
     corpus.mkdir()
     _corpus(corpus, 96)
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="killed",
         processor="text-embedding",
         project=project,
         input_folder=corpus,
         params={"batch_size": 16},
     )
-    services.campaign_run(campaign=campaign)
+    start.campaign_run(campaign=campaign)
 
     # when: a worker is SIGKILLed while it holds a batch, three times
     killed_mid_batch = 0
@@ -76,7 +76,7 @@ def test_three_kills_then_resume_leave_exactly_one_valid_output_per_unit(
     wait_until(
         lambda: not selectors.campaign_counts(campaign=campaign).active, timeout=240, worker=worker
     )
-    _report, _retried, _enqueued = services.campaign_resume(campaign=campaign)
+    _report, _retried, _enqueued = control.campaign_resume(campaign=campaign)
     wait_until(
         lambda: not selectors.campaign_counts(campaign=campaign).active, timeout=120, worker=worker
     )

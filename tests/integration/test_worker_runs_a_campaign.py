@@ -13,7 +13,7 @@ from django.core.management import call_command
 
 from campaigns import selectors
 from campaigns.models import Attempt, Batch, Campaign, Unit, UnitState
-from campaigns.runs import services
+from campaigns.runs import start
 from tests.conftest import DEMO_BAD, DEMO_GOOD
 from tests.vectors import unit_vector
 from tests.worker import wait_until
@@ -33,7 +33,7 @@ def test_a_worker_process_embeds_the_corpus_and_every_count_adds_up(
 
     # when: a real worker takes the batches from the broker
     worker = start_worker()
-    batches = services.campaign_run(campaign=campaign)
+    batches = start.campaign_run(campaign=campaign)
     assert batches == 8  # 40 units, batches of 5
     wait_until(
         lambda: not selectors.campaign_counts(campaign=campaign).active, timeout=180, worker=worker
@@ -95,14 +95,14 @@ def test_a_started_campaigns_rest_is_planned_by_the_worker_and_runs(
 ):
     # given: a campaign past its checkpoint, started as the web page starts it,
     # with slices small enough that most of it is left for the worker to plan
-    monkeypatch.setattr(services, "RUN_SLICE_UNITS", 10)
+    monkeypatch.setattr(start, "RUN_SLICE_UNITS", 10)
     campaign = make_campaign("started", batch_policy="token_budget", token_budget=1024)
     Campaign.objects.filter(pk=campaign.pk).update(checkpoint_after=0)
     campaign.refresh_from_db()
     worker = start_worker()
 
     # when
-    batches, more = services.campaign_start(campaign=campaign)
+    batches, more = start.campaign_start(campaign=campaign)
 
     # then: the first slice went out at once, the worker planned the other 29
     # units from the portal queue, and every unit ran

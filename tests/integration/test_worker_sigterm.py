@@ -10,7 +10,7 @@ import pytest
 
 from campaigns import selectors
 from campaigns.models import Attempt, Batch
-from campaigns.runs import services
+from campaigns.runs import setup, start
 from tests.integration.test_worker_killed import _corpus
 from tests.worker import wait_until
 
@@ -25,7 +25,7 @@ def test_sigterm_lets_the_running_batch_finish_and_nothing_runs_twice(
     corpus = tmp_path / "long-corpus"
     corpus.mkdir()
     _corpus(corpus, 48)
-    campaign, _ = services.campaign_create(
+    campaign, _ = setup.campaign_create(
         name="terminated",
         processor="text-embedding",
         project=project,
@@ -33,7 +33,7 @@ def test_sigterm_lets_the_running_batch_finish_and_nothing_runs_twice(
         params={"batch_size": 8},
         checkpoint_after=0,
     )
-    services.campaign_run(campaign=campaign)
+    start.campaign_run(campaign=campaign)
 
     # when: SIGTERM while the worker holds a batch
     worker = start_worker(env_extra={"BATCH_PIPELINE": pipeline})

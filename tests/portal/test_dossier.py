@@ -218,10 +218,10 @@ def test_the_campaign_profile_and_estimate_go_into_the_order_dossier(
 ):
     from campaigns.models import Profile
     from campaigns.profiles import profiling
-    from campaigns.runs import services
+    from campaigns.runs import costs
 
     campaign = make_campaign()
-    services.measure_costs(
+    costs.measure_costs(
         campaign=campaign, params=campaign.current_version.params, pending_only=False
     )
     mib = 1024 * 1024

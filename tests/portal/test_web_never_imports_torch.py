@@ -15,11 +15,11 @@ call_command("migrate", verbosity=0)
 import portal.urls  # the URLconf, and through it every view
 from django.test import Client
 from django.contrib.auth.models import User
-from campaigns.runs import services
+from campaigns.runs import setup
 user = User.objects.create_user("u", password="p")
-project = services.project_for_user(name="p", user=user)
-services.campaign_create(name="c", processor="text-embedding", project=project,
-                         input_folder=__import__("pathlib").Path(sys.argv[1]))
+project = setup.project_for_user(name="p", user=user)
+setup.campaign_create(name="c", processor="text-embedding", project=project,
+                      input_folder=__import__("pathlib").Path(sys.argv[1]))
 client = Client()
 client.force_login(user)
 assert client.get("/campaigns/").status_code == 200
@@ -28,7 +28,7 @@ htmx = {"HX-Request": "true", "HX-Target": "counts"}
 assert client.get("/campaigns/c/", headers=htmx).status_code == 286
 # Run measures token costs for length grouping (tokenizers, not torch) and enqueues.
 from unittest import mock
-with mock.patch("campaigns.runs.services.celery_app.send_task"):
+with mock.patch("campaigns.runs.start.celery_app.send_task"):
     assert client.post("/campaigns/c/run/").status_code == 302
 from campaigns.models import Unit
 assert not Unit.objects.filter(cost__isnull=True).exists()

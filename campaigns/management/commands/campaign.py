@@ -19,7 +19,7 @@ from campaigns.intake import importing
 from campaigns.intake.importing import ManifestError
 from campaigns.models import Campaign, Training
 from campaigns.review.queue import verification_status
-from campaigns.runs import services
+from campaigns.runs import control, setup, start
 from campaigns.specs.processors import all_specs
 from campaigns.verify.reconcile import Verdict, campaign_verify
 
@@ -198,12 +198,12 @@ class Command(BaseCommand):
     ):
         params = dict(_param(p) for p in param)
         with self._import_progress(quiet=json):
-            campaign, report = services.campaign_create(
+            campaign, report = setup.campaign_create(
                 checkpoint_after=checkpoint,
                 holdout_share=holdout,
                 name=name,
                 processor=processor,
-                project=services.project_for_user(name=project),
+                project=setup.project_for_user(name=project),
                 input_folder=input,
                 manifest=manifest,
                 input_root=root,
@@ -221,7 +221,7 @@ class Command(BaseCommand):
     def _import(self, *, name, manifest, json: bool, **_):
         campaign = self._campaign(name)
         with self._import_progress(quiet=json):
-            report = services.campaign_import(campaign=campaign, manifest=manifest)
+            report = setup.campaign_import(campaign=campaign, manifest=manifest)
         if json:
             self.stdout.write(_dumps({"campaign": campaign.name, **report.as_dict()}))
             return
@@ -258,7 +258,7 @@ class Command(BaseCommand):
         campaign = self._campaign(name)
         if adaptation.is_adaptation(campaign):
             return self._train(name=name, wait=wait, timeout=timeout)
-        batches = services.campaign_run(campaign=campaign)
+        batches = start.campaign_run(campaign=campaign)
         status = verification_status(campaign=campaign)
         if status.status == "checkpoint pending":
             self.stdout.write("stopped at the checkpoint: review the spot-check sample (/review/)")
@@ -318,7 +318,7 @@ class Command(BaseCommand):
 
     def _resume(self, *, name, retry_failed: bool, wait: bool, timeout, **_):
         campaign = self._campaign(name)
-        report, retried, batches = services.campaign_resume(
+        report, retried, batches = control.campaign_resume(
             campaign=campaign, retry_failed=retry_failed
         )
         self._print_report(report)

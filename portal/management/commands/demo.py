@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 
 from campaigns.models import Campaign
-from campaigns.runs import services
+from campaigns.runs import setup, start
 
 
 def demo_corpus() -> Path:
@@ -35,10 +35,10 @@ class Command(BaseCommand):
         user = User.objects.filter(username=DEMO_USER).first()
         if user is None:
             user = User.objects.create_user(DEMO_USER, password=DEMO_PASSWORD)
-        project = services.project_for_user(name="demo", user=user)
+        project = setup.project_for_user(name="demo", user=user)
         campaign = Campaign.objects.filter(name=DEMO_CAMPAIGN).first()
         if campaign is None:
-            campaign, report = services.campaign_create(
+            campaign, report = setup.campaign_create(
                 name=DEMO_CAMPAIGN,
                 processor="text-embedding",
                 project=project,
@@ -47,7 +47,7 @@ class Command(BaseCommand):
             )
             self.stdout.write(f"created {campaign.name}: {report.created} units")
         if not no_run:
-            batches = services.campaign_run(campaign=campaign)
+            batches = start.campaign_run(campaign=campaign)
             self.stdout.write(f"enqueued {batches} batches")
         self._ordering_demo(User)
         self.stdout.write(f"log in as {DEMO_USER} / {DEMO_PASSWORD}")

@@ -1,0 +1,82 @@
+"""A campaign and what owns it: the Project it belongs to, the Campaign (its
+processor and input folder), and its ParameterVersions, each a frozen set of
+parameters and software that outputs are made under."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class Project(models.Model):
+    name = models.CharField(max_length=200, unique=True)
+    members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="projects", blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Campaign(models.Model):
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="campaigns")
+    # The name is what the CLI takes and what output folders are called: one namespace.
+    name = models.SlugField(max_length=100, unique=True)
+    processor = models.CharField(max_length=50)
+    # The folder units' relative paths resolve against; read, never written.
+    input_root = models.CharField(max_length=1000)
+    current_version = models.ForeignKey(
+        "ParameterVersion", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    # Units processed before the checkpoint stops the campaign for a spot check:
+    # None = max(1% of the units, 200), 0 = no checkpoint.
+    checkpoint_after = models.PositiveIntegerField(null=True, blank=True)
+    # Share of units (by a hash of their id) kept out of profiling and tuning.
+    holdout_share = models.FloatField(default=0.05)
+    # What the units' costs were weighed under (ProcessorSpec.cost_basis; None:
+    # never weighed): a version with another tokenizer or token cap weighs them
+    # again. Nullable without a default so that SQLite adds the column in place:
+    # remaking the table would drop its triggers (unit and review counters).
+    cost_basis = models.CharField(max_length=64, null=True, blank=True)
+    # The last Pause: a run still planning (a slice at a time, or a portal
+    # worker planning the rest) stops at it. Nullable for the same reason.
+    paused_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ParameterVersion(models.Model):
+    """Every choice that shapes an output, frozen. A change is a new version."""
+
+    campaign = models.ForeignKey(Campaign, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    params = models.JSONField()
+    software = models.JSONField()
+    fingerprint = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["campaign", "number"], name="version_number_unique"),
+            models.UniqueConstraint(
+                fields=["campaign", "fingerprint"], name="version_fingerprint_unique"
+            ),
+        ]
+        ordering = ["campaign", "number"]
+
+    def __str__(self) -> str:
+        return f"{self.campaign.name} {self.label}"
+
+    @property
+    def label(self) -> str:
+        """Folder name for this version's outputs: number and fingerprint, never reused."""
+        return f"v{self.number}-{self.fingerprint[:10]}"
+
+    def save(self, *args, **kwargs):
+        if self.pk is not None:
+            raise ValueError("A parameter version is immutable; create a new one instead.")
+        super().save(*args, **kwargs)

@@ -1,0 +1,166 @@
+"""Writing a campaign's set-up: its project, the campaign itself, its parameter
+versions, and the import of its units. Views, commands and tasks call these."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+from django.utils.text import slugify
+
+from campaigns.intake.importing import ImportReport, import_folder, import_manifest
+from campaigns.models import (
+    INPUT_ERRORS,
+    Campaign,
+    ParameterVersion,
+    Project,
+    Unit,
+    UnitState,
+)
+from campaigns.specs import model_files
+from campaigns.specs.processors import get_spec
+from campaigns.specs.software import processor_software, software_versions
+
+# Names the campaign pages' URLs use for themselves.
+RESERVED_NAMES = {"new"}
+
+
+def fingerprint(*, processor: str, params: dict[str, Any], software: dict[str, str]) -> str:
+    canonical = json.dumps(
+        {"processor": processor, "params": params, "software": software},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def version_create(*, campaign: Campaign, params: dict[str, Any] | None = None) -> ParameterVersion:
+    """The version for these parameters and this software: the existing one if identical.
+
+    Its params are the spec's cleaned ones: every parameter the processor
+    declares is there, given or filled with the spec's default.
+    """
+    spec = get_spec(campaign.processor)
+    cleaned = spec.clean(params)
+    software = {**software_versions(), **processor_software(spec.implementation)}
+    files = model_files.digests(spec.model_params, cleaned)
+    if files:
+        # Part of the fingerprint: the same path holding another model is another version.
+        software["files"] = files
+    fp = fingerprint(processor=campaign.processor, params=cleaned, software=software)
+    with transaction.atomic():
+        Campaign.objects.select_for_update().filter(pk=campaign.pk).first()
+        version = ParameterVersion.objects.filter(campaign=campaign, fingerprint=fp).first()
+        if version is None:
+            last = campaign.versions.aggregate(n=Max("number"))["n"] or 0
+            version = ParameterVersion.objects.create(
+                campaign=campaign,
+                number=last + 1,
+                params=cleaned,
+                software=software,
+                fingerprint=fp,
+            )
+        if campaign.current_version_id != version.pk:
+            campaign.current_version = version
+            campaign.save(update_fields=["current_version"])
+            _holdout_to_pending(campaign=campaign, version=version)
+    return version
+
+
+def _holdout_to_pending(*, campaign: Campaign, version: ParameterVersion) -> int:
+    """The holdout goes back to pending under a new current version: it is part
+    of every version's first group, so the checkpoint can compare versions.
+
+    Their earlier outputs stay where they are (the output path holds the
+    version label) and in their attempts, which the holdout report reads;
+    review items about those outputs do not move the unit
+    (campaigns/review/queue.py, _unit_follows).
+    Inputs known missing or changed wait for resume --retry-failed.
+    """
+    return (
+        Unit.objects.filter(
+            campaign=campaign,
+            holdout=True,
+            state__in=(UnitState.SUCCEEDED, UnitState.NEEDS_REVIEW, UnitState.FAILED),
+        )
+        .exclude(error_class__in=INPUT_ERRORS)
+        .exclude(batch__version=version)
+        .update(
+            state=UnitState.PENDING,
+            error_class="",
+            error_message="",
+            batch=None,
+            output_path="",
+            output_size=None,
+            output_sha256="",
+            updated_at=timezone.now(),
+        )
+    )
+
+
+def campaign_create(
+    *,
+    name: str,
+    processor: str,
+    project: Project,
+    input_folder: Path | None = None,
+    manifest: Path | None = None,
+    input_root: Path | None = None,
+    params: dict[str, Any] | None = None,
+    checkpoint_after: int | None = None,
+    holdout_share: float = 0.05,
+) -> tuple[Campaign, ImportReport]:
+    """Create a campaign, its first parameter version, and import its units.
+
+    checkpoint_after: units before the checkpoint (None: max(1%, 200); 0: none).
+    """
+    if slugify(name) != name:
+        raise ValidationError(
+            f"campaign name {name!r} must be lowercase letters, digits and dashes "
+            f"(for example {slugify(name) or 'my-campaign'!r})"
+        )
+    if name in RESERVED_NAMES:
+        raise ValidationError(f"{name!r} is a reserved word; choose another name")
+    if Campaign.objects.filter(name=name).exists():
+        raise ValidationError(f"a campaign named {name!r} exists already")
+    if (input_folder is None) == (manifest is None):
+        raise ValidationError("give either an input folder or a manifest")
+    if not 0 <= holdout_share < 1:
+        raise ValidationError("holdout share is a fraction between 0 and 1 (0.05 = 5%)")
+    spec = get_spec(processor)
+    # Bad parameters, and a model file that is not there, refused before anything is written.
+    model_files.digests(spec.model_params, spec.clean(params))
+    if manifest is not None:
+        root = (input_root or manifest.parent).resolve()
+    else:
+        root = input_folder.resolve()
+    campaign = Campaign.objects.create(
+        project=project,
+        name=name,
+        processor=processor,
+        input_root=str(root),
+        checkpoint_after=checkpoint_after,
+        holdout_share=holdout_share,
+    )
+    version_create(campaign=campaign, params=params)
+    report = campaign_import(campaign=campaign, manifest=manifest)
+    return campaign, report
+
+
+def campaign_import(*, campaign: Campaign, manifest: Path | None = None) -> ImportReport:
+    if manifest is not None:
+        return import_manifest(campaign, manifest)
+    return import_folder(campaign)
+
+
+def project_for_user(*, name: str, user=None) -> Project:
+    project, _ = Project.objects.get_or_create(name=name)
+    if user is not None:
+        project.members.add(user)
+    return project

@@ -1,0 +1,243 @@
+"""Starting a run: pending units weighed, planned into batches a slice at a
+time, claimed for those batches, and one task per batch sent once its slice
+commits. Also the send itself, which resume and the lease sweeps use too."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from celery import current_app as celery_app
+from django.core.exceptions import ValidationError
+from django.db import connection, transaction
+from django.db.models import Count, Q, QuerySet
+from django.utils import timezone
+
+from campaigns.models import Batch, Campaign, ParameterVersion, Unit, UnitState
+from campaigns.review.queue import run_allowance, units_runnable
+from campaigns.runs.batching import batch_policy, plan_batches
+from campaigns.runs.costs import measure_costs
+from campaigns.specs.processors import get_spec
+
+#: The task that runs one batch (gpuworker/tasks.py), sent by name.
+RUN_BATCH_TASK = "gpuworker.tasks.run_batch"
+#: The task that plans the rest of a run a web request started.
+PLAN_TASK = "campaigns.tasks.plan_campaign"
+
+#: Pending units planned and sent per transaction. Grouping by length within a
+#: slice of this size pads as little as over the whole campaign, and a million
+#: units reach the workers a slice at a time instead of after the whole plan
+#: (bench/RESULTS.md, "Weighing only what a run sends, and a slice at a time
+#: (2026-12-01, session 11)").
+RUN_SLICE_UNITS = 50_000
+#: A run's first slice is smaller, so that the workers, and the request of the
+#: campaign page's Start, wait for 5,000 units to be weighed and planned rather
+#: than 50,000. Its units are grouped among themselves, which pads them a
+#: little more (bench/RESULTS.md, "A run's first slice is 5,000 units
+#: (session 16) — `bench/start_latency.py`").
+FIRST_SLICE_UNITS = 5_000
+
+# Units claimed per statement. Small enough that PostgreSQL probes the primary
+# key for each rather than scanning the table, and that SQLite's variable limit
+# holds; large enough that a million units take a thousand statements, not the
+# 62,500 of one batch at a time (some 4 ms each: an INSERT, an UPDATE, a trigger).
+_CLAIM_UNITS = 1000
+
+
+def campaign_run(*, campaign: Campaign) -> int:
+    """Group the pending units into batches and enqueue one task per batch.
+
+    The version's batch_policy decides the grouping (campaigns/runs/batching.py).
+    Returns the number of batches enqueued. A task carries the batch id only
+    and is sent after its slice of the plan commits, so a worker never looks
+    for a row that is not there yet.
+    """
+    return _run(campaign, slices=None, since=timezone.now())[0]
+
+
+def campaign_start(*, campaign: Campaign) -> tuple[int, bool]:
+    """campaign_run for a web request: the first slice now, the rest planned by
+    a `portal` worker (PLAN_TASK), so that starting a million-unit campaign
+    answers in seconds instead of outliving the web server's timeout.
+
+    Returns the batches queued now, and whether more are being planned.
+    """
+    since = timezone.now()
+    batches, more = _run(campaign, slices=1, since=since)
+    if more:
+        args = [campaign.pk, since.isoformat()]
+        transaction.on_commit(lambda: celery_app.send_task(PLAN_TASK, args=args))
+    return batches, more
+
+
+def campaign_run_rest(*, campaign: Campaign, since: dt.datetime) -> int:
+    """The rest of the run campaign_start began at `since`, unless paused since."""
+    # Its first slice went out with the request: the rest goes in full slices.
+    return _run(campaign, slices=None, since=since, small_first=False)[0]
+
+
+def batches_enqueue(*, batch_ids: list[int]) -> None:
+    """Send one run_batch task per batch id; a worker ignores a batch it finds claimed."""
+    for batch_id in batch_ids:
+        # By name: the web process must not import gpuworker (and so torch).
+        celery_app.send_task(RUN_BATCH_TASK, args=[batch_id])
+
+
+def _run(
+    campaign: Campaign, *, slices: int | None, since: dt.datetime, small_first: bool = True
+) -> tuple[int, bool]:
+    """campaign_run, stopping after `slices` slices (None: all), or at a Pause
+    after `since` (when the run was asked for); returns the batches queued and
+    whether pending units were left for later. `small_first`: the first slice
+    is FIRST_SLICE_UNITS, not RUN_SLICE_UNITS."""
+    version = campaign.current_version
+    if version is None:
+        raise ValidationError(f"campaign {campaign.name} has no parameter version")
+    if get_spec(campaign.processor).training:
+        raise ValidationError(
+            f"{campaign.name} is an adaptation campaign: it trains (campaign train), "
+            "it has no batches to run"
+        )
+    # Not units a reviewer rejected or requeued under this version: they wait for another.
+    pending_units = units_runnable(campaign=campaign, version=version)
+    if not pending_units.exists():
+        return 0, False
+    # Before the checkpoint only the first group goes: `allowance` units outside
+    # the holdout, and the pending holdout units (the checkpoint reports on them
+    # but never samples them); a pending or failed checkpoint says why not.
+    allowance = run_allowance(campaign=campaign, version=version)
+    if allowance == 0 and not pending_units.filter(holdout=True).exists():
+        return 0, False
+    weighs = batch_policy(version.params) != "original"
+    if allowance is not None:
+        # Before the checkpoint: the first group (a few per cent), in one go.
+        if weighs:
+            within = _first_group(pending_units, allowance)
+            measure_costs(campaign=campaign, params=version.params, within=within)
+        outside = pending_units.filter(holdout=False).order_by("pk")
+        sent = _plan_and_send(
+            campaign=campaign,
+            version=version,
+            since=since,
+            pending=lambda: sorted(
+                [
+                    *pending_units.filter(holdout=True).values_list("pk", "cost"),
+                    *outside.values_list("pk", "cost")[:allowance],
+                ]
+            ),
+        )
+        return sent, False
+    # A slice at a time, each weighed, planned, claimed and committed (so its
+    # batches are sent) before the next: the workers start on the first
+    # batches while the rest of a large campaign is still being weighed.
+    sent, after, planned = 0, 0, 0
+    while True:
+        rest = pending_units.filter(pk__gt=after).order_by("pk")
+        if planned == slices:
+            return sent, rest.exists()
+        first = small_first and not planned
+        size = min(FIRST_SLICE_UNITS, RUN_SLICE_UNITS) if first else RUN_SLICE_UNITS
+        ids = list(rest.values_list("pk", flat=True)[:size])
+        if not ids or _paused_since(campaign, since):
+            return sent, False
+        planned += 1
+        in_slice = Q(pk__gte=ids[0], pk__lte=ids[-1])
+        after = ids[-1]
+        if weighs:
+            measure_costs(campaign=campaign, params=version.params, within=in_slice)
+        units = pending_units.filter(in_slice).order_by("pk")
+        sent += _plan_and_send(
+            campaign=campaign,
+            version=version,
+            since=since,
+            pending=lambda units=units: list(units.values_list("pk", "cost")),
+        )
+
+
+def _paused_since(campaign: Campaign, since: dt.datetime, *, hold: bool = False) -> bool:
+    """Whether a Pause came since `since`. With `hold` (inside a slice's
+    transaction) the campaign's row stays locked until that transaction ends:
+    a Pause then waits for the slice to commit and takes its batches back,
+    instead of landing between this check and the commit and missing them."""
+    campaigns = Campaign.objects.filter(pk=campaign.pk)
+    if hold:
+        # FOR NO KEY UPDATE: it waits for, and holds off, campaign_pause's
+        # update of the row, but not the inserts whose foreign key names it.
+        campaigns = campaigns.select_for_update(no_key=True)
+    paused_at = campaigns.values_list("paused_at", flat=True).get()
+    return paused_at is not None and paused_at >= since
+
+
+def _plan_and_send(
+    *, campaign: Campaign, version: ParameterVersion, since: dt.datetime, pending
+) -> int:
+    """Plan `pending()` (its (id, cost) rows, read in the transaction) into
+    batches, claim their units, and enqueue the batches once committed;
+    nothing if a Pause came since the run was asked for."""
+    created: list[int] = []
+    with transaction.atomic():
+        group: list[list[int]] = []
+        for ids in plan_batches(pending(), version.params):
+            group.append(ids)
+            if sum(map(len, group)) >= _CLAIM_UNITS:
+                created += _batches_claim(campaign=campaign, version=version, group=group)
+                group = []
+        if group:
+            created += _batches_claim(campaign=campaign, version=version, group=group)
+        if _paused_since(campaign, since, hold=True):
+            # Paused while this slice was planned: none of it is queued.
+            transaction.set_rollback(True)
+            return 0
+        transaction.on_commit(lambda: batches_enqueue(batch_ids=created))
+    return len(created)
+
+
+def _first_group(pending_units: QuerySet[Unit], allowance: int) -> Q | None:
+    """The units a run before the checkpoint plans (the holdout and the first
+    `allowance` others), so that only they are weighed: a million-unit
+    campaign's first group starts without tokenizing the other 95 %.
+    None: fewer pending units than that, all of them."""
+    if allowance == 0:
+        return Q(holdout=True)
+    outside = pending_units.filter(holdout=False).order_by("pk").values_list("pk", flat=True)
+    edge = list(outside[allowance - 1 : allowance])
+    return Q(holdout=True) | Q(pk__lte=edge[0]) if edge else None
+
+
+def _batches_claim(
+    *, campaign: Campaign, version: ParameterVersion, group: list[list[int]]
+) -> list[int]:
+    """Create one Batch per id list and claim its pending units for it, set-based.
+
+    Claim-by-update (only units still pending), so a unit another run took
+    meanwhile stays with that run and its batch is the smaller.
+    """
+    policy = batch_policy(version.params)
+    batches = Batch.objects.bulk_create(
+        [Batch(campaign=campaign, version=version, size=len(ids), policy=policy) for ids in group]
+    )
+    pairs = [(pk, batch.pk) for batch, ids in zip(batches, group, strict=True) for pk in ids]
+    meta = Unit._meta
+    quote = connection.ops.quote_name
+    table, pk = quote(meta.db_table), quote(meta.pk.column)
+    state = quote(meta.get_field("state").column)
+    rows = ", ".join(["(%s, %s)"] * len(pairs))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET {state} = %s, {quote(meta.get_field('batch').column)} = "
+            f"v.column2 FROM (VALUES {rows}) AS v WHERE {table}.{pk} = v.column1 "
+            f"AND {table}.{state} = %s",
+            [UnitState.QUEUED, *(x for pair in pairs for x in pair), UnitState.PENDING],
+        )
+        claimed = cursor.rowcount
+    if claimed != len(pairs):
+        counts = dict(
+            Unit.objects.filter(batch__in=batches)
+            .values("batch")
+            .annotate(n=Count("pk"))
+            .values_list("batch", "n")
+        )
+        short = [b for b in batches if counts.get(b.pk, 0) != b.size]
+        for batch in short:
+            batch.size = counts.get(batch.pk, 0)
+        Batch.objects.bulk_update(short, ["size"])
+    return [batch.pk for batch in batches]

@@ -32,6 +32,7 @@ def profile_create(
     sample_size: int = 48,
     heavy: int = 12,
 ) -> Profile:
+    """A profile to run in this process (`campaign profile`), its sample built now."""
     if not 0 <= margin < 1:
         raise ValueError("margin is a fraction of memory between 0 and 1 (0.2 keeps 20% free)")
     version = campaign.current_version
@@ -75,6 +76,7 @@ def profile_rerun(*, profile: Profile, memory_budget: int | None = None) -> Prof
 
 
 def latest_profile(*, campaign: Campaign) -> Profile | None:
+    """The campaign's newest profile, whatever its state (the page shows it)."""
     return Profile.objects.filter(campaign=campaign).order_by("-created_at", "-pk").first()
 
 

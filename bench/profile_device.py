@@ -50,7 +50,8 @@ def main() -> None:
     logging.getLogger("gpuworker.profiler").addHandler(steps)
     logging.getLogger("gpuworker.profiler").setLevel(logging.DEBUG)
     logging.getLogger("gpuworker.profiler").propagate = False  # once, not again as JSON
-    from campaigns.profiles import profiling
+    from campaigns.profiles.report import profile_report
+    from campaigns.profiles.services import profile_create
     from campaigns.runs import setup
     from gpuworker.profiler import profile_run
 
@@ -64,7 +65,7 @@ def main() -> None:
         input_folder=corpus,
         params={"max_tokens": args.max_tokens, "dtype": args.dtype},
     )
-    profile = profiling.profile_create(
+    profile = profile_create(
         campaign=campaign,
         margin=args.margin,
         memory_budget=args.budget_mb * 1024 * 1024 if args.budget_mb else None,
@@ -72,7 +73,7 @@ def main() -> None:
     )
     profile_run(profile.pk)
     profile.refresh_from_db()
-    report = profiling.profile_report(profile)
+    report = profile_report(profile)
     mib = 1024 * 1024
     print(f"# {len(texts)} texts, max_tokens {args.max_tokens}, {args.dtype}, {profile.device}")
     print(f"budget {report['memory_budget'] / mib:.0f} MiB, margin {args.margin:.0%}")

@@ -52,7 +52,8 @@ def main() -> None:
 
     work = django_env.setup("bench-train-")
     from campaigns.models import Training
-    from campaigns.profiles import profiling
+    from campaigns.profiles.report import profile_report
+    from campaigns.profiles.services import profile_create
     from campaigns.runs import setup
     from gpuworker.profiler import profile_run
     from gpuworker.training_tasks import run_training
@@ -71,14 +72,14 @@ def main() -> None:
         checkpoint_after=0,
         holdout_share=0.05,
     )
-    profile = profiling.profile_create(
+    profile = profile_create(
         campaign=campaign,
         max_batch_size=args.max_batch,
         memory_budget=args.budget_mb * MiB if args.budget_mb else None,
     )
     profile_run(profile.pk)
     profile.refresh_from_db()
-    report = profiling.profile_report(profile)
+    report = profile_report(profile)
     lines = [
         f"# {campaign.units.count()} pairs, max_tokens {args.max_tokens}, {args.precision}, "
         f"{profile.device}, budget {profile.memory_budget / MiB:.0f} MiB, margin 20%",

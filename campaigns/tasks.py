@@ -48,7 +48,7 @@ def requeue_stale_trainings() -> list[int]:
 
 @shared_task(name="campaigns.tasks.fail_stale_profiles")
 def fail_stale_profiles() -> list[int]:
-    from campaigns.profiles.profiling import profiles_fail_stale
+    from campaigns.profiles.services import profiles_fail_stale
 
     return profiles_fail_stale()
 

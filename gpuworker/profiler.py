@@ -37,7 +37,10 @@ from django.utils import timezone
 
 from campaigns.intake.inputs import InputError, read_bytes
 from campaigns.models import ErrorClass, Profile, Unit, UnitState
-from campaigns.profiles import profiling
+from campaigns.profiles import estimates
+from campaigns.profiles.corpus import cost_bucket, padded_cost, policy_comparison
+from campaigns.profiles.sample import RUN_FAILURES, SHAPE_KINDS, sample_build, unusual_units
+from campaigns.profiles.tiers import HARD_PHASES
 from campaigns.specs.processors import get_spec
 from campaigns.storage.outputs import write_atomic, write_atomic_group
 from campaigns.storage.vector_shards import load_shard, shard_bytes
@@ -96,7 +99,7 @@ class _Sample:
         self.failed_in_run = [
             row
             for row in self.items
-            if row[0].state == UnitState.FAILED and row[0].error_class in profiling.RUN_FAILURES
+            if row[0].state == UnitState.FAILED and row[0].error_class in RUN_FAILURES
         ]
         # The unusual kinds among the sample's readable inputs: the sample was
         # built to hold the corpus's extremes, so they are the sample's too
@@ -105,13 +108,13 @@ class _Sample:
         # a batch of its own (mixed with square ones, it hides its worst case).
         by_pk = {row[0].pk: row for row in self.items}
         covered = heavy | {row[0].pk for row in self.typical}
-        kinds = profiling.unusual_units(
+        kinds = unusual_units(
             campaign=profile.campaign,
             units=Unit.objects.filter(pk__in=list(by_pk)),
             each=UNUSUAL_EACH,
         )
         self.unusual = {
-            kind: [by_pk[pk] for pk in ids if kind in profiling.SHAPE_KINDS or pk not in covered]
+            kind: [by_pk[pk] for pk in ids if kind in SHAPE_KINDS or pk not in covered]
             for kind, ids in kinds.items()
         }
         self.unusual = {kind: rows for kind, rows in self.unusual.items() if rows}
@@ -206,7 +209,7 @@ class _Stepper:
             "batch_size": size,
             "compute_s": round(compute, 5),
             "prepare_s": round(sum(seconds for *_, seconds in batch), 5),
-            "padded": profiling.padded_cost(self.padding, costs),
+            "padded": padded_cost(self.padding, costs),
             "real": sum(costs),
             "max_cost": max(costs),
             "peak_allocated": memory.peak_allocated,
@@ -410,7 +413,7 @@ def _output_pass(stepper: _Stepper, sample: _Sample, size: int, limit: int) -> N
     """A few sample items from every cost bucket, every output written and checked."""
     buckets: dict[int, list] = {}
     for row in sorted(sample.items, key=lambda r: (r[2], r[0].pk)):
-        bucket = buckets.setdefault(profiling.cost_bucket(row[2]), [])
+        bucket = buckets.setdefault(cost_bucket(row[2]), [])
         if len(bucket) < OUTPUTS_PER_BUCKET:
             bucket.append(row)
     picked = [row for rows in buckets.values() for row in rows]
@@ -466,7 +469,7 @@ def profile_run(profile_id: int) -> str:
 
 def _profile(profile: Profile, heartbeat: Heartbeat, workdir: Path) -> str:
     if not profile.sample:
-        profile.sample, profile.heavy = profiling.sample_build(
+        profile.sample, profile.heavy = sample_build(
             campaign=profile.campaign, version=profile.version
         )
         profile.save(update_fields=["sample", "heavy"])
@@ -487,7 +490,7 @@ def _profile(profile: Profile, heartbeat: Heartbeat, workdir: Path) -> str:
     if profile.chosen_batch_size and training:
         training_profile.estimate_build(profile)
     elif profile.chosen_batch_size:
-        profiling.estimate_build(profile=profile)
+        estimates.estimate_build(profile=profile)
     # Done only once the estimate exists, so a page (or a test) that sees
     # "done" finds it; no batch fitting even one heaviest input is a failure.
     profile.state = Profile.State.DONE if profile.chosen_batch_size else Profile.State.FAILED
@@ -567,7 +570,7 @@ def _measure(profile: Profile, workdir: Path) -> None:
         (
             s
             for s in stepper.steps
-            if s["phase"] in profiling.HARD_PHASES
+            if s["phase"] in HARD_PHASES
             and s["batch_size"] == chosen
             and s["fits"]
             and not s.get("error")
@@ -583,7 +586,7 @@ def _measure(profile: Profile, workdir: Path) -> None:
     profile.steps = stepper.steps
     profile.sample_failures = sample.failed
     profile.heaviest_tried = sample.tried()
-    profile.policies = profiling.policy_comparison(
+    profile.policies = policy_comparison(
         campaign=profile.campaign,
         params=profile.version.params,
         batch_size=chosen,

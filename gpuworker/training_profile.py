@@ -19,7 +19,7 @@ import time
 import torch
 
 from campaigns.models import Estimate, Profile, Unit
-from campaigns.profiles import profiling
+from campaigns.profiles.estimates import estimate_from_hours
 from gpuworker.memory import StepMemory, allocated_now, release_cached
 from gpuworker.training import TrainParams
 
@@ -216,7 +216,7 @@ def estimate_build(profile: Profile) -> Estimate:
     step = next(s for s in profile.steps if s["batch_size"] == size and s.get("step_s") is not None)
     steps = params.epochs * math.ceil(examples / (size * params.accumulate))
     seconds = steps * step["step_s"] * params.accumulate
-    return profiling.estimate_from_hours(
+    return estimate_from_hours(
         profile=profile,
         units=examples,
         hours=seconds / 3600,

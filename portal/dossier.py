@@ -30,6 +30,7 @@ from django.db.models import Count, Max, Sum
 from campaigns.models import (
     Batch,
     Campaign,
+    Profile,
     Reconciliation,
     ReviewDecision,
     ReviewItem,
@@ -37,6 +38,7 @@ from campaigns.models import (
     UnitCount,
     UnitState,
 )
+from campaigns.profiles.report import profile_report
 from campaigns.storage.outputs import write_atomic
 from portal.models import Order, format_amount
 
@@ -383,9 +385,6 @@ def _estimate(order: Order) -> dict[str, Any]:
     finished before the order was made: a profile run afterwards never
     rewrites what this order was based on.
     """
-    from campaigns.models import Profile
-    from campaigns.profiles.profiling import profile_report
-
     profile, sized_on = order.profile, "the profile the order was made from"
     if profile is None:
         profile = (

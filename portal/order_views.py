@@ -13,7 +13,10 @@ from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseStopPolling
 from django_ratelimit.decorators import ratelimit
 
+from campaigns.models import Profile
+from campaigns.selectors import campaigns_for_user
 from portal import order_services
+from portal.dossier import dossier_open
 from portal.forms import NoticeForm, OrderForm
 from portal.models import GpuModel, Order, RentalDuration
 from portal.order_states import ACCEPTS_NOTICE, EXPLANATION, Status, TransitionRefused
@@ -69,8 +72,6 @@ def _campaign_for(request: HttpRequest):
     name = request.GET.get("campaign") or request.POST.get("campaign")
     if not name or not request.user.is_authenticated:
         return None
-    from campaigns.selectors import campaigns_for_user
-
     return campaigns_for_user(request.user).filter(name=name).first()
 
 
@@ -82,8 +83,6 @@ def _profile_for(request: HttpRequest, campaign):
         pk = int(request.GET.get("profile") or request.POST.get("profile") or "")
     except ValueError:
         return None
-    from campaigns.models import Profile
-
     return Profile.objects.filter(pk=pk, campaign=campaign, state=Profile.State.DONE).first()
 
 
@@ -216,8 +215,6 @@ def order_paid(request: HttpRequest, token: str) -> HttpResponse:
 
 @ratelimit(key="ip", rate=_dossier_rate, method="GET", block=True)
 def order_dossier(request: HttpRequest, token: str) -> HttpResponse:
-    from portal.dossier import dossier_open
-
     order = _order_by_token(token)
     # The kept zip while the order and its campaign are unchanged; rebuilt otherwise.
     dossier, _built = dossier_open(order=order)

@@ -206,7 +206,7 @@ if WORKERS_PER_DEVICE < 1:
 PROFILE_CPU_MEMORY_BUDGET_MB = env.int("PROFILE_CPU_MEMORY_BUDGET_MB", default=8192)
 # Speed relative to an A40 of a measuring device missing from the catalog, used
 # to project its measured hours onto the catalog's cards. Unset: 0.03 for a CPU,
-# 1.0 for an unlisted GPU (campaigns/profiles/profiling.py says which in the estimate).
+# 1.0 for an unlisted GPU (portal/advice.py; the estimate says which it took).
 PROFILE_DEVICE_RELATIVE_THROUGHPUT = env.float("PROFILE_DEVICE_RELATIVE_THROUGHPUT", default=None)
 # Hours of an estimate × this = the rental's working time (corrections, review).
 PROFILE_SAFETY_FACTOR = env.float("PROFILE_SAFETY_FACTOR", default=1.5)

@@ -45,7 +45,7 @@ class Profile(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     # Renewed by the measuring worker; silent too long, the sweeper fails the
-    # profile (profiling.profiles_fail_stale) instead of leaving it "running".
+    # profile (campaigns.profiles.services.profiles_fail_stale) instead of leaving it "running".
     heartbeat_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

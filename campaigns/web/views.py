@@ -30,7 +30,9 @@ from campaigns.models import (
     UnitState,
 )
 from campaigns.profiles import charts as profile_charts
-from campaigns.profiles import profiling
+from campaigns.profiles.advice import advisor
+from campaigns.profiles.report import profile_comparison, profile_report
+from campaigns.profiles.services import latest_profile, profile_rerun_start, profile_start
 from campaigns.review import previews
 from campaigns.review import queue as review
 from campaigns.runs import batch_stats, control, setup, start
@@ -449,7 +451,7 @@ def campaign_profile(request: HttpRequest, name: str) -> HttpResponse:
     the same sample on another device, another day).
     """
     campaign = _get_campaign_for_user(request, name)
-    profile = profiling.latest_profile(campaign=campaign)
+    profile = latest_profile(campaign=campaign)
     context = {
         "campaign": campaign,
         "profile": profile,
@@ -461,15 +463,16 @@ def campaign_profile(request: HttpRequest, name: str) -> HttpResponse:
     }
     if profile is not None:
         estimate = Estimate.objects.filter(profile=profile).first()
-        environment, environment_note = profiling.environment_match(profile.runtime)
+        advice = advisor()
+        environment, environment_note = advice.environment_match(profile.runtime)
         context.update(
             {
                 "active": profile.state in PROFILE_ACTIVE,
-                "report": profiling.profile_report(profile),
+                "report": profile_report(profile),
                 "headroom": profile_charts.headroom(profile),
                 "memory_chart": profile_charts.memory_chart(profile),
                 "throughput_chart": profile_charts.throughput_chart(profile),
-                "order_url": profiling.order_link(estimate=estimate)
+                "order_url": advice.order_link(estimate=estimate)
                 if estimate is not None and estimate.gpu_name
                 else None,
                 "environment": environment,
@@ -505,7 +508,7 @@ def _comparison(request: HttpRequest, campaign: Campaign, profile: Profile) -> d
     other = campaign.profiles.filter(pk=int(raw)).first()
     if other is None:
         raise Http404("No such profile.")
-    return profiling.profile_comparison(profile=profile, other=other)
+    return profile_comparison(profile=profile, other=other)
 
 
 @login_required
@@ -523,7 +526,7 @@ def campaign_profile_rerun(request: HttpRequest, name: str, pk: int) -> HttpResp
         messages.error(request, f"Profile {measuring.pk} is still measuring: nothing was queued.")
         return redirect("campaign_profile", name=campaign.name)
     try:
-        again = profiling.profile_rerun_start(profile=profile)
+        again = profile_rerun_start(profile=profile)
     except ValueError as exc:
         messages.error(request, f"{exc}: nothing was queued.")
         return redirect("campaign_profile", name=campaign.name)
@@ -580,7 +583,7 @@ def campaign_profile_start(request: HttpRequest, name: str) -> HttpResponse:
             "nothing was queued.",
         )
         return redirect("campaign_profile", name=campaign.name)
-    profiling.profile_start(campaign=campaign, margin=margin / 100, max_batch_size=max_batch)
+    profile_start(campaign=campaign, margin=margin / 100, max_batch_size=max_batch)
     messages.success(
         request,
         f"Profile queued: a worker measures the largest batch that keeps {margin:g}% of "

@@ -10,7 +10,7 @@ import pytest
 from django.urls import reverse
 
 from campaigns.models import Attempt, Checkpoint, Unit, UnitState
-from campaigns.profiles.profiling import sample_build
+from campaigns.profiles.sample import sample_build
 from campaigns.review import queue as review
 from campaigns.review.holdout import holdout_report, is_holdout
 from campaigns.runs import setup

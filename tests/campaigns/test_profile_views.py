@@ -14,7 +14,9 @@ from django.test.html import Element, parse_html
 from django.urls import reverse
 
 from campaigns.models import Campaign, Profile, Unit
-from campaigns.profiles import profiling
+from campaigns.profiles.corpus import policy_comparison
+from campaigns.profiles.estimates import estimate_build
+from campaigns.profiles.services import profile_rerun
 from campaigns.runs import costs, setup
 from portal.celery import app as celery_app
 from portal.models import Environment, GpuModel, RentalDuration
@@ -105,11 +107,11 @@ def build_done_profile(campaign: Campaign, *, leak: bool = False) -> Profile:
             if leak
             else LEAK_OK,
         },
-        policies=profiling.policy_comparison(campaign=campaign, params=params, batch_size=12),
+        policies=policy_comparison(campaign=campaign, params=params, batch_size=12),
         heaviest_tried=[{"uid": u.uid, "cost": u.cost} for u in heaviest],
         sample_failures=[{"uid": "bad/empty.txt", "error": "input_invalid"}],
     )
-    profiling.estimate_build(profile=profile)
+    estimate_build(profile=profile)
     return profile
 
 
@@ -546,7 +548,7 @@ def test_re_run_this_sample_queues_the_same_sample_and_compares_the_two(
 def test_two_profiles_side_by_side(client, owner, campaign, catalog):
     # given: a profile, and a re-run of its sample that went faster with a larger batch
     first = build_done_profile(campaign)
-    second = profiling.profile_rerun(profile=first)
+    second = profile_rerun(profile=first)
     Profile.objects.filter(pk=second.pk).update(
         state=Profile.State.DONE,
         device="NVIDIA L4",
@@ -559,7 +561,7 @@ def test_two_profiles_side_by_side(client, owner, campaign, catalog):
         chosen_peak_reserved=7000 * MiB,
     )
     second.refresh_from_db()
-    profiling.estimate_build(profile=second)
+    estimate_build(profile=second)
     client.force_login(owner)
 
     # when
@@ -641,7 +643,7 @@ def test_a_batch_above_the_largest_tier_is_said_and_a_smaller_one_planned(
         steps=steps, chosen_batch_size=512, chosen_peak_reserved=110 * GB, memory_budget=141 * GB
     )
     profile.refresh_from_db()
-    estimate = profiling.estimate_build(profile=profile)
+    estimate = estimate_build(profile=profile)
     client.force_login(owner)
     page = _page(client, campaign)
 

@@ -9,7 +9,7 @@ from unittest import mock
 import pytest
 
 from campaigns.models import Profile
-from campaigns.profiles import profiling
+from campaigns.profiles.estimates import estimate_build
 from portal.celery import app as celery_app
 from tests.campaigns.test_profile_views import STEPS, MiB, _step, build_done_profile
 
@@ -49,7 +49,7 @@ def test_re_run_this_sample_then_compare_the_two_profiles(
         chosen_peak_reserved=7000 * MiB,
     )
     again.refresh_from_db()
-    profiling.estimate_build(profile=again)
+    estimate_build(profile=again)
 
     # then: the report, polling with the comparison kept, shows the two side by side
     page.wait_for_selector("#profile-report[data-state=done]")

@@ -14,7 +14,12 @@ from PIL import Image
 
 from campaigns import selectors
 from campaigns.models import Batch, ErrorClass, Profile, Unit, UnitState
-from campaigns.profiles import profiling
+from campaigns.profiles import estimates
+from campaigns.profiles.corpus import output_bytes_estimate
+from campaigns.profiles.estimates import fit_throughput
+from campaigns.profiles.sample import RUN_FAILURES, sample_build, unusual_units
+from campaigns.profiles.services import profile_create, profile_rerun, profiles_fail_stale
+from campaigns.profiles.tiers import memory_tier, tier_batches
 from campaigns.runs import costs, setup
 from campaigns.specs import processors as processor_specs
 from gpuworker import processors
@@ -67,7 +72,7 @@ def test_profile_fits_the_heaviest_inputs_with_the_margin_and_a_full_run_stays_u
     baseline = allocated_now(cpu())
     margin = 0.2
     budget = int((baseline + 120 * MiB) / (1 - margin))
-    profile = profiling.profile_create(
+    profile = profile_create(
         campaign=campaign, margin=margin, memory_budget=budget, max_batch_size=64, sample_size=24
     )
 
@@ -114,7 +119,7 @@ def test_estimate_follows_the_corpus_distribution_not_the_sample_mean(
     project, skewed_corpus, output_root, run_here, catalog
 ):
     campaign = _campaign(project, skewed_corpus, batch_policy="length_grouped")
-    profile = profiling.profile_create(campaign=campaign, max_batch_size=32, sample_size=24)
+    profile = profile_create(campaign=campaign, max_batch_size=32, sample_size=24)
     assert profile_run(profile.pk) == "done"
     profile.refresh_from_db()
     estimate = profile.estimate
@@ -131,7 +136,7 @@ def test_estimate_follows_the_corpus_distribution_not_the_sample_mean(
     )
     run_here(campaign)
     done = Batch.objects.filter(campaign=campaign, state=Batch.State.DONE)
-    model = profiling.fit_throughput(profile.steps)
+    model = fit_throughput(profile.steps)
     priced = sum(model.batch_seconds(b.padded_tokens) for b in done)
     priced += model.per_item * estimate.units
     estimated = estimate.hours_measured_device * 3600
@@ -150,12 +155,12 @@ def test_a_profile_is_rerun_on_the_same_sample_and_its_own_parameters(
     project, skewed_corpus, output_root, catalog
 ):
     campaign = _campaign(project, skewed_corpus)
-    first = profiling.profile_create(campaign=campaign, max_batch_size=4, sample_size=10)
+    first = profile_create(campaign=campaign, max_batch_size=4, sample_size=10)
     # the campaign moved on to other parameters since
     setup.version_create(campaign=campaign, params={"max_tokens": 128})
     assert campaign.current_version != first.version
 
-    again = profiling.profile_rerun(profile=first)
+    again = profile_rerun(profile=first)
 
     assert again.sample == first.sample and again.heavy == first.heavy
     assert again.version == first.version
@@ -170,7 +175,7 @@ def test_the_report_shows_each_step_while_the_profile_still_measures(
     """A CPU profile takes minutes: its page shows the device, the sample and
     every batch measured so far, not just "Running", and keeps polling."""
     campaign = _campaign(project, skewed_corpus)
-    profile = profiling.profile_create(campaign=campaign, max_batch_size=4, sample_size=10)
+    profile = profile_create(campaign=campaign, max_batch_size=4, sample_size=10)
     client.force_login(owner)
     seen: list[tuple[int, bool, bool]] = []
     real_run = TextEmbeddingProcessor.run
@@ -219,9 +224,7 @@ def test_a_profile_whose_worker_went_silent_fails_and_keeps_what_it_measured(
     from_before_heartbeats = made(Profile.State.RUNNING, None)
     Profile.objects.filter(pk=from_before_heartbeats.pk).update(created_at=long_ago)
 
-    assert sorted(profiling.profiles_fail_stale(now=now)) == sorted(
-        [silent.pk, from_before_heartbeats.pk]
-    )
+    assert sorted(profiles_fail_stale(now=now)) == sorted([silent.pk, from_before_heartbeats.pk])
 
     states = dict(Profile.objects.values_list("pk", "state"))
     assert states[silent.pk] == states[from_before_heartbeats.pk] == Profile.State.FAILED
@@ -250,13 +253,13 @@ def test_the_heartbeat_beats_through_a_long_step_and_the_sweeper_leaves_it_runni
 ):
     settings.PROFILE_HEARTBEAT_SECONDS = 0.2
     campaign = _campaign(project, skewed_corpus)
-    profile = profiling.profile_create(campaign=campaign, max_batch_size=2, sample_size=6)
+    profile = profile_create(campaign=campaign, max_batch_size=2, sample_size=6)
     real_run = TextEmbeddingProcessor.run
     swept: list[list[int]] = []
 
     def slow_run(self, items):
         time.sleep(1.0)  # a step five heartbeats long, as a CPU's large batch
-        swept.append(profiling.profiles_fail_stale())
+        swept.append(profiles_fail_stale())
         return real_run(self, items)
 
     with mock.patch.object(TextEmbeddingProcessor, "run", slow_run):
@@ -268,7 +271,7 @@ def test_a_profile_the_sweeper_failed_meanwhile_stays_failed(
     project, skewed_corpus, output_root, catalog
 ):
     campaign = _campaign(project, skewed_corpus)
-    profile = profiling.profile_create(campaign=campaign, max_batch_size=2, sample_size=6)
+    profile = profile_create(campaign=campaign, max_batch_size=2, sample_size=6)
     real_run = TextEmbeddingProcessor.run
 
     def run_while_declared_dead(self, items):
@@ -287,7 +290,7 @@ def test_a_profile_whose_model_fails_says_why_and_keeps_what_it_measured(
     project, skewed_corpus, output_root, catalog
 ):
     campaign = _campaign(project, skewed_corpus)
-    profile = profiling.profile_create(campaign=campaign, max_batch_size=8, sample_size=6)
+    profile = profile_create(campaign=campaign, max_batch_size=8, sample_size=6)
     real_run = TextEmbeddingProcessor.run
     calls: list[int] = []
 
@@ -310,14 +313,14 @@ def test_a_profile_the_sweeper_failed_during_its_estimate_is_not_marked_done(
     project, skewed_corpus, output_root, catalog
 ):
     campaign = _campaign(project, skewed_corpus)
-    profile = profiling.profile_create(campaign=campaign, max_batch_size=2, sample_size=6)
-    real_estimate = profiling.estimate_build
+    profile = profile_create(campaign=campaign, max_batch_size=2, sample_size=6)
+    real_estimate = estimates.estimate_build
 
     def estimate_while_declared_dead(**kwargs):
         Profile.objects.filter(pk=profile.pk).update(state=Profile.State.FAILED, error="silent")
         return real_estimate(**kwargs)
 
-    with mock.patch.object(profiling, "estimate_build", estimate_while_declared_dead):
+    with mock.patch.object(estimates, "estimate_build", estimate_while_declared_dead):
         assert profile_run(profile.pk) == "lost"
     profile.refresh_from_db()
     assert (profile.state, profile.error) == (Profile.State.FAILED, "silent")
@@ -342,11 +345,11 @@ def test_inputs_a_run_failed_for_memory_time_or_the_model_are_heaviest_candidate
         Unit.objects.filter(pk=unit.pk).update(state=UnitState.FAILED, error_class=error_class)
 
     # when: a sample with room for only two of the (long) heaviest
-    sample, heaviest = profiling.sample_build(campaign=campaign, size=2, heavy=2)
+    sample, heaviest = sample_build(campaign=campaign, size=2, heavy=2)
 
     # then: the run failures are heaviest candidates whatever their cost; the
     # bad input is in the sample (it must fail cleanly), not among the heaviest
-    run_failures = {failed[c].pk for c in profiling.RUN_FAILURES}
+    run_failures = {failed[c].pk for c in RUN_FAILURES}
     assert run_failures <= set(heaviest) <= set(sample)
     assert failed[ErrorClass.INPUT_INVALID].pk in set(sample) - set(heaviest)
     assert len(set(heaviest) - run_failures) == 2
@@ -363,7 +366,7 @@ def test_the_sample_holds_the_longest_and_the_shortest_texts(project, tmp_path):
     campaign = _campaign(project, root, name="lengths", max_tokens=64)
     campaign.units.update(holdout=False)
 
-    sample, heaviest = profiling.sample_build(campaign=campaign, size=2, heavy=1)
+    sample, heaviest = sample_build(campaign=campaign, size=2, heavy=1)
 
     uids = set(campaign.units.filter(pk__in=sample).values_list("uid", flat=True))
     assert {"zz-longest.txt", "zz-shortest.txt"} <= uids
@@ -398,12 +401,10 @@ def test_images_of_extreme_aspect_are_sampled_and_run_in_batches_of_their_own(
     by_uid = dict(campaign.units.values_list("uid", "pk"))
 
     # the sample: the extremes of shape, whatever the random draw
-    sample, heaviest = profiling.sample_build(campaign=campaign, size=2, heavy=1)
+    sample, heaviest = sample_build(campaign=campaign, size=2, heavy=1)
     assert {by_uid["strip-wide.png"], by_uid["strip-tall.png"]} <= set(sample)
     assert heaviest == [by_uid["large.png"]]
-    kinds = profiling.unusual_units(
-        campaign=campaign, units=campaign.units.filter(pk__in=sample), each=1
-    )
+    kinds = unusual_units(campaign=campaign, units=campaign.units.filter(pk__in=sample), each=1)
     assert kinds["widest"] == [by_uid["strip-wide.png"]]
     assert kinds["tallest"] == [by_uid["strip-tall.png"]]
 
@@ -411,13 +412,13 @@ def test_images_of_extreme_aspect_are_sampled_and_run_in_batches_of_their_own(
     photo = campaign.units.get(uid="photo-03.png")
     photo.metadata = {"width": "4000", "height": "40"}
     photo.save(update_fields=["metadata"])
-    kinds = profiling.unusual_units(campaign=campaign, units=campaign.units.all(), each=1)
+    kinds = unusual_units(campaign=campaign, units=campaign.units.all(), each=1)
     assert kinds["widest"] == [photo.pk]
     photo.metadata = {}
     photo.save(update_fields=["metadata"])
 
     # the profile runs each shape at the chosen size, and lists it with why
-    profile = profiling.profile_create(
+    profile = profile_create(
         campaign=campaign, max_batch_size=4, sample_size=2, heavy=1, memory_budget=32 * 1024 * MiB
     )
     assert profile_run(profile.pk) == "done", profile.error
@@ -472,7 +473,7 @@ def test_the_estimate_matches_a_real_run_of_a_processor_with_a_known_pace(
     # word (few units: their reading and writing, disk-bound, stays a small part)
     root = _texts(tmp_path / "paced", medium=(20, 50), long=(4, 100))
     campaign = _paced(project, root, us_per_token=1000, ms_per_batch=5, batch_size=4)
-    profile = profiling.profile_create(
+    profile = profile_create(
         campaign=campaign, max_batch_size=4, sample_size=12, heavy=3, memory_budget=32 * GiB
     )
     assert profile_run(profile.pk) == "done", profile.error
@@ -506,7 +507,7 @@ def test_a_processor_that_raises_on_an_input_a_run_failed_on_leaves_it_out_of_th
     campaign.units.filter(uid="poison.txt").update(
         state=UnitState.FAILED, error_class=ErrorClass.PROCESSING_ERROR
     )
-    profile = profiling.profile_create(
+    profile = profile_create(
         campaign=campaign, max_batch_size=2, sample_size=4, heavy=2, memory_budget=32 * GiB
     )
 
@@ -525,7 +526,7 @@ def test_a_processor_that_raises_on_an_input_a_run_failed_on_leaves_it_out_of_th
 def _leak_profile(project, tmp_path, **params):
     root = _texts(tmp_path / "leaky", note=(12, 6), report=(3, 30))
     campaign = _paced(project, root, **params)
-    profile = profiling.profile_create(
+    profile = profile_create(
         campaign=campaign, max_batch_size=2, sample_size=4, heavy=2, memory_budget=32 * GiB
     )
     assert profile_run(profile.pk) == "done", profile.error
@@ -617,7 +618,7 @@ def _measured(campaign, *, device, chosen, peaks_gb, oom=(), margin=0.2, items_p
         chosen_batch_size=chosen,
         chosen_peak_reserved=int(peaks_gb[chosen] * GiB),
     )
-    profiling.estimate_build(profile=profile)
+    estimates.estimate_build(profile=profile)
     profile.refresh_from_db()
     return profile
 
@@ -633,11 +634,11 @@ def test_a_batch_no_tier_holds_is_said_and_the_plan_takes_a_smaller_one(make_cam
     estimate = profile.estimate
 
     # 110 GB / 0.8 = 137.5 GB: more than 80, said, not rounded down to 80
-    assert profiling.memory_tier(profile.chosen_peak_reserved, 0.2) is None
+    assert memory_tier(profile.chosen_peak_reserved, 0.2) is None
     memory = next(line for line in estimate.reasoning if line.startswith("memory:"))
     assert "more than the largest tier (80 GB)" in memory
     assert "no card tier fits at this batch" in memory
-    tiers = {row["tier_gb"]: row["batch_size"] for row in profiling.tier_batches(profile)}
+    tiers = {row["tier_gb"]: row["batch_size"] for row in tier_batches(profile)}
     assert tiers == {24: 64, 48: 128, 80: 256}
     # the plan runs the batch its cards hold, and says so
     assert estimate.batch_size in (64, 128, 256)
@@ -658,8 +659,8 @@ def test_a_small_load_is_planned_on_small_cards_though_the_device_allowed_more(
     profile = _measured(campaign, device="NVIDIA H200", chosen=512, peaks_gb=peaks)
     estimate = profile.estimate
 
-    assert profiling.memory_tier(profile.chosen_peak_reserved, 0.2) == 80
-    tiers = {row["tier_gb"]: row["batch_size"] for row in profiling.tier_batches(profile)}
+    assert memory_tier(profile.chosen_peak_reserved, 0.2) == 80
+    tiers = {row["tier_gb"]: row["batch_size"] for row in tier_batches(profile)}
     assert tiers == {24: 128, 48: 256, 80: 512}
     # every card is priced at its own tier's batch; the cheap 24 GB ones win
     assert all(row["hours"] is not None for row in estimate.projections)
@@ -711,6 +712,6 @@ def test_the_disk_estimate_weighs_outputs_by_the_corpus_cost_buckets():
     ]
     costs = [10] * 900 + [100] * 90 + [1000] * 10
     # 900 × 88 (bucket 3: 80 and 96) + 90 × 800 + 10 × 8000
-    assert profiling.output_bytes_estimate(steps=steps, costs=costs) == 900 * 88 + 72_000 + 80_000
+    assert output_bytes_estimate(steps=steps, costs=costs) == 900 * 88 + 72_000 + 80_000
     # a bucket the sample had none of takes the nearest measured one's size
-    assert profiling.output_bytes_estimate(steps=steps, costs=[20]) == 88
+    assert output_bytes_estimate(steps=steps, costs=[20]) == 88

@@ -9,7 +9,7 @@ import pytest
 from django.urls import reverse
 
 from campaigns.models import Profile
-from campaigns.profiles import profiling
+from campaigns.profiles.services import profile_create
 from campaigns.runs import setup
 from gpuworker import training_profile
 from gpuworker.profiler import profile_run
@@ -39,7 +39,7 @@ def test_a_training_profile_counts_each_part_of_memory_and_plans_the_epochs(
         params={"epochs": 3, "max_tokens": 128},
         holdout_share=0.1,
     )
-    profile = profiling.profile_create(campaign=campaign, max_batch_size=4, sample_size=24)
+    profile = profile_create(campaign=campaign, max_batch_size=4, sample_size=24)
     saved_before_each: list[int] = []
     real_measure_step = training_profile.measure_step
 

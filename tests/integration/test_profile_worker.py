@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from campaigns.models import Profile
-from campaigns.profiles import profiling
+from campaigns.profiles.services import profile_start
 from tests.worker import wait_until
 
 pytestmark = pytest.mark.integration
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.integration
 def test_a_worker_runs_a_queued_profile_to_its_estimate(start_worker, make_campaign, catalog):
     campaign = make_campaign("profiled")
     worker = start_worker()
-    profile = profiling.profile_start(campaign=campaign, margin=0.25, max_batch_size=4)
+    profile = profile_start(campaign=campaign, margin=0.25, max_batch_size=4)
 
     def finished() -> bool:
         profile.refresh_from_db()
@@ -38,7 +38,7 @@ def test_a_profile_whose_worker_is_killed_fails_and_keeps_what_it_measured(
     campaign = make_campaign("killed")
     worker = start_worker(env_extra=beat)
     # Batches up to 1,024 of the heaviest texts: minutes on a CPU, time to kill it.
-    profile = profiling.profile_start(campaign=campaign, max_batch_size=1024)
+    profile = profile_start(campaign=campaign, max_batch_size=1024)
     wait_until(
         lambda: len(Profile.objects.get(pk=profile.pk).steps) >= 3, timeout=240, worker=worker
     )

@@ -217,7 +217,7 @@ def test_the_campaign_profile_and_estimate_go_into_the_order_dossier(
     make_order, make_campaign, catalog
 ):
     from campaigns.models import Profile
-    from campaigns.profiles import profiling
+    from campaigns.profiles.estimates import estimate_build
     from campaigns.runs import costs
 
     campaign = make_campaign()
@@ -254,7 +254,7 @@ def test_the_campaign_profile_and_estimate_go_into_the_order_dossier(
         chosen_batch_size=8,
         chosen_peak_reserved=608 * mib,
     )
-    profiling.estimate_build(profile=profile)
+    estimate_build(profile=profile)
     order = make_order()
     order.campaign = campaign
     order.save()
@@ -276,7 +276,7 @@ def test_the_campaign_profile_and_estimate_go_into_the_order_dossier(
         }
         | {"chosen_batch_size": 4}
     )
-    profiling.estimate_build(profile=later)
+    estimate_build(profile=later)
     estimate = json.loads(_open(dossier_bytes(order=order)).read("campaign/estimate.json"))
     assert estimate["chosen_batch_size"] == 8
     order.profile = later

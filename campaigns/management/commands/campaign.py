@@ -354,7 +354,8 @@ class Command(BaseCommand):
         self, *, name, margin, budget_mb, max_batch, sample, heavy, rerun, json: bool, **_
     ):
         from campaigns.models import Profile
-        from campaigns.profiles import profiling
+        from campaigns.profiles.report import profile_comparison, profile_report
+        from campaigns.profiles.services import profile_create, profile_rerun
         from gpuworker.profiler import profile_run  # this command runs the model
 
         campaign = self._campaign(name)
@@ -365,9 +366,9 @@ class Command(BaseCommand):
                 original = Profile.objects.filter(pk=rerun, campaign=campaign).first()
                 if original is None:
                     raise CommandError(f"{campaign.name} has no profile {rerun}")
-                profile = profiling.profile_rerun(profile=original, memory_budget=budget)
+                profile = profile_rerun(profile=original, memory_budget=budget)
             else:
-                profile = profiling.profile_create(
+                profile = profile_create(
                     campaign=campaign,
                     margin=margin,
                     memory_budget=budget,
@@ -379,9 +380,9 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         profile_run(profile.pk)
         profile.refresh_from_db()
-        report = profiling.profile_report(profile)
+        report = profile_report(profile)
         if original is not None:
-            report["compared_with"] = profiling.profile_comparison(profile=profile, other=original)
+            report["compared_with"] = profile_comparison(profile=profile, other=original)
         if json:
             self.stdout.write(_json.dumps(report, indent=2, default=str))
         else:

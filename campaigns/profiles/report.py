@@ -1,0 +1,139 @@
+"""What a profile measured and concluded, as plain data for the `campaign profile`
+command, the campaign's profile page and the order dossier; and two profiles
+of the same sample side by side.
+"""
+
+from __future__ import annotations
+
+from campaigns.models import Estimate, Profile
+from campaigns.profiles.tiers import TIERS_GB, memory_tier, tier_batches
+
+
+def chosen_rate(profile: Profile) -> float | None:
+    """Items per second at the chosen size on the hard inputs (the median of its runs)."""
+    rates = sorted(
+        step["items_per_s"]
+        for step in profile.steps
+        if step.get("batch_size") == profile.chosen_batch_size
+        and step.get("phase") in ("heaviest", "leak check", "train")
+        and step.get("items_per_s")
+    )
+    return rates[len(rates) // 2] if rates else None
+
+
+def report_steps(steps: list[dict]) -> list[dict]:
+    """The steps with their write time per batch (measured per output, on a few)."""
+    rows = []
+    for step in steps:
+        row = dict(step)
+        if "write_s" not in row and row.get("write_s_per_item") is not None:
+            row["write_s"] = round(row["write_s_per_item"] * row.get("batch_size", 0), 5)
+        rows.append(row)
+    return rows
+
+
+def profile_report(profile: Profile) -> dict:
+    """Everything a profile measured and concluded, as plain data (CLI, page, dossier)."""
+    runtime = {k: v for k, v in profile.runtime.items() if k != "budget_source"}
+    chosen_peak = profile.chosen_peak_reserved
+    report = {
+        "profile": profile.pk,
+        "campaign": profile.campaign.name,
+        "version": profile.version.label,
+        "state": profile.state,
+        "device": profile.device,
+        "runtime": runtime,
+        "memory_budget": profile.memory_budget,
+        "budget_source": profile.runtime.get("budget_source"),
+        "margin": profile.margin,
+        "chosen_batch_size": profile.chosen_batch_size,
+        "chosen_peak_reserved": chosen_peak,
+        "chosen_tier_gb": memory_tier(chosen_peak, profile.margin) if chosen_peak else None,
+        "memory_tiers": tier_batches(profile) if profile.chosen_batch_size else [],
+        "largest_tier_gb": TIERS_GB[-1],
+        "sample": {"units": len(profile.sample), "heaviest": len(profile.heavy)},
+        "heaviest_tried": profile.heaviest_tried,
+        "sample_failures": profile.sample_failures,
+        "steps": report_steps(profile.steps),
+        "leak": profile.leak,
+        "policies": profile.policies,
+        "error": profile.error,
+        "created_at": profile.created_at.isoformat() if profile.created_at else None,
+        "finished_at": profile.finished_at.isoformat() if profile.finished_at else None,
+        "estimate": None,
+    }
+    estimate = Estimate.objects.filter(profile=profile).first()
+    if estimate is not None:
+        report["estimate"] = {
+            "units": estimate.units,
+            "batch_size": estimate.batch_size,
+            "device": estimate.device,
+            "hours_measured_device": round(estimate.hours_measured_device, 4),
+            "hours_naive_sample_mean": round(estimate.hours_naive, 4),
+            "peak_memory": estimate.peak_memory,
+            "memory_tier_gb": estimate.memory_tier_gb,
+            "output_bytes": estimate.output_bytes,
+            "projections": estimate.projections,
+            "plan": {
+                "gpu": estimate.gpu_name,
+                "quantity": estimate.quantity,
+                "duration_days": estimate.duration_days,
+            }
+            if estimate.gpu_name
+            else None,
+            "reasoning": estimate.reasoning,
+        }
+    return report
+
+
+def profile_summary(profile: Profile) -> dict:
+    """The figures two profiles are compared on."""
+    estimate = Estimate.objects.filter(profile=profile).first()
+    return {
+        "profile": profile.pk,
+        "state": profile.state,
+        "device": profile.device,
+        "version": profile.version.label,
+        "created_at": profile.created_at.isoformat() if profile.created_at else None,
+        "sample_units": len(profile.sample),
+        "chosen_batch_size": profile.chosen_batch_size,
+        "chosen_peak_reserved": profile.chosen_peak_reserved,
+        "items_per_s": chosen_rate(profile),
+        "hours": round(estimate.hours_measured_device, 4) if estimate else None,
+        "estimate_batch_size": estimate.batch_size if estimate else None,
+        "memory_tier_gb": estimate.memory_tier_gb if estimate else None,
+    }
+
+
+COMPARED = (
+    ("chosen_batch_size", "Chosen batch size"),
+    ("chosen_peak_reserved", "Peak reserved at the chosen size"),
+    ("items_per_s", "Items/s at the chosen size"),
+    ("hours", "Estimate, hours on the measured device"),
+)
+
+
+def profile_comparison(*, profile: Profile, other: Profile) -> dict:
+    """Two profiles side by side: the same sample on another device, another day."""
+    this, that = profile_summary(profile), profile_summary(other)
+    rows = []
+    for field, label in COMPARED:
+        a, b = this[field], that[field]
+        change = round((a - b) / b * 100, 1) if a is not None and b else None
+        rows.append(
+            {
+                "field": field,
+                "label": label,
+                "this": a,
+                "other": b,
+                "pair": [a, b],
+                "change": change,
+            }
+        )
+    return {
+        "profile": this,
+        "other": that,
+        "same_sample": profile.sample == other.sample,
+        "same_version": profile.version_id == other.version_id,
+        "rows": rows,
+    }

@@ -103,7 +103,7 @@ def compare_with_a_run(campaign, profile) -> str:
 
     from campaigns.models import Batch
     from campaigns.runs import services
-    from gpuworker.batch_runner import run_batch
+    from gpuworker.runner.batch import run_batch
 
     services.version_create(
         campaign=campaign,

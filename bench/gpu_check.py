@@ -2,7 +2,7 @@
 
     python bench/gpu_check.py --limit 3000 --out results/
 
-Runs text-embedding campaigns through gpuworker.batch_runner.run_batch in this
+Runs text-embedding campaigns through gpuworker.runner.batch.run_batch in this
 process (database claim, file reads, model, atomic writes, output checks,
 recording), on the CUDA device:
 
@@ -58,9 +58,10 @@ def main() -> None:
     from campaigns.models import Batch, Unit
     from campaigns.runs import batch_stats, setup, start
     from campaigns.storage.vector_shards import VectorReader
-    from gpuworker import batch_runner
     from gpuworker.memory import runtime_facts
     from gpuworker.processors import get_processor
+    from gpuworker.runner import run as runner_run
+    from gpuworker.runner.batch import run_batch
 
     cuda = torch.cuda
     dtypes = ("float32", "float16", "bfloat16")
@@ -108,7 +109,7 @@ def main() -> None:
         for pk in (
             Batch.objects.filter(campaign=campaign).order_by("pk").values_list("pk", flat=True)
         ):
-            batch_runner.run_batch(pk)
+            run_batch(pk)
         cuda.synchronize()
         return time.perf_counter() - started
 
@@ -257,7 +258,7 @@ def main() -> None:
     )
     say("|---|---:|---:|---:|---:|---:|---:|---|")
     raw["oom"] = []
-    shipped = batch_runner._run_splitting
+    shipped = runner_run.run_splitting
     for n, (label, splitter, headroom) in enumerate(
         [
             ("after except (shipped)", shipped, 512),
@@ -283,7 +284,7 @@ def main() -> None:
         base = cuda.memory_allocated()
         cuda.set_per_process_memory_fraction((base + headroom * MiB) / total)
         try:
-            with mock.patch.object(batch_runner, "_run_splitting", splitter):
+            with mock.patch.object(runner_run, "run_splitting", splitter):
                 run_all(c)
         finally:
             cuda.set_per_process_memory_fraction(1.0)

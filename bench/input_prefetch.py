@@ -1,5 +1,5 @@
 """How long the model waits between batches for the next batch's images, with
-and without the prefetch (gpuworker/input_prefetch.py).
+and without the prefetch (gpuworker/runner/prefetch.py).
 
     DEBUG=0 .venv/bin/python bench/input_prefetch.py --images 384 --repeat 2
 
@@ -114,8 +114,10 @@ def make_model(work: Path) -> tuple[Path, Path]:
 def run(folder: Path, model: Path, labels: Path, batch_size: int, *, prefetch: bool, label: str):
     from campaigns.models import Batch, Project
     from campaigns.runs import setup, start
-    from gpuworker import batch_runner
     from gpuworker.processors.image_classification import ImageClassificationProcessor
+    from gpuworker.runner.batch import run_batch
+    from gpuworker.runner.pipeline import finisher
+    from gpuworker.runner.prefetch import prefetch as ahead
 
     project, _ = Project.objects.get_or_create(name="bench")
     name = f"photos-{label}-{'on' if prefetch else 'off'}"
@@ -138,18 +140,18 @@ def run(folder: Path, model: Path, labels: Path, batch_size: int, *, prefetch: b
         finally:
             spans.append((started, time.perf_counter()))
 
-    prefetch_start = batch_runner.prefetch.start if prefetch else (lambda *a, **k: None)
+    prefetch_start = ahead.start if prefetch else (lambda *a, **k: None)
     ids = list(Batch.objects.filter(campaign=campaign).order_by("pk").values_list("pk", flat=True))
     began = time.perf_counter()
     with (
         mock.patch.object(ImageClassificationProcessor, "run", timed),
-        mock.patch.object(batch_runner.prefetch, "start", prefetch_start),
+        mock.patch.object(ahead, "start", prefetch_start),
     ):
         for batch_id in ids:
-            batch_runner.run_batch(batch_id, hand_off=True)
-        batch_runner.finisher.drain()
+            run_batch(batch_id, hand_off=True)
+        finisher.drain()
     wall = time.perf_counter() - began
-    batch_runner.prefetch.drop()
+    ahead.drop()
     gaps = [b[0] - a[1] for a, b in zip(spans, spans[1:], strict=False)]
     prefetched = sum(
         b.metrics.get("prefetched", 0) for b in Batch.objects.filter(campaign=campaign)

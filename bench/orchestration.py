@@ -68,10 +68,11 @@ def main() -> None:
 
     from campaigns.models import Batch, Unit, UnitState
     from campaigns.runs import setup, start
-    from gpuworker.batch_runner import run_batch
     from gpuworker.processors import text_embedding
+    from gpuworker.runner.batch import run_batch
 
     logging.getLogger("gpuworker").setLevel(logging.WARNING)
+    logging.getLogger("campaigns.runs.recording").setLevel(logging.WARNING)
     texts = read_texts(args.corpus, args.limit)
     corpus = corpus_folder(work / "corpus", texts)
     project = setup.project_for_user(name="bench")

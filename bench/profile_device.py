@@ -104,7 +104,7 @@ def compare_with_a_run(campaign, profile) -> str:
 
     from campaigns.models import Batch
     from campaigns.runs import setup, start
-    from gpuworker.batch_runner import run_batch
+    from gpuworker.runner.batch import run_batch
 
     setup.version_create(
         campaign=campaign,

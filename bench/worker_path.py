@@ -6,7 +6,7 @@
 
 For each batch policy (original, length_grouped, token_budget) a campaign is
 created over the texts (one file each), its batches planned (token costs
-measured) and run through gpuworker.batch_runner.run_batch — database claim,
+measured) and run through gpuworker.runner.batch.run_batch — database claim,
 file reads, model, atomic writes, output checks, bulk recording — in this
 process, so the model time and the orchestration around it can be told apart.
 Three more rows run campaigns through a real Celery worker process
@@ -124,7 +124,9 @@ def main() -> None:
     django.setup()
     import logging
 
-    logging.getLogger("gpuworker").setLevel(logging.WARNING)  # a line per batch otherwise
+    # A line per batch otherwise (the worker's, and the recording's summary).
+    logging.getLogger("gpuworker").setLevel(logging.WARNING)
+    logging.getLogger("campaigns.runs.recording").setLevel(logging.WARNING)
     import torch
     from django.core.management import call_command
     from django.db.models import Max, Min
@@ -133,7 +135,8 @@ def main() -> None:
     from campaigns.models import Batch
     from campaigns.runs import control, costs, leases, setup, start
     from campaigns.specs.builtin import TEXT_EMBEDDING, resolve_model_path
-    from gpuworker.batch_runner import finisher, run_batch
+    from gpuworker.runner.batch import run_batch
+    from gpuworker.runner.pipeline import finisher
 
     call_command("migrate", verbosity=0)
     if args.database_url:

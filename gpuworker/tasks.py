@@ -12,9 +12,9 @@ from celery.exceptions import Reject
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
-from gpuworker.batch_runner import finisher, pipeline_enabled
-from gpuworker.batch_runner import run_batch as _run_batch
-from gpuworker.input_prefetch import prefetch
+from gpuworker.runner.batch import run_batch as _run_batch
+from gpuworker.runner.pipeline import finisher, pipeline_enabled
+from gpuworker.runner.prefetch import prefetch
 
 log = logging.getLogger(__name__)
 

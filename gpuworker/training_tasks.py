@@ -30,8 +30,8 @@ from campaigns.specs.builtin import resolve_model_path
 from campaigns.specs.software import software_versions
 from campaigns.storage import checkpoint_files as checkpoints
 from common.log_context import bound
-from gpuworker.batch_runner import worker_name
 from gpuworker.heartbeat import Heartbeat
+from gpuworker.runner.claim import worker_name
 from gpuworker.training import (
     ClassifierTrainer,
     ContrastiveTrainer,

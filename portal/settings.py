@@ -187,7 +187,7 @@ PROFILE_HEARTBEAT_SECONDS = env.float("PROFILE_HEARTBEAT_SECONDS", default=30.0)
 # A batch still running after this many seconds fails its units as `timeout`.
 BATCH_TIME_LIMIT = env.int("BATCH_TIME_LIMIT", default=3600)
 # A worker hands a batch's writes and recording to a thread once its model has
-# run, and starts the next batch meanwhile (gpuworker.batch_runner.run_batch):
+# run, and starts the next batch meanwhile (gpuworker.runner.batch.run_batch):
 # "auto" where the model runs on a CUDA device (on the CPU the thread competes
 # with the model for the cores: bench/RESULTS.md, "Tried and reverted: a
 # pipelined worker"), "1" always, "0" never.

@@ -98,7 +98,7 @@ def run_here(django_capture_on_commit_callbacks):
     from unittest import mock
 
     from campaigns.models import Batch
-    from gpuworker.batch_runner import run_batch
+    from gpuworker.runner.batch import run_batch
 
     def run(campaign) -> None:
         with (

@@ -16,7 +16,7 @@ tail -5 "$OUT/pytest.log"
 since pytest
 
 timeout "${T2:-100}" $PY bench/gpu_check.py --limit "$LIMIT" --corpus $CORPUS --out "$OUT" \
-  $GPU_CHECK_FLAGS 2>&1 | grep -v "Loading\|batch_runner" | tee "$OUT/gpu_check.log"
+  $GPU_CHECK_FLAGS 2>&1 | grep -v "Loading\|gpuworker.runner\|campaigns.runs.recording" | tee "$OUT/gpu_check.log"
 since gpu_check
 
 timeout "${T3:-90}" $PY bench/worker_path.py --limit "$LIMIT" --corpus $CORPUS --skip-celery 2>&1 |

@@ -40,7 +40,7 @@ def holdout_report(
     as plain data (JSON: a checkpoint keeps snapshots of it).
 
     Read from the attempts, not from the units: a holdout unit is processed
-    again under each new version (services.version_create), so its row shows
+    again under each new version (setup.version_create), so its row shows
     only its latest output while every version's attempt keeps its own.
 
     Labelled classification: top-1 accuracy and a confusion table. Embeddings:

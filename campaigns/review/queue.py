@@ -53,7 +53,7 @@ DONE_STATES = (UnitState.SUCCEEDED, UnitState.FAILED, UnitState.NEEDS_REVIEW)
 
 # Decisions that say the output is not to be had from this parameter version:
 # the unit neither runs nor is adopted under it again (units_runnable, and the
-# worker's check in gpuworker.batch_runner).
+# worker's check in gpuworker.runner.claim).
 REVIEWED_OUT = (Item.REJECTED, Item.REQUEUED)
 
 

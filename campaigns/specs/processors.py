@@ -25,9 +25,32 @@ from django.utils.module_loading import import_string
 
 from campaigns.storage.paths import resolve_input
 
+# The spec's hooks, named so that a plugin can annotate its functions with them
+# (docs/processors.md). All run without torch: the web process, the CLI and
+# verify call them.
+#: verify's quick check of one output: (path, recorded size, params); raises InvalidOutput.
+QuickCheck = Callable[[Path, int | None, dict], None]
+#: verify --deep's check of one output's content: (path, params); raises InvalidOutput.
+DeepCheck = Callable[[Path, dict], None]
+#: verify --deep's check of a vector shard: (vectors (n, dim), params) -> each row's
+#: InvalidOutput or None.
+RowCheck = Callable[[Any, dict], list]
+#: One input's cost for grouping: (input path, params) -> tokens, pixels…
+Cost = Callable[[Path, dict], int]
+#: Many inputs' costs at once: (corpus root, source paths, params) -> a cost or None each.
+Costs = Callable[[Path, list[str], dict], list[int | None]]
+#: Raises campaigns.intake.inputs.InputError for input bytes the worker will refuse.
+CheckInput = Callable[[bytes, dict], object]
+#: The output suffix when the format is a parameter: params -> ".png".
+SuffixFor = Callable[[dict], str]
+#: Checks across cleaned parameters: params -> None, or raises ValidationError.
+Validate = Callable[[dict], None]
+
 
 @dataclass(frozen=True)
 class ParamSpec:
+    """One parameter's schema: its default, and what `ProcessorSpec.clean` accepts."""
+
     default: Any
     choices: tuple | None = None
     type: type = str
@@ -39,29 +62,33 @@ class ParamSpec:
 
 @dataclass(frozen=True)
 class ProcessorSpec:
+    """What a processor is, for everything but its worker: its parameters'
+    schema, its outputs' checks, its inputs' costs, and the dotted path of its
+    implementation (a gpuworker.processors.base.Processor)."""
+
     name: str
     title: str
     output_suffix: str
     params: dict[str, ParamSpec] = field(default_factory=dict)
     # verify's checks of one output, given the version's parameters:
     # quick (size and header, no data read) and deep (the whole content).
-    quick_check: Callable[[Path, int | None, dict], None] | None = None
-    deep_check: Callable[[Path, dict], None] | None = None
+    quick_check: QuickCheck | None = None
+    deep_check: DeepCheck | None = None
     # For a processor whose batches write one vector shard (its worker-side
     # class sets shard_outputs; campaigns/storage/vector_shards.py): deep verify's
     # check of rows, (vectors (n, dim), params) -> each row's InvalidOutput or None.
-    row_check: Callable[[Any, dict], list] | None = None
+    row_check: RowCheck | None = None
     # "module:Class" of the worker-side implementation (imported by workers only).
     implementation: str = ""
     # Cost of one input for grouping (tokens, pixels), from its path and the
     # parameters; read without torch. None: every unit costs the same.
-    cost: Callable[[Path, dict], int] | None = None
+    cost: Cost | None = None
     # The same for many inputs at once, when one call is cheaper than one a
     # path (a tokenizer's batch call on every core): (corpus root, the units'
     # source paths, params) -> one cost each, or None for an input it could not
     # weigh. It reads through campaigns.intake.inputs.read_bytes, which refuses a path
     # out of the root. Optional; weigh() falls back on `cost`.
-    costs: Callable[[Path, list[str], dict], list[int | None]] | None = None
+    costs: Costs | None = None
     # The parameters an input's cost depends on (a tokenizer, a token cap): a
     # version that changes one weighs the inputs again. None: every parameter.
     cost_params: tuple[str, ...] | None = None
@@ -78,9 +105,9 @@ class ProcessorSpec:
     help: str = ""
     # Raises campaigns.intake.inputs.InputError for input bytes the processor will refuse;
     # lets the setup page show the failing inputs before anything runs.
-    check_input: Callable[[bytes, dict], object] | None = None
+    check_input: CheckInput | None = None
     # When the output format is a parameter: params -> suffix (".png").
-    suffix_for: Callable[[dict], str] | None = None
+    suffix_for: SuffixFor | None = None
     # An adaptation processor: a run is one training that writes checkpoints,
     # not batches of outputs (campaigns/adaptation/services.py).
     training: bool = False
@@ -88,7 +115,7 @@ class ProcessorSpec:
     # cleaned: params -> None, or ValidationError saying what to change. A
     # mistake found here costs the user a form error, not a campaign of
     # failed batches.
-    validate: Callable[[dict], None] | None = None
+    validate: Validate | None = None
 
     def weigh(self, root: Path, source_paths: list[str], params: dict) -> list[int | None]:
         """The cost of each input under the corpus root, None where it could not

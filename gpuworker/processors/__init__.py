@@ -1,30 +1,62 @@
 """Processor implementations, loaded once per worker process and parameter version.
 
 Which class implements a processor is said by its spec (campaigns.specs.processors):
-the built-ins live here, a user's own anywhere importable.
+the built-ins live here, a user's own anywhere importable. What the runner calls
+on one is the `Processor` protocol (gpuworker/processors/base.py).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from django.utils.module_loading import import_string
 
 from campaigns.specs import model_files
 from campaigns.specs.processors import get_spec
+from gpuworker.processors.base import (
+    FlaggingProcessor,
+    Processor,
+    ProcessorClass,
+    ShardedProcessor,
+)
+
+if TYPE_CHECKING:
+    # Checked by mypy, never imported at run time (each built-in imports its
+    # own libraries, loaded only by a worker whose version needs them): every
+    # built-in class, made from a version's parameters, is a Processor; all
+    # of them flag units for review, and the text embedding writes shards.
+    from gpuworker.processors.image_classification import ImageClassificationProcessor
+    from gpuworker.processors.image_transform import ImageTransformProcessor
+    from gpuworker.processors.text_embedding import TextEmbeddingProcessor
+
+    _CHECK: tuple[ProcessorClass, ...] = (
+        TextEmbeddingProcessor,
+        ImageClassificationProcessor,
+        ImageTransformProcessor,
+    )
+    _FLAGGING: tuple[Callable[[dict[str, Any]], FlaggingProcessor], ...] = (
+        TextEmbeddingProcessor,
+        ImageClassificationProcessor,
+        ImageTransformProcessor,
+    )
+    _SHARDED: Callable[[dict[str, Any]], ShardedProcessor] = TextEmbeddingProcessor
 
 
 @functools.lru_cache(maxsize=4)
-def _load(processor: str, params_json: str, files_json: str):
+def _load(processor: str, params_json: str, files_json: str) -> Processor:
     # Before the model loads, once a process (a refusal is not cached: the
     # next batch looks again); the loaded model then serves the version.
     model_files.check(json.loads(files_json))
-    implementation = get_spec(processor).implementation.replace(":", ".")
-    return import_string(implementation)(json.loads(params_json))
+    implementation: ProcessorClass = import_string(
+        get_spec(processor).implementation.replace(":", ".")
+    )
+    return implementation(json.loads(params_json))
 
 
-def get_processor(processor: str, params: dict, files: dict | None = None):
+def get_processor(processor: str, params: dict, files: dict | None = None) -> Processor:
     """The loaded processor for these parameters; the model loads on first use only.
 
     `files`: the model files a version recorded (`software["files"]`,
@@ -36,11 +68,16 @@ def get_processor(processor: str, params: dict, files: dict | None = None):
     )
 
 
-def sharded(processor) -> bool:
+def sharded(processor: Processor) -> TypeGuard[ShardedProcessor]:
     """Whether the processor's outputs are rows of a shard a batch
     (campaigns/storage/vector_shards.py: `shard_outputs`, `output` gives a vector,
     `check_rows` checks a shard's) rather than a file a unit."""
     return bool(getattr(processor, "shard_outputs", False))
+
+
+def review_flags(processor: Processor) -> Callable[[Any, int], list[tuple[str, str]]] | None:
+    """The processor's `flags` (FlaggingProcessor), or None when it flags nothing."""
+    return getattr(processor, "flags", None)
 
 
 def forget_loaded() -> None:

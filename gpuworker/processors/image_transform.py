@@ -81,7 +81,8 @@ class ImageTransformProcessor:
         out, sources = [], []
         for image in items:
             sources.append(image.size)
-            width, height = expected_size(*image.size, self.params)
+            source_w, source_h = image.size
+            width, height = expected_size(source_w, source_h, self.params)
             if (width, height) != image.size:
                 image = image.resize((width, height), Image.Resampling.LANCZOS)
             out.append(image)

@@ -20,7 +20,7 @@ from campaigns import selectors
 from campaigns.models import Batch, Campaign, Project, Unit, UnitCount, UnitState
 from campaigns.review import queue as review
 from campaigns.runs import control, start
-from gpuworker.batch_runner import run_batch
+from gpuworker.runner.batch import run_batch
 
 HTMX_COUNTS = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "counts"}
 postgresql_only = pytest.mark.skipif(

@@ -86,7 +86,7 @@ def test_awkward_manifest_rows_each_get_a_clear_outcome_and_outputs_stay_inside(
     from unittest import mock
 
     from campaigns.models import Batch
-    from gpuworker.batch_runner import run_batch
+    from gpuworker.runner.batch import run_batch
 
     # given
     long_name = "n" * 200 + ".txt"

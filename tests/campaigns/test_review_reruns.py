@@ -22,7 +22,7 @@ from campaigns.models import (
 from campaigns.review import queue as review
 from campaigns.runs import control, setup, start
 from campaigns.specs import processors as processor_specs
-from gpuworker.batch_runner import run_batch
+from gpuworker.runner.batch import run_batch
 from tests.vectors import output_file
 
 pytestmark = pytest.mark.django_db

@@ -17,7 +17,7 @@ from campaigns.models import Attempt, Batch, Unit, UnitState
 from campaigns.runs import control, start
 from campaigns.storage.vector_shards import load_shard, shard_bytes, split_member
 from campaigns.verify.reconcile import campaign_verify
-from gpuworker.batch_runner import run_batch
+from gpuworker.runner.batch import run_batch
 from tests.conftest import DEMO_BAD, DEMO_GOOD
 from tests.vectors import output_file, unit_vector
 

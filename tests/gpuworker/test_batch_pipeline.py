@@ -8,13 +8,15 @@ import threading
 from unittest import mock
 
 import pytest
+from django.db import DatabaseError
 
 from campaigns.models import Attempt, Batch, Unit, UnitState
 from campaigns.runs import leases, start
-from gpuworker import batch_runner
-from gpuworker.batch_runner import finisher, pipeline_enabled, run_batch
-from gpuworker.input_prefetch import prefetch
 from gpuworker.processors.text_embedding import TextEmbeddingProcessor
+from gpuworker.runner import pipeline
+from gpuworker.runner.batch import run_batch
+from gpuworker.runner.pipeline import finisher, pipeline_enabled
+from gpuworker.runner.prefetch import prefetch
 from tests.conftest import DEMO_BAD, DEMO_GOOD
 
 # The finisher thread has its own database connection: it must see committed rows.
@@ -34,13 +36,13 @@ def queued(make_campaign, output_root):
 def test_a_handed_off_batch_stays_leased_until_the_finisher_records_it(queued):
     first, second = Batch.objects.filter(campaign=queued).order_by("pk")[:2]
     release = threading.Event()
-    record = batch_runner._record
+    record = pipeline.batch_record
 
     def slow_record(*args, **kwargs):
         release.wait(timeout=30)
         return record(*args, **kwargs)
 
-    with mock.patch.object(batch_runner, "_record", slow_record):
+    with mock.patch.object(pipeline, "batch_record", slow_record):
         assert run_batch(first.pk, hand_off=True) == "handed off"
         # The model ran; the batch is still the worker's, nothing recorded yet.
         first.refresh_from_db()
@@ -63,9 +65,9 @@ def test_a_batch_the_finisher_cannot_record_is_left_to_its_lease(queued):
     batch = Batch.objects.filter(campaign=queued).order_by("pk").first()
 
     def database_gone(*args, **kwargs):
-        raise batch_runner.DatabaseError("server closed the connection")
+        raise DatabaseError("server closed the connection")
 
-    with mock.patch.object(batch_runner, "_record", database_gone):
+    with mock.patch.object(pipeline, "batch_record", database_gone):
         assert run_batch(batch.pk, hand_off=True) == "handed off"
         finisher.drain()
 

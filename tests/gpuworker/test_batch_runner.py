@@ -14,8 +14,8 @@ import torch
 from campaigns.models import Attempt, Batch, ReviewItem, Unit, UnitState
 from campaigns.runs import start
 from campaigns.storage.vector_shards import load_shard, split_member
-from gpuworker.batch_runner import run_batch
 from gpuworker.processors.text_embedding import TextEmbeddingProcessor
+from gpuworker.runner.batch import run_batch
 from tests.conftest import DEMO_BAD, DEMO_GOOD
 from tests.vectors import unit_vector
 

@@ -1,4 +1,4 @@
-"""The worker's reads and checks in threads (gpuworker.batch_runner.in_threads)."""
+"""The worker's reads and checks in threads (gpuworker.runner.threads.in_threads)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from gpuworker.batch_runner import IO_THREADS, in_threads
+from gpuworker.runner.threads import IO_THREADS, in_threads
 
 
 def test_each_item_once_results_in_order_on_several_threads():
@@ -51,7 +51,7 @@ def test_no_items_and_one_item():
 
 
 def _in_a_forked_child(queue) -> None:
-    from gpuworker.batch_runner import finisher
+    from gpuworker.runner.pipeline import finisher
 
     queue.put((in_threads(lambda n: n + 1, list(range(20))), finisher._pool is None))
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -107,3 +108,10 @@ class PacedText:
     def batch_metrics(self, result: list) -> dict:
         counts = [count for _, count in result]
         return {"real_tokens": sum(counts), "padded_tokens": len(counts) * max(counts)}
+
+
+if TYPE_CHECKING:
+    # mypy checks the class against the runner's interface (docs/processors.md).
+    from gpuworker.processors.base import ProcessorClass
+
+    _CHECK: ProcessorClass = PacedText

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from campaigns.intake.inputs import decode_text
 from campaigns.specs.processors import ParamSpec, ProcessorSpec
@@ -79,3 +80,10 @@ class TextStats:
 
     def batch_metrics(self, result: list[dict]) -> dict:
         return {"real_tokens": sum(r["words"] for r in result)}
+
+
+if TYPE_CHECKING:
+    # mypy checks the class against the runner's interface (docs/processors.md).
+    from gpuworker.processors.base import ProcessorClass
+
+    _CHECK: ProcessorClass = TextStats

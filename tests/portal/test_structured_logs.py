@@ -47,7 +47,7 @@ def test_a_batch_logs_its_campaign_and_batch_and_each_failed_unit(
     )
     assert len(failed) == DEMO_BAD
 
-    lines = [line for line in json_lines() if line["name"] == "gpuworker.batch_runner"]
+    lines = [line for line in json_lines() if line["name"] == "campaigns.runs.recording"]
     summary = next(line for line in lines if "recorded" in line["message"])
     assert (summary["campaign"], summary["batch"]) == (campaign.pk, batch.pk)
     assert f"{DEMO_BAD} failed" in summary["message"]
@@ -77,7 +77,7 @@ def test_production_settings_write_json_lines():
         "import django, logging; django.setup(); "
         "from common.log_context import bound\n"
         "with bound(campaign=7, batch=42):\n"
-        "    logging.getLogger('gpuworker.batch_runner').info('hello', extra={'unit': 9})"
+        "    logging.getLogger('gpuworker.runner.batch').info('hello', extra={'unit': 9})"
     )
     env = {**os.environ, "LOG_FORMAT": "json", "DJANGO_SETTINGS_MODULE": "portal.settings"}
     result = subprocess.run(

@@ -91,6 +91,7 @@ class InputPrefetch:
         if guess.batch_id != batch_id:
             guess.stop.set()
             return {}
+        assert guess.future is not None  # set by start, with the guess
         return guess.future.result()
 
     def drop(self) -> None:
@@ -99,6 +100,7 @@ class InputPrefetch:
         guess, self._guess, self._last = self._last, None, None
         if guess is not None:
             guess.stop.set()
+            assert guess.future is not None  # set by start, with the guess
             guess.future.result()
 
     @staticmethod

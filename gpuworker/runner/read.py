@@ -1,0 +1,106 @@
+"""A batch's inputs read, checked against their import's hash and prepared
+for the model; or taken from what the prefetch prepared, or an output an
+earlier claim wrote adopted instead."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from campaigns.intake.inputs import InputError, read_bytes
+from campaigns.models import ErrorClass
+from campaigns.storage.vector_shards import ROW_BYTES_PER_VALUE, row_sha256
+from gpuworker.processors.base import Processor
+from gpuworker.runner.check import adopt_file
+from gpuworker.runner.claim import Outcome
+from gpuworker.runner.prefetch import Prepared
+from gpuworker.runner.threads import in_threads
+
+# `prepare_unit`'s answer for a unit that does not go to the model.
+SKIP = object()
+_NOT_PREPARED = object()
+
+
+def prepare_unit(
+    processor: Processor,
+    root: Path,
+    real_root: str | None,
+    outcome: Outcome,
+    adoptable: dict[str, tuple[str, np.ndarray]] | None = None,
+    ahead: Prepared | None = None,
+) -> object:
+    """The unit's model input, or SKIP when it failed or its output was adopted.
+
+    `adoptable`: a sharded processor's rows an earlier claim wrote (None: the
+    processor writes a file a unit, adopted from the unit's path). `ahead`:
+    the unit's input as the prefetch prepared it while the last batch ran; it
+    goes through the same hash check and adoption as one read here.
+    """
+    unit = outcome.unit
+    try:
+        # Prepared bytes other than the import's are read again: only this
+        # batch's own reading says an input changed.
+        if ahead is not None and (ahead.source_path, ahead.sha256) == (
+            unit.source_path,
+            unit.sha256 or ahead.sha256,
+        ):
+            outcome.input_sha256, made = ahead.sha256, ahead.item
+            outcome.prefetched = True
+        else:
+            data = read_bytes(root, unit.source_path, real_root)
+            outcome.input_sha256, made = hashlib.sha256(data).hexdigest(), _NOT_PREPARED
+        if unit.sha256 and outcome.input_sha256 != unit.sha256:
+            raise InputError(
+                ErrorClass.INPUT_CHANGED,
+                "input changed since import (sha256 differs); "
+                "resume --retry-failed processes the new content",
+            )
+        if adoptable is not None:
+            if outcome.unit.uid in adoptable:
+                rel, vector = adoptable[outcome.unit.uid]
+                outcome.metrics = {"adopted": True}  # counted by run.compute
+                outcome.succeed(rel, vector.size * ROW_BYTES_PER_VALUE, row_sha256(vector))
+                return SKIP
+        elif adopt_file(processor, outcome):
+            return SKIP
+        if made is _NOT_PREPARED:
+            return processor.prepare(data)
+        if isinstance(made, InputError):
+            raise made
+        return made
+    except InputError as exc:
+        outcome.fail(exc.error_class, exc.message)
+        return SKIP
+
+
+def prepare_ahead(
+    processor: Processor,
+    root: Path,
+    real_root: str | None,
+    units: list[tuple[int, str]],
+    stop: threading.Event,
+) -> dict[int, Prepared]:
+    """The prefetch's reader: the units' inputs read, hashed and prepared
+    as `prepare_unit` does, without a claim. An input that cannot be read is
+    left for the batch's own reading, which classifies it then."""
+
+    def one(unit: tuple[int, str]) -> tuple[int, Prepared] | None:
+        pk, source_path = unit
+        if stop.is_set():
+            return None
+        try:
+            data = read_bytes(root, source_path, real_root)
+        except InputError:
+            return None
+        try:
+            made = processor.prepare(data)
+        except InputError as exc:
+            made = exc  # refused now as it would be then: the same bytes
+        except Exception:
+            return None  # the batch's own prepare raises it, where it is handled
+        return pk, Prepared(source_path, hashlib.sha256(data).hexdigest(), made)
+
+    return dict(found for found in in_threads(one, units) if found is not None)

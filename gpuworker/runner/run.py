@@ -1,0 +1,115 @@
+"""The model's part of a batch: its inputs prepared, then `run` over them,
+split in halves while the device runs out of memory."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from django.conf import settings
+
+from campaigns.intake.inputs import corpus_real_path
+from campaigns.models import Batch, ErrorClass
+from campaigns.storage.paths import output_relpath
+from gpuworker.processors import sharded
+from gpuworker.processors.base import Processor
+from gpuworker.runner.check import adoptable_rows
+from gpuworker.runner.claim import Outcome
+from gpuworker.runner.prefetch import prefetch
+from gpuworker.runner.read import SKIP, prepare_ahead, prepare_unit
+from gpuworker.runner.threads import in_threads
+
+# The units that went through one `run` call, each with its prepared input, and
+# that call's result.
+Part = tuple[list[tuple[Outcome, Any]], Any]
+
+
+def compute(
+    batch: Batch, processor: Processor, outcomes: list[Outcome], *, prefetch_next: bool = False
+) -> tuple[list[Part], int, list[int]]:
+    """Read and prepare the inputs, run the model: (parts, adopted, OOM splits).
+
+    With `prefetch_next`, the next batch's inputs are prepared while the model runs.
+    """
+    ahead = prefetch.take(batch.pk)  # what was prepared while the last batch ran
+    root = Path(batch.campaign.input_root)
+    output_root = Path(settings.OUTPUT_ROOT)
+    adoptable: dict[str, tuple[str, np.ndarray]] | None = None
+    if sharded(processor):
+        # A batch's first claim finds no shard of its own to adopt: only a
+        # batch delivered again (its worker died before recording) looks.
+        adoptable = adoptable_rows(batch, processor) if batch.deliveries else {}
+    else:
+        for outcome in outcomes:
+            outcome.target = str(
+                output_relpath(
+                    campaign=batch.campaign.name,
+                    version_label=batch.version.label,
+                    uid=outcome.unit.uid,
+                    suffix=processor.suffix,
+                )
+            )
+            outcome.path = output_root / outcome.target
+    # Reading and decoding in threads: file I/O and image decoding release
+    # the GIL, so a slow disk or a large image does not serialise the batch.
+    real_root = corpus_real_path(root)  # once a batch, not once an input
+    prepared = in_threads(
+        lambda o: prepare_unit(processor, root, real_root, o, adoptable, ahead.get(o.unit.pk)),
+        outcomes,
+    )
+    ready = [(o, item) for o, item in zip(outcomes, prepared, strict=True) if item is not SKIP]
+    adopted = sum(1 for o in outcomes if o.metrics.get("adopted"))
+    splits: list[int] = []
+    if prefetch_next:
+        prefetch.start(batch, functools.partial(prepare_ahead, processor, root, real_root))
+    parts = run_splitting(processor, ready, splits) if ready else []
+    return parts, adopted, splits
+
+
+def run_splitting(
+    processor: Processor, ready: list[tuple[Outcome, Any]], splits: list[int]
+) -> list[Part]:
+    """Run the model; on device out-of-memory, split the batch in halves and retry.
+
+    A unit that does not fit even alone fails `out_of_memory` (a heavy case
+    for review); the rest of the batch goes on.
+    """
+    try:
+        return [(ready, processor.run([item for _, item in ready]))]
+    except torch.OutOfMemoryError:
+        pass
+    # Retried outside the except block: inside it the exception's traceback keeps
+    # the failed forward pass's frames, and so its tensors, alive on the device.
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # give the halves the memory the failed try reserved
+    if len(ready) == 1:
+        ready[0][0].fail(
+            ErrorClass.OUT_OF_MEMORY,
+            "does not fit in device memory even alone (batch split down to one unit)",
+        )
+        return []
+    splits.append(len(ready))
+    middle = len(ready) // 2
+    return run_splitting(processor, ready[:middle], splits) + run_splitting(
+        processor, ready[middle:], splits
+    )
+
+
+def merge_batch_metrics(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One batch's measurements from its parts (more than one after an OOM split)."""
+    if not parts:
+        return {}
+    merged = dict(parts[-1])
+    for key in ("real_tokens", "padded_tokens", "compute_seconds"):
+        if any(key in p for p in parts):
+            merged[key] = sum(p.get(key, 0) for p in parts)
+    memory = dict(parts[-1].get("memory", {}))
+    for key in ("peak_allocated", "peak_reserved", "peak_rss"):
+        values = [p.get("memory", {}).get(key) for p in parts]
+        if any(v is not None for v in values):
+            memory[key] = max(v for v in values if v is not None)
+    merged["memory"] = memory
+    return merged

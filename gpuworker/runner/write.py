@@ -1,0 +1,98 @@
+"""A batch's outputs after its model ran: each unit's metrics and review
+flags, then its output written atomically (one vector shard a batch, or a
+file a unit) and checked (gpuworker/runner/check.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+from django.conf import settings
+
+from campaigns.models import Batch, ErrorClass
+from campaigns.runs.recording import outcomes_flag_drift, outcomes_flag_duplicates
+from campaigns.storage.outputs import InvalidOutput, write_atomic, write_atomic_group
+from campaigns.storage.paths import shard_relpath
+from campaigns.storage.vector_shards import (
+    ROW_BYTES_PER_VALUE,
+    load_shard,
+    member_path,
+    row_sha256,
+    shard_bytes,
+)
+from gpuworker.processors import review_flags, sharded
+from gpuworker.processors.base import Processor, ShardedProcessor
+from gpuworker.runner.check import check_written, refuse
+from gpuworker.runner.claim import Outcome
+from gpuworker.runner.run import Part, merge_batch_metrics
+from gpuworker.runner.threads import in_threads
+
+
+def complete(batch: Batch, processor: Processor, parts: list[Part], token: str) -> dict[str, Any]:
+    """Each output's metrics and flags, then its write and check; the batch's measurements."""
+    jobs: list[tuple[Outcome, Any]] = []
+    flag = review_flags(processor)
+    shards = sharded(processor)
+    for part, result in parts:
+        for index, (outcome, _) in enumerate(part):
+            outcome.metrics = processor.unit_metrics(result, index)
+            outcome.flags = list(flag(result, index)) if flag else []
+            output = processor.output(result, index)
+            jobs.append((outcome, output if shards else processor.serialize(output)))
+    outcomes_flag_duplicates(batch=batch, outcomes=[o for o, _ in jobs])
+    outcomes_flag_drift(batch=batch, outcomes=[o for o, _ in jobs])
+    if sharded(processor):
+        write_shard(batch, processor, jobs, token)
+        return merge_batch_metrics([processor.batch_metrics(result) for _, result in parts])
+    # Every unit of a file-a-unit processor has its path (run.compute).
+    written = write_atomic_group((cast(Path, o.path), data) for o, data in jobs)
+    # Checks in threads: each reads its file back and decodes it.
+    in_threads(
+        lambda job: check_written(processor, *job),
+        [(o, w) for (o, _), w in zip(jobs, written, strict=True)],
+    )
+    return merge_batch_metrics([processor.batch_metrics(result) for _, result in parts])
+
+
+def write_shard(
+    batch: Batch, processor: ShardedProcessor, jobs: list[tuple[Outcome, Any]], token: str
+) -> None:
+    """The batch's vectors in one shard file, read back and checked row by row:
+    a unit counts once its row loads back whole and passes the processor's check."""
+    rel = str(
+        shard_relpath(
+            campaign=batch.campaign.name,
+            version_label=batch.version.label,
+            batch_id=batch.pk,
+            token=token,
+        )
+    )
+    path = Path(settings.OUTPUT_ROOT) / rel
+    outcomes = [o for o, _ in jobs]
+    vectors = np.stack([np.asarray(v, dtype=np.float32).ravel() for _, v in jobs])
+    try:
+        write_atomic(path, shard_bytes([o.unit.uid for o in outcomes], vectors))
+        shard = load_shard(path, dimension=vectors.shape[1])
+    except InvalidOutput as exc:
+        for outcome in outcomes:
+            refuse(outcome, exc)
+        return
+    except OSError as exc:
+        # Disk full, permissions, a storage outage: write_atomic left no partial
+        # file, and resume puts the units back once the storage is fixed.
+        for outcome in outcomes:
+            outcome.fail(ErrorClass.OUTPUT_WRITE_ERROR, f"cannot write output: {exc}")
+        return
+    problems = processor.check_rows(shard.vectors)
+    for row, outcome in enumerate(outcomes):
+        problem = problems[row] if shard.ids[row] == outcome.unit.uid else None
+        if shard.ids[row] != outcome.unit.uid:
+            refuse(outcome, InvalidOutput(f"shard row {row} names {shard.ids[row]!r}"))
+        elif problem is not None:
+            refuse(outcome, problem)
+        else:
+            vector = shard.vectors[row]
+            outcome.succeed(
+                member_path(rel, row), vector.size * ROW_BYTES_PER_VALUE, row_sha256(vector)
+            )

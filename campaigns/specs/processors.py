@@ -55,7 +55,7 @@ class ProcessorSpec:
     implementation: str = ""
     # Cost of one input for grouping (tokens, pixels), from its path and the
     # parameters; read without torch. None: every unit costs the same.
-    cost: Callable[[Path, dict], int] | None = None
+    cost: Callable[[Path, dict], int | None] | None = None
     # The same for many inputs at once, when one call is cheaper than one a
     # path (a tokenizer's batch call on every core): (corpus root, the units'
     # source paths, params) -> one cost each, or None for an input it could not

@@ -12,14 +12,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+from collections.abc import Iterator
 from contextvars import ContextVar
+from typing import Any
 
 FIELDS = ("campaign", "batch", "unit", "order")
-_bound: ContextVar[dict | None] = ContextVar("log_ids", default=None)
+_bound: ContextVar[dict[str, object] | None] = ContextVar("log_ids", default=None)
 
 
 @contextlib.contextmanager
-def bound(**ids):
+def bound(**ids: object) -> Iterator[None]:
     token = _bound.set({**(_bound.get() or {}), **{k: v for k, v in ids.items() if v is not None}})
     try:
         yield
@@ -80,7 +82,7 @@ class RedactTrackingTokens(logging.Filter):
         return True
 
 
-def _redact_arg(value):
+def _redact_arg(value: object) -> object:
     return redact(value) if isinstance(value, str) else value
 
 
@@ -92,7 +94,7 @@ JSON_FORMAT = (
 )
 
 
-def logging_config(*, fmt: str, level: str) -> dict:
+def logging_config(*, fmt: str, level: str) -> dict[str, Any]:
     formatter = (
         {
             "()": "pythonjsonlogger.json.JsonFormatter",

@@ -114,7 +114,7 @@ class Trainer(ABC):
     def __init__(self, params: TrainParams):
         self.params = params
         self.optimizer: torch.optim.Optimizer | None = None
-        self.scaler = None
+        self.scaler: torch.amp.GradScaler | None = None
 
     # subclasses -------------------------------------------------------------
     @abstractmethod

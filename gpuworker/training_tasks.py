@@ -59,7 +59,9 @@ def read_examples(
     """(training examples, held-out examples, checksum rows); a bad input fails its
     unit (or, with fail=False, is left out), and the rest goes on."""
     root = Path(campaign.input_root)
-    train, heldout, rows = [], [], []
+    train: list = []
+    heldout: list = []
+    rows: list[tuple[str, str, bool]] = []
     for unit in adaptation.examples_rows(campaign) if units is None else units:
         try:
             data = read_bytes(root, unit.source_path)

@@ -69,7 +69,7 @@ ACCEPTS_NOTICE = frozenset(
 )
 
 # What the tracking page says under each state.
-EXPLANATION = {
+EXPLANATION: dict[str, str] = {
     S.AWAITING_PAYMENT: "Send the amount below to the address below before the quote expires.",
     S.PAYMENT_NOTIFIED: "Your notice was recorded. Verification is under way: we check the "
     "payment on the chain; a notice alone is not proof of payment.",

@@ -52,6 +52,7 @@ def _outputs(campaign: Campaign, version: ParameterVersion) -> Iterator[tuple]:
             return
         last = rows[-1][0]
         for _pk, uid, source, category, rel in rows:
+            arrays: dict[str, np.ndarray] | str
             try:
                 with np.load(root / rel, allow_pickle=False) as out:
                     arrays = {name: out[name] for name in _ARRAYS}
@@ -114,8 +115,9 @@ def export_classifications(campaign: Campaign, folder: Path) -> list[Path]:
         table = folder / f"predictions-{version.label}.csv"
         matrix_path = folder / f"features-{version.label}.npy"
         tmp = folder / f".{matrix_path.name}.tmp"
-        matrix = []  # made on the first readable row, when the feature length is known
-        unreadable = []  # rows before it whose output could not be read
+        # made on the first readable row, when the feature length is known
+        matrix: list[np.memmap] = []
+        unreadable: list[int] = []  # rows before it whose output could not be read
 
         def keep(row, vector, tmp=tmp, count=count, matrix=matrix, unreadable=unreadable):
             if vector is None:

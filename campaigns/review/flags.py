@@ -141,7 +141,7 @@ def classification_flags(probs: list[float], labels: list[str], params: dict):
 
 
 def image_input_flags(width: int, height: int, params: dict) -> list[tuple[str, str]]:
-    flags = []
+    flags: list[tuple[str, str]] = []
     side = int(params.get("flag_min_side", 0))
     if side and min(width, height) < side:
         flags.append((FlagReason.TINY_INPUT, f"{width}×{height} pixels"))

@@ -36,7 +36,7 @@ DeepCheck = Callable[[Path, dict], None]
 #: InvalidOutput or None.
 RowCheck = Callable[[Any, dict], list]
 #: One input's cost for grouping: (input path, params) -> tokens, pixels…
-Cost = Callable[[Path, dict], int]
+Cost = Callable[[Path, dict], int | None]
 #: Many inputs' costs at once: (corpus root, source paths, params) -> a cost or None each.
 Costs = Callable[[Path, list[str], dict], list[int | None]]
 #: Raises campaigns.intake.inputs.InputError for input bytes the worker will refuse.

@@ -197,7 +197,7 @@ def verify_checkpoints(campaign: Campaign) -> tuple[int, list[dict]]:
 def _shards_in_use(campaign: Campaign) -> set[str]:
     """'shards/…/b12-….npz' of every shard a unit's result or an attempt (a
     review item's output) points into; any other shard is an orphan."""
-    rels = set()
+    rels: set[str] = set()
     for model in (Unit, Attempt):
         owner = {"campaign": campaign} if model is Unit else {"unit__campaign": campaign}
         rels.update(
@@ -342,7 +342,8 @@ def _scan_output_folder(
         campaign=campaign, state=Batch.State.RUNNING, lease_expires_at__gt=timezone.now()
     ).exists()
     lease_age = settings.BATCH_LEASE_SECONDS
-    orphans, samples, removed = 0, [], 0
+    orphans, removed = 0, 0
+    samples: list[str] = []
     now = time.time()
     cut = len(str(output_root)) + 1
     for dirpath, dirs, files in os.walk(folder):

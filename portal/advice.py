@@ -12,6 +12,7 @@ campaigns asks for it through its Advisor interface
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 from urllib.parse import urlencode
 
 from django.conf import settings
@@ -89,7 +90,7 @@ def rental_advise(
     return RentalAdvice(projections=projections, speed_source=source, plan=plan, reasons=reasons)
 
 
-def recommend(*, projections: list[dict]) -> tuple[dict | None, list[str]]:
+def recommend(*, projections: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[str]]:
     """The cheapest rental whose cards hold their tier's batch and finish in time."""
     safety = settings.PROFILE_SAFETY_FACTOR
     durations = [d.days for d in RentalDuration.objects.filter(active=True)]
@@ -145,7 +146,11 @@ def order_link(*, estimate: Estimate) -> str:
     if gpu is not None:
         query["gpu"] = gpu.pk
         query["quantity"] = estimate.quantity
-    duration = RentalDuration.objects.filter(days=estimate.duration_days).first()
+    duration = (
+        RentalDuration.objects.filter(days=estimate.duration_days).first()
+        if estimate.duration_days is not None
+        else None
+    )
     if duration is not None:
         query["duration"] = duration.pk
     environment, _note = environment_match(estimate.profile.runtime)
@@ -162,7 +167,7 @@ def major_minor(version: object) -> str | None:
     return f"{int(parts[0])}.{int(parts[1])}"
 
 
-def environment_match(runtime: dict) -> tuple[Environment | None, str]:
+def environment_match(runtime: dict[str, Any]) -> tuple[Environment | None, str]:
     """The catalog environment with the torch and CUDA the profile ran with, and why.
 
     Exact major.minor of both (of torch alone for a CPU profile, which has no

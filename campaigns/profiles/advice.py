@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from campaigns.models import Estimate
 
@@ -26,9 +26,11 @@ HoursAt = Callable[[int | None], tuple[float, float] | None]
 class RentalAdvice:
     """The measured hours projected onto the catalog's cards, and the plan chosen."""
 
-    projections: list[dict]  # one row per active card: tier, batch size, hours
+    projections: list[dict[str, Any]]  # one row per active card: tier, batch size, hours
     speed_source: str  # where the measured device's speed relative to the cards comes from
-    plan: dict | None  # the cheapest rental that holds its batch and finishes; None if none
+    plan: (
+        dict[str, Any] | None
+    )  # the cheapest rental that holds its batch and finishes; None if none
     reasons: list[str]  # why that plan, or why none
 
 
@@ -44,7 +46,7 @@ class Advisor(Protocol):
         """
         ...
 
-    def environment_match(self, runtime: dict) -> tuple[object | None, str]:
+    def environment_match(self, runtime: dict[str, Any]) -> tuple[object | None, str]:
         """The catalog environment with the profile's torch and CUDA, and a sentence why."""
         ...
 

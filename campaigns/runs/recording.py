@@ -210,7 +210,7 @@ def _set_unit_result(o: UnitOutcome) -> None:
     )
 
 
-def _attempt_row(batch: Batch, o: UnitOutcome, worker: str) -> tuple:
+def _attempt_row(batch: Batch, o: UnitOutcome, worker: str) -> tuple[object, ...]:
     """The unit's attempt, in the order of _ATTEMPT_FIELDS."""
     finished = o.finished or time.time()
     return (

@@ -47,17 +47,17 @@ Reader = Callable[[list[tuple[int, str]], threading.Event], dict[int, Prepared]]
 class _Guess:
     """One prefetch: which batch it guessed (once known), and a way to stop it."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.batch_id: int | None = None
         self.known = threading.Event()
         self.stop = threading.Event()
-        self.future: Future | None = None
+        self.future: Future[dict[int, Prepared]] | None = None
 
 
 class InputPrefetch:
     """One guess at a time, in one thread of the worker process."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._forget()
         # A process forked from this one (a pool child) has none of its
         # threads: its own is made on its first batch.

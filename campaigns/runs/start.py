@@ -8,11 +8,12 @@ import datetime as dt
 
 from celery import current_app as celery_app
 from django.core.exceptions import ValidationError
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
-from campaigns.models import Batch, Campaign, ParameterVersion, Unit, UnitState
+from campaigns.db.unit_claims import units_claim
+from campaigns.models import Batch, Campaign, ParameterVersion, Unit
 from campaigns.review.queue import run_allowance, units_runnable
 from campaigns.runs.batching import batch_policy, plan_batches
 from campaigns.runs.costs import measure_costs
@@ -216,19 +217,7 @@ def _batches_claim(
         [Batch(campaign=campaign, version=version, size=len(ids), policy=policy) for ids in group]
     )
     pairs = [(pk, batch.pk) for batch, ids in zip(batches, group, strict=True) for pk in ids]
-    meta = Unit._meta
-    quote = connection.ops.quote_name
-    table, pk = quote(meta.db_table), quote(meta.pk.column)
-    state = quote(meta.get_field("state").column)
-    rows = ", ".join(["(%s, %s)"] * len(pairs))
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {table} SET {state} = %s, {quote(meta.get_field('batch').column)} = "
-            f"v.column2 FROM (VALUES {rows}) AS v WHERE {table}.{pk} = v.column1 "
-            f"AND {table}.{state} = %s",
-            [UnitState.QUEUED, *(x for pair in pairs for x in pair), UnitState.PENDING],
-        )
-        claimed = cursor.rowcount
+    claimed = units_claim(pairs=pairs)
     if claimed != len(pairs):
         counts = dict(
             Unit.objects.filter(batch__in=batches)

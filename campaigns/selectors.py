@@ -116,7 +116,7 @@ def campaign_counts_for_user(*, user, name: str) -> tuple[int, Counts] | None:
     """(campaign id, counts) of the named campaign, or None when the user may
     not see it: the counts poll in one round trip, where the campaign lookup
     through the ORM and the counts query costs more (bench/RESULTS.md, "Counts poll
-    in one query, cached batch panels (2026-11-30, session 4)")."""
+    in one query, cached batch panels (2026-11-30)")."""
     rows = page_queries.unit_count_rows_for_user(user=user, name=name)
     if not rows:
         return None
@@ -163,7 +163,7 @@ def campaign_for_user(*, user, name: str) -> Campaign | None:
     """The named campaign if the user may see it (project and current version
     loaded), in plain SQL: every campaign view starts with it, and the ORM spent
     more building this query than PostgreSQL answering it (bench/RESULTS.md, "The
-    campaign page's header in one query (2026-11-30, session 5)")."""
+    campaign page's header in one query (2026-11-30)")."""
     return page_queries.campaign_row_for_user(user=user, name=name)
 
 
@@ -172,7 +172,7 @@ def campaign_page_for_user(*, user, name: str) -> CampaignPage | None:
     version, last verify, latest profile, the current version's checkpoint,
     the open review count and the newest finished batch: one round trip where
     the ORM takes six (bench/RESULTS.md, "The campaign page's header in one query
-    (2026-11-30, session 5)")."""
+    (2026-11-30)")."""
     row = page_queries.campaign_page_row(user=user, name=name)
     if row is None:
         return None

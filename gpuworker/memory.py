@@ -38,7 +38,8 @@ def work_device() -> torch.device:
 
     WORKERS_PER_DEVICE processes may feed one device: a batch's host work
     (reads, tokenising, writes, recording) runs under its process's GIL, and on
-    a fast GPU it takes longer than the model (bench/RESULTS.md), so a second
+    a fast GPU it takes longer than the model (bench/RESULTS.md, "Two processes
+    feed the device (`WORKERS_PER_DEVICE`) (2026-12-01)"), so a second
     process keeps the device busy meanwhile. Each keeps to its share: on CUDA
     the caching allocator refuses past 1/N of the memory, so a big batch in one
     process meets an out-of-memory split in that process instead of crashing

@@ -24,7 +24,9 @@ from campaigns.profiles.tiers import TIERS_GB
 from portal.models import Environment, GpuModel, RentalDuration
 from portal.pricing import cards_available
 
-#: A CPU's throughput relative to an A40 on the packaged encoder (bench/RESULTS.md).
+#: A CPU's throughput relative to an A40 on the packaged encoder: the order of
+#: magnitude between this project's CPU machines and the lent H200 (bench/RESULTS.md,
+#: "On a lent GPU — `bench/device/`").
 CPU_RELATIVE = 0.03
 
 
@@ -41,7 +43,7 @@ def _measured_relative(device: str) -> tuple[float, str, str | None]:
     # An unlisted GPU: a CPU's figure would make every card look about 30 times
     # faster than the device that measured; an A40's is the middle of the range,
     # from a T4 (~0.25) to an H200 (~3), and the reasons say so (bench/RESULTS.md,
-    # "2026-12-01 (session 9): less host work a unit, the profiler on the H200").
+    # "2026-12-01: less host work a unit, the profiler on the H200").
     return (
         1.0,
         f"{device} is not in the catalog: assumed as fast as an A40 "

@@ -2,8 +2,8 @@
 
 Django building these few statements (filters, compilers, model instances)
 costs a worker more of a small batch's host work than the database running
-them (bench/RESULTS.md, "Session 15 (2026-12-01): the worker's statements
-written out; arrays for PostgreSQL"). They are
+them (bench/RESULTS.md, "The worker's statements written out; arrays for
+PostgreSQL (2026-12-01)"). They are
 plain SQL here, tied to the models through sql_rows (column lists from the
 fields, values through the ORM's converters), on SQLite and PostgreSQL alike.
 What the worker does less often stays in the ORM.
@@ -119,8 +119,8 @@ class ClaimedUnit:
     """A unit as the worker runs it: what it reads (where the input is, the
     hash recorded at import) and the results it writes back (the `Unit`
     columns of the same names). A plain record: a `Unit` instance a row, every
-    column converted, costs many times more (bench/RESULTS.md, "Session 16
-    (2026-12-01): where the Celery rows' time outside the model goes")."""
+    column converted, costs many times more (bench/RESULTS.md, "Where the
+    Celery rows' time outside the model goes (2026-12-01)")."""
 
     pk: int
     uid: str

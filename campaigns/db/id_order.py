@@ -3,8 +3,8 @@
 A prefix search listed in import order (pk) made PostgreSQL guess how far along
 the campaign's pk index the first matches lie; when the ids it asked for sat
 late in the import (`docs/09…` in a million units), it read most of the
-campaign for one page (bench/RESULTS.md: 200 ms a page, 56 pages/s under
-load). Read in id order, the matches sit together in unit_uid_unique and a
+campaign for one page (bench/RESULTS.md, "A fast machine, the id prefix plan,
+a lighter page (2026-11-30)"). Read in id order, the matches sit together in unit_uid_unique and a
 page is a range read of 51 entries wherever they lie.
 
 Byte order is what that index holds on PostgreSQL (varchar_pattern_ops, whose

@@ -174,8 +174,7 @@ class Staging:
         On PostgreSQL, while every id so far was new, the chunk is first COPYed
         straight into campaigns_unit, which costs the database much less than
         staging it and then INSERT … SELECT (bench/RESULTS.md, "Fewer index entries, a
-        statement-level campaign check, COPY into the units (2026-11-30,
-        session 3)"). The
+        statement-level campaign check, COPY into the units (2026-11-30)"). The
         unique index refuses a chunk with an id that is not new; its savepoint
         is undone and the chunk goes the staged way, which sorts it out.
         """
@@ -296,7 +295,7 @@ class Staging:
         The table's statistics lag a bulk import (a fresh campaign's million
         units look like a thousand), and even when right the planner would
         rather hash the whole campaign than probe 50,000 ids, which is slower
-        by far at a million units (bench/RESULTS.md, "Import at scale (issue 8)
+        by far at a million units (bench/RESULTS.md, "Import at scale
         — `bench/import_scale.py`"). LOCAL: the transaction's rollback undoes it too.
         """
         if self.postgres:
@@ -315,8 +314,7 @@ class Staging:
         handful of units; the planner then reads the campaign's units through
         (campaign, id) and filters on uid, once per staged row, and a re-import
         of a million rows takes minutes (bench/RESULTS.md, "Fewer index entries,
-        a statement-level campaign check, COPY into the units (2026-11-30,
-        session 3)"). With fresh statistics it probes the unique (campaign, uid)
+        a statement-level campaign check, COPY into the units (2026-11-30)"). With fresh statistics it probes the unique (campaign, uid)
         index. ANALYZE samples 30,000 rows and waits only for another ANALYZE.
         """
         if self.statistics_checked:

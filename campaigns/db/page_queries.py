@@ -4,9 +4,8 @@ Each function sends one statement (unit_categories one a campaign) and returns
 rows or model instances; campaigns/selectors.py turns them into what pages
 show. Plain SQL because these are the pages' hottest queries, where building
 them through the ORM costs more than the database spends answering them
-(bench/RESULTS.md, "Counts poll in one query, cached batch panels (2026-11-30,
-session 4)" and "The campaign page's header in one query (2026-11-30, session
-5)"). Counts come from the trigger-kept counter tables (campaigns/db/counters.py),
+(bench/RESULTS.md, "Counts poll in one query, cached batch panels (2026-11-30)"
+and "The campaign page's header in one query (2026-11-30)"). Counts come from the trigger-kept counter tables (campaigns/db/counters.py),
 never from GROUP BY or COUNT over campaigns_unit: a campaign may hold millions
 of units.
 """
@@ -102,7 +101,7 @@ def open_review_count(*, campaign_id: int) -> int:
 # A campaign's categories, one index probe each on unit_campaign_category_id
 # (a "skip scan"), rather than reading the distinct values of a million units
 # or joining every review item to its unit (bench/RESULTS.md, "Re-measured on
-# an idle machine (2026-11-30, session 3)", under "Pages at scale").
+# an idle machine (2026-11-30)", under "Pages at scale").
 _CATEGORIES_SQL = """
 WITH RECURSIVE found(category) AS (
     SELECT (SELECT category FROM campaigns_unit

@@ -100,8 +100,8 @@ def array_marks(fields: Sequence[models.Field]) -> str:
 
     psycopg parses a statement's placeholders in Python, on every call for a
     long one: a batch's attempts as VALUES (a row each, 16 columns) cost more
-    to parse than to run (bench/RESULTS.md, "Session 15 (2026-12-01): the
-    worker's statements written out; arrays for PostgreSQL"). Django's
+    to parse than to run (bench/RESULTS.md, "The worker's
+    statements written out; arrays for PostgreSQL (2026-12-01)"). Django's
     bulk_create does the same (its UNNEST insert), with the types' lengths dropped so that nothing
     is cut to a varchar's length on the way.
     """

@@ -1,4 +1,4 @@
-"""Fewer index entries per imported unit (issue 8: import at scale).
+"""Fewer index entries per imported unit, for imports at scale.
 
 - The batch foreign key's index becomes partial (batch set): imported units
   have none, so they add no entries.

@@ -3,7 +3,7 @@
 The campaign page shows how many review items are open from
 campaigns_reviewcount: counting the open items themselves is an index scan as
 long as the review queue (bench/RESULTS.md, "The campaign page's header in one
-query (2026-11-30, session 5)"). Triggers on campaigns_reviewitem keep it in the
+query (2026-11-30)"). Triggers on campaigns_reviewitem keep it in the
 transaction of every change, whatever wrote it (campaigns/db/counters.py
 generates them and says how they work): one delta row per campaign a statement
 changed on PostgreSQL, folded by campaigns_reviewcount_compact(campaign) for

@@ -97,7 +97,8 @@ class ReviewCount(models.Model):
     Written only by database triggers on campaigns_reviewitem (migration 0016),
     as UnitCount is: on PostgreSQL deltas appended per statement (SUM them;
     campaigns_reviewcount_compact() folds them), on SQLite one row a campaign.
-    Counting 30,000 open items took PostgreSQL 4-6 ms a page view.
+    Counting open items on every page view is what it spares (bench/RESULTS.md,
+    "Pages at scale — `bench/pages_scale.py`").
     """
 
     # As UnitCount's: Django deletes the items first (their trigger appends

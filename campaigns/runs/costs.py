@@ -42,7 +42,7 @@ def measure_costs(
     measured, after = 0, 0
     # By id from the last chunk's end: skipping the units already weighed
     # would make each chunk's query longer than the last (bench/RESULTS.md,
-    # "Weighing every unit before a token-budget run (2026-12-01, session 11)").
+    # "Weighing every unit before a token-budget run (2026-12-01)").
     while chunk := list(
         todo.filter(pk__gt=after).order_by("pk").values_list("pk", "source_path")[:COST_CHUNK]
     ):

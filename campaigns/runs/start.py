@@ -28,19 +28,20 @@ PLAN_TASK = "campaigns.tasks.plan_campaign"
 #: slice of this size pads as little as over the whole campaign, and a million
 #: units reach the workers a slice at a time instead of after the whole plan
 #: (bench/RESULTS.md, "Weighing only what a run sends, and a slice at a time
-#: (2026-12-01, session 11)").
+#: (2026-12-01)").
 RUN_SLICE_UNITS = 50_000
 #: A run's first slice is smaller, so that the workers, and the request of the
 #: campaign page's Start, wait for 5,000 units to be weighed and planned rather
 #: than 50,000. Its units are grouped among themselves, which pads them a
-#: little more (bench/RESULTS.md, "A run's first slice is 5,000 units
-#: (session 16) — `bench/start_latency.py`").
+#: little more (bench/RESULTS.md, "A run's first slice is 5,000 units —
+#: `bench/start_latency.py`").
 FIRST_SLICE_UNITS = 5_000
 
 # Units claimed per statement. Small enough that PostgreSQL probes the primary
 # key for each rather than scanning the table, and that SQLite's variable limit
 # holds; large enough that a million units take a thousand statements, not the
-# 62,500 of one batch at a time (some 4 ms each: an INSERT, an UPDATE, a trigger).
+# tens of thousands of one batch at a time (each an INSERT, an UPDATE, a trigger;
+# bench/RESULTS.md, "`campaign run` over a million pending units — `bench/run_scale.py`").
 _CLAIM_UNITS = 1000
 
 

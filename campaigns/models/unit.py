@@ -20,7 +20,8 @@ class AsInIndex(models.Expression):
     query sends it as a parameter: without this, the duplicate-vector lookup
     reads every successful attempt of the version, each batch (EXPLAIN QUERY
     PLAN shows `version_id=? AND <expr>=?` with it, `version_id=?` without;
-    bench/RESULTS.md, "The ceiling in every row, four small cuts (2026-11-30)"). PostgreSQL gets the parameters as they are.
+    bench/RESULTS.md, "The ceiling in every row, four small cuts (2026-11-30)").
+    PostgreSQL gets the parameters as they are.
     """
 
     def __init__(self, expression, output_field):

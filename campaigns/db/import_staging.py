@@ -315,7 +315,8 @@ class Staging:
         (campaign, id) and filters on uid, once per staged row, and a re-import
         of a million rows takes minutes (bench/RESULTS.md, "Fewer index entries,
         a statement-level campaign check, COPY into the units (2026-11-30)").
-        With fresh statistics it probes the unique (campaign, uid) index. ANALYZE samples 30,000 rows and waits only for another ANALYZE.
+        With fresh statistics it probes the unique (campaign, uid) index. ANALYZE samples 30,000
+        rows and waits only for another ANALYZE.
         """
         if self.statistics_checked:
             return

@@ -6,7 +6,8 @@ show. Plain SQL because these are the pages' hottest queries, where building
 them through the ORM costs more than the database spends answering them
 (bench/RESULTS.md, "Counts poll in one query, cached batch panels (2026-11-30)"
 and "The campaign page's header in one query (2026-11-30)"). Counts come from
-the trigger-kept counter tables (campaigns/db/counters.py), never from GROUP BY or COUNT over campaigns_unit: a campaign may hold millions
+the trigger-kept counter tables (campaigns/db/counters.py), never from GROUP BY or COUNT over
+campaigns_unit: a campaign may hold millions
 of units.
 """
 

@@ -18,13 +18,11 @@ from typing import NamedTuple
 from django.db.models import Q, QuerySet
 
 from campaigns.db import id_order, page_queries
+from campaigns.db.page_queries import CampaignPage
 from campaigns.models import (
     Attempt,
     Campaign,
-    Checkpoint,
     ErrorClass,
-    Profile,
-    Reconciliation,
     Unit,
     UnitState,
 )
@@ -145,20 +143,6 @@ def unit_categories(*, campaign_ids: list[int]) -> list[str]:
 # --- the campaign page's header ------------------------------------------------
 
 
-@dataclass
-class CampaignPage:
-    """The campaign page's one-of-a-kind facts, read in one query."""
-
-    campaign: Campaign
-    reconciliation: Reconciliation | None
-    latest_profile: Profile | None
-    checkpoint: Checkpoint | None  # of the current version, decided_by loaded
-    open_review_items: int
-    # The newest finished batch's finished_at, as the database gives it: the
-    # batch panels' cache key (batch_stats.batch_panels).
-    newest_finished_batch: object
-
-
 def campaign_for_user(*, user, name: str) -> Campaign | None:
     """The named campaign if the user may see it (project and current version
     loaded), in plain SQL: every campaign view starts with it, and the ORM spent
@@ -173,20 +157,7 @@ def campaign_page_for_user(*, user, name: str) -> CampaignPage | None:
     the open review count and the newest finished batch: one round trip where
     the ORM takes six (bench/RESULTS.md, "The campaign page's header in one query
     (2026-11-30)")."""
-    row = page_queries.campaign_page_row(user=user, name=name)
-    if row is None:
-        return None
-    if row.checkpoint is not None:
-        row.checkpoint.campaign = row.campaign
-        row.checkpoint.decided_by = row.decider
-    return CampaignPage(
-        campaign=row.campaign,
-        reconciliation=row.reconciliation,
-        latest_profile=row.profile,
-        checkpoint=row.checkpoint,
-        open_review_items=row.open_review_items,
-        newest_finished_batch=row.newest_finished_batch,
-    )
+    return page_queries.campaign_page(user=user, name=name)
 
 
 def unit_lineage(*, campaign: Campaign, pk: int) -> tuple[Unit, list[Attempt]] | None:

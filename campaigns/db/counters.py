@@ -95,7 +95,7 @@ class CounterTriggers:
         HAVING sum(n) <> 0;
     END $$
     """
-        delta = f"""
+        delta_function = f"""
     CREATE OR REPLACE FUNCTION {self._function("delta")}() RETURNS trigger
     LANGUAGE plpgsql AS $$
     DECLARE
@@ -149,36 +149,32 @@ class CounterTriggers:
         RETURN NULL;
     END $$
     """
-        source, run_delta = self.source_table, f"EXECUTE FUNCTION {self._function('delta')}()"
-        run_forget = f"EXECUTE FUNCTION {self._function('forget')}()"
+        source = self.source_table
+        delta, forget_rows = self._function("delta"), self._function("forget")
+        # (trigger, event, table, its transition tables, the function it runs)
+        triggers = [
+            ("insert", "INSERT", source, f"NEW TABLE AS {new}", delta),
+            ("update", "UPDATE", source, f"OLD TABLE AS {old} NEW TABLE AS {new}", delta),
+            ("delete", "DELETE", source, f"OLD TABLE AS {old}", delta),
+            ("truncate", "TRUNCATE", source, None, forget_rows),
+            (
+                "campaign_delete",
+                "DELETE",
+                self.campaign_table,
+                "OLD TABLE AS old_campaigns",
+                forget_rows,
+            ),
+        ]
         return [
             compact,
-            delta,
+            delta_function,
             forget,
-            f"""
-    CREATE TRIGGER {self._trigger("insert")} AFTER INSERT ON {source}
-    REFERENCING NEW TABLE AS {new}
-    FOR EACH STATEMENT {run_delta}
-    """,
-            f"""
-    CREATE TRIGGER {self._trigger("update")} AFTER UPDATE ON {source}
-    REFERENCING OLD TABLE AS {old} NEW TABLE AS {new}
-    FOR EACH STATEMENT {run_delta}
-    """,
-            f"""
-    CREATE TRIGGER {self._trigger("delete")} AFTER DELETE ON {source}
-    REFERENCING OLD TABLE AS {old}
-    FOR EACH STATEMENT {run_delta}
-    """,
-            f"""
-    CREATE TRIGGER {self._trigger("truncate")} AFTER TRUNCATE ON {source}
-    FOR EACH STATEMENT {run_forget}
-    """,
-            f"""
-    CREATE TRIGGER {self._trigger("campaign_delete")} AFTER DELETE ON {self.campaign_table}
-    REFERENCING OLD TABLE AS old_campaigns
-    FOR EACH STATEMENT {run_forget}
-    """,
+            *(
+                f"CREATE TRIGGER {self._trigger(role)} AFTER {event} ON {table}"
+                + (f" REFERENCING {tables}" if tables else "")
+                + f" FOR EACH STATEMENT EXECUTE FUNCTION {function}()"
+                for role, event, table, tables, function in triggers
+            ),
         ]
 
     @property

@@ -14,7 +14,7 @@ of units.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
 from django.db import connection
@@ -206,16 +206,18 @@ def campaign_row_for_user(*, user, name: str) -> Campaign | None:
     return None if row is None else _campaign_from(iter(row))
 
 
-class CampaignPageRow(NamedTuple):
-    """campaign_page_row's instances and values, as read."""
+@dataclass
+class CampaignPage:
+    """The campaign page's one-of-a-kind facts, read in one query."""
 
     campaign: Campaign
     reconciliation: Reconciliation | None
-    profile: Profile | None
-    checkpoint: Checkpoint | None
-    decider: object | None  # the user who decided the checkpoint
+    latest_profile: Profile | None
+    checkpoint: Checkpoint | None  # of the current version, decided_by loaded
     open_review_items: int
-    newest_finished_batch: object  # its finished_at, as the database gives it
+    # The newest finished batch's finished_at, as the database gives it: the
+    # batch panels' cache key (batch_stats.batch_panels).
+    newest_finished_batch: object
 
 
 @functools.cache
@@ -244,7 +246,7 @@ WHERE c.name = %(name)s AND {_MAY_SEE}
 """
 
 
-def campaign_page_row(*, user, name: str) -> CampaignPageRow | None:
+def campaign_page(*, user, name: str) -> CampaignPage | None:
     """The named campaign if the user may see it, with its project, current
     version, last verify, latest profile, the current version's checkpoint and
     who decided it, the open review count and the newest finished batch's
@@ -263,12 +265,14 @@ def campaign_page_row(*, user, name: str) -> CampaignPageRow | None:
     checkpoint = sql_rows.instance(Checkpoint, values, _CHECKPOINT_FIELDS)
     decider = sql_rows.instance(get_user_model(), values, _decider_fields())
     open_review_items, newest_finished_batch = values
-    return CampaignPageRow(
+    if checkpoint is not None:
+        checkpoint.campaign = campaign
+        checkpoint.decided_by = decider
+    return CampaignPage(
         campaign=campaign,
         reconciliation=reconciliation,
-        profile=profile,
+        latest_profile=profile,
         checkpoint=checkpoint,
-        decider=decider,
         open_review_items=int(open_review_items),  # SUM(bigint) is numeric on PostgreSQL
         newest_finished_batch=newest_finished_batch,
     )

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator, Sequence
+from typing import Generic, TypeVar
 
 from django.db import connection
 from django.db.models import Model
+
+M = TypeVar("M", bound=Model)
 
 
 def _fields(model: type[Model], names: Sequence[str]):
@@ -29,28 +32,28 @@ def columns(model: type[Model], alias: str, names: Sequence[str] = ()) -> str:
     return ", ".join(f"{alias}.{quote(f.column)}" for f in fields)
 
 
-def instance(model: type[Model], values: Iterator, names: Sequence[str] = ()) -> Model | None:
+def instance(model: type[M], values: Iterator, names: Sequence[str] = ()) -> M | None:
     """The instance whose columns `columns(model, alias, names)` selected, taken
     from `values` (an iterator over the row); None when its primary key is NULL
     (a LEFT JOIN that found nothing). Fields not named are deferred."""
     return reader(model, tuple(names))(values)
 
 
-def reader(model: type[Model], names: tuple[str, ...] = ()) -> Reader:
+def reader(model: type[M], names: tuple[str, ...] = ()) -> Reader[M]:
     """`instance` for many rows, its fields and converters found once a process
     (the worker reads a batch's units, ~40 rows of 20 columns, every batch)."""
     return _reader(model, names, connection.vendor, connection.alias)
 
 
 @functools.cache
-def _reader(model: type[Model], names: tuple[str, ...], vendor: str, alias: str) -> Reader:
+def _reader(model: type[M], names: tuple[str, ...], vendor: str, alias: str) -> Reader[M]:
     # The converters are the ORM's for this database; the SQLite ones read
     # only settings (the time zone) from the connection they were found on.
     return Reader(model, names, alias)
 
 
-class Reader:
-    def __init__(self, model: type[Model], names: Sequence[str], alias: str):
+class Reader(Generic[M]):
+    def __init__(self, model: type[M], names: Sequence[str], alias: str):
         self.model, self.alias = model, alias
         fields = _fields(model, names) if names else model._meta.concrete_fields
         self.attnames = [f.attname for f in fields]
@@ -66,7 +69,7 @@ class Reader:
             )
         self.pk_index = next((i for i, f in enumerate(fields) if f is model._meta.pk), None)
 
-    def __call__(self, values: Iterator) -> Model | None:
+    def __call__(self, values: Iterator) -> M | None:
         converted = []
         for converters in self.converters:
             value = next(values)

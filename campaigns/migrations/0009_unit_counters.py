@@ -18,16 +18,11 @@ from django.db import migrations, models
 
 from campaigns.db.counters import CounterTriggers
 
+# Its advisory locks' pg_locks.classid is "unit" in ASCII.
 UNIT_COUNTS = CounterTriggers(
-    label="unit counters",
-    source_table="campaigns_unit",
-    counter_table="campaigns_unitcount",
-    trigger_prefix="unitcount",
-    transition_name="units",
-    keys=("state", "error_class"),
-    # Identifies this feature's advisory locks (pg_locks.classid): "unit" in ASCII.
-    advisory_lock_class=0x756E6974,
-    fold_one_in=256,
+    label="unit counters", source_table="campaigns_unit", counter_table="campaigns_unitcount",
+    trigger_prefix="unitcount", transition_name="units", keys=("state", "error_class"),
+    advisory_lock_class=0x756E6974, fold_one_in=256,
 )
 
 # The id prefix search (uid LIKE 'abc%'): a btree under a non-C collation

@@ -20,16 +20,11 @@ from django.db import migrations, models
 
 from campaigns.db.counters import CounterTriggers
 
+# Its advisory locks' pg_locks.classid is "revw" in ASCII.
 OPEN_REVIEW_ITEMS = CounterTriggers(
-    label="review counters",
-    source_table="campaigns_reviewitem",
-    counter_table="campaigns_reviewcount",
-    trigger_prefix="reviewcount",
-    transition_name="items",
-    only_when=("state", "open"),
-    # This feature's advisory locks (pg_locks.classid): "revw" in ASCII.
-    advisory_lock_class=0x72657677,
-    fold_one_in=64,
+    label="review counters", source_table="campaigns_reviewitem",
+    counter_table="campaigns_reviewcount", trigger_prefix="reviewcount", transition_name="items",
+    only_when=("state", "open"), advisory_lock_class=0x72657677, fold_one_in=64,
 )
 
 

@@ -1,0 +1,2 @@
+"""What a campaign produced, as files: the inventory (manifest, results, errors,
+batches), image predictions and features, streamed CSV."""

@@ -1,0 +1,1 @@
+"""verify: the database against the disk, one verdict per unit."""

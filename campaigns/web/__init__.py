@@ -1,0 +1,1 @@
+"""The campaigns pages: views, forms and URLs. Thin: selectors read, services write."""

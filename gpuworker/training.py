@@ -5,7 +5,7 @@ epoch) and dropout is seeded per step, so a run resumed from a checkpoint
 takes the same steps and reaches the same loss as one never interrupted. A
 "step" is one optimizer step over `batch_size × accumulate` examples. Every
 `checkpoint_every` steps (and at the end) the weights, the optimizer's state
-and the linkage go to a checkpoint (gpuworker/checkpoints.py) with the loss
+and the linkage go to a checkpoint (campaigns/storage/checkpoint_files.py) with the loss
 and the held-out metric of that moment.
 """
 

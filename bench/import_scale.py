@@ -1,4 +1,4 @@
-"""Import of a trusted manifest at scale (issue 8): rows/s and peak RSS.
+"""Import of a trusted manifest at scale: rows/s and peak RSS.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/helper_import \\
         .venv/bin/python bench/import_scale.py --rows 1000000

@@ -1,4 +1,4 @@
-"""`campaign run` over a million pending units (issue 8, phase 2): batches/s.
+"""`campaign run` over a million pending units at scale: batches/s.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/helper_import \\
         .venv/bin/python bench/run_scale.py --units 1000000 [--old]
@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 
 def old_run(campaign, batching, Batch, Unit, UnitState, transaction) -> int:
-    """campaign_run's loop before issue 8, for comparison."""
+    """A batch INSERT and a claiming UPDATE per batch, the loop `--old` compares with."""
     version = campaign.current_version
     policy = batching.batch_policy(version.params)
     pending_units = Unit.objects.filter(campaign=campaign, state=UnitState.PENDING)

@@ -7,11 +7,11 @@
 Runs on a throw-away SQLite database and folders under a temp dir (or
 --database-url for PostgreSQL). Inputs are small text files; outputs are real
 384-d float32 vectors, written directly (the model is not what is measured
-here): by default as the text embedding writes them now, shards of --shard-rows
+here): by default as the text embedding writes them, shards of --shard-rows
 rows whose units are drawn at random (a token budget groups by length, so a
 batch's units are scattered in id order: the reader's worst case); with
---layout files, one .npy a unit at its deterministic path, as before
-session 12. Results go in bench/RESULTS.md.
+--layout files, one .npy a unit at its deterministic path (the layout older
+campaigns still have). Results go in bench/RESULTS.md.
 """
 
 from __future__ import annotations

@@ -34,4 +34,5 @@ def units_claim(*, pairs: Sequence[tuple[int, int]]) -> int:
             f"AND {table}.{state} = %s",
             [UnitState.QUEUED, *(x for pair in pairs for x in pair), UnitState.PENDING],
         )
-        return cursor.rowcount
+        claimed: int = cursor.rowcount
+        return claimed

@@ -1,9 +1,8 @@
 """On PostgreSQL, check a unit's campaign once per statement, not once per row.
 
 A foreign key makes PostgreSQL run one `SELECT … FOR KEY SHARE` on
-campaigns_campaign per inserted unit, at commit: measured at 1.8 s of backend
-CPU per 200,000 imported units, about two fifths of an import's database work
-(bench/RESULTS.md, "Import at scale"). Here the constraint is replaced by two
+campaigns_campaign per inserted unit, at commit: a large share of an import's
+database work (bench/RESULTS.md, "Import at scale — `bench/import_scale.py`"). Here the constraint is replaced by two
 triggers that keep the same guarantees with one query per statement:
 
 - after each INSERT on campaigns_unit, the statement's campaigns (DISTINCT

@@ -67,8 +67,8 @@ def batch_panels(*, campaign: Campaign, newest_finished=_NOT_READ) -> BatchPanel
     """The policy comparison, the memory chart (drawn) and its warning.
 
     The aggregate reads every finished batch of the campaign, tens of
-    milliseconds at a large campaign (bench/RESULTS.md, "Pages at scale (issue
-    8) — `bench/pages_scale.py`"), the chart the last 200 and formats 800
+    milliseconds at a large campaign (bench/RESULTS.md, "Pages at scale —
+    `bench/pages_scale.py`"), the chart the last 200 and formats 800
     points: all are computed again only when a batch finished
     since, which the newest finished_at tells from one index entry
     (batch_done_finished), the key of the cached panels. A caller that read

@@ -29,7 +29,7 @@ _UNIT_ROW = (
 def unit_rows(rows):
     """The unit table's rows, escaped, in one call: cheaper than the template's
     own loop over 50 rows of seven cells, on a page polled while a run goes
-    (bench/RESULTS.md, "Pages at scale")."""
+    (bench/RESULTS.md, "Pages at scale — `bench/pages_scale.py`")."""
     return format_html_join(
         "\n",
         _UNIT_ROW,

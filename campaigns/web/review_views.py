@@ -103,7 +103,7 @@ def _filtered(request: HttpRequest, filters: Filters, *, state: bool = True) -> 
     if filters.campaign:
         # The campaign's id first: filtering by name joins every open item to
         # its campaign, which is slow at tens of thousands of open items
-        # (bench/RESULTS.md, "Pages at scale").
+        # (bench/RESULTS.md, "Pages at scale — `bench/pages_scale.py`").
         campaign_id = (
             selectors.campaigns_for_user(request.user)
             .filter(name=filters.campaign)

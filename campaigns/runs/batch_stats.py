@@ -20,6 +20,14 @@ CREEP_WINDOW = 8
 WARM_UP = 3
 
 
+def padding(real_tokens: int | None, padded_tokens: int | None) -> float | None:
+    """Padded over real tokens; None where a processor reports no padded tokens
+    (a plugin that reads tokens but pads nothing) or no real ones."""
+    if not real_tokens or padded_tokens is None:
+        return None
+    return padded_tokens / real_tokens
+
+
 @dataclass
 class PolicyRow:
     version: str
@@ -27,12 +35,12 @@ class PolicyRow:
     batches: int
     items: int
     real_tokens: int
-    padded_tokens: int
+    padded_tokens: int | None
     seconds: float
 
     @property
     def padding(self) -> float | None:
-        return self.padded_tokens / self.real_tokens if self.real_tokens else None
+        return padding(self.real_tokens, self.padded_tokens)
 
     @property
     def items_per_second(self) -> float | None:
@@ -247,7 +255,7 @@ class BatchRow:
 
     @property
     def padding(self) -> float | None:
-        return self.padded_tokens / self.real_tokens if self.real_tokens else None
+        return padding(self.real_tokens, self.padded_tokens)
 
 
 def _recent_rows(campaign: Campaign) -> list[BatchRow]:

@@ -367,6 +367,14 @@ def _campaign_new(request: HttpRequest, *, refused_uploads: set[str]) -> HttpRes
     except (ValidationError, importing.ManifestError) as exc:
         form.add_error(None, "; ".join(getattr(exc, "messages", [str(exc)])))
         return render(request, "campaigns/campaign_new.html", {"form": form}, status=400)
+    if adaptation.is_adaptation(campaign):
+        # Its run is a training, started and followed on its own page.
+        messages.success(
+            request,
+            f"Created {campaign.name}: {report.created} examples "
+            f"({report.failed} failed at import).",
+        )
+        return training_views.training_start(request, campaign.name)
     batches, more = start.campaign_start(campaign=campaign)
     messages.success(
         request,

@@ -354,3 +354,44 @@ def test_the_setup_form_still_needs_its_csrf_token(owner, roots, send):
     response = client.post(NEW, _form(roots, action="create"))
     assert response.status_code == 403
     assert not Campaign.objects.exists() and not send.called
+
+
+def test_create_and_start_of_an_adaptation_campaign_starts_its_training(
+    client, owner, roots, tmp_path, settings, django_capture_on_commit_callbacks
+):
+    # given: a folder of example pairs in an allowed root
+    import json
+
+    from campaigns.adaptation import services as adaptation
+    from campaigns.models import Training
+    from campaigns.specs.adaptation import TEXT_ADAPTATION
+
+    pairs = tmp_path / "pairs"
+    pairs.mkdir()
+    for i in range(8):
+        (pairs / f"p{i}.json").write_text(json.dumps({"anchor": f"q {i}", "positive": f"a {i}"}))
+    settings.CORPUS_ROOTS = [tmp_path]
+    form = {
+        "project": "acme",
+        "name": "web-tuned",
+        "processor": "text-adaptation",
+        "folder": str(pairs),
+        "action": "create",
+        **{f"param_{k}": v for k, v in TEXT_ADAPTATION.clean({}).items()},
+    }
+    client.force_login(owner)
+
+    # when
+    with (
+        mock.patch.object(adaptation.celery_app, "send_task") as send,
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        response = client.post(NEW, form)
+
+    # then: its training is queued and the user lands on the training page
+    campaign = Campaign.objects.get(name="web-tuned")
+    assert response.status_code == 302
+    assert response.url == reverse("training_page", args=[campaign.name])
+    assert Training.objects.get(campaign=campaign).state == Training.State.QUEUED
+    assert send.call_count == 1
+    assert Unit.objects.filter(campaign=campaign).count() == 8

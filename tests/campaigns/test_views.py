@@ -470,3 +470,23 @@ def test_memory_that_creeps_up_batch_after_batch_raises_a_warning(client, owner,
     html = client.get(_detail(campaign)).content.decode()
     assert 'id="memory-warning"' in html
     assert "RSS memory after a batch rose in 7 of the last 7 batches" in html
+
+
+def test_batches_with_real_tokens_but_no_padded_tokens_show_without_a_padding_figure(
+    client, owner, campaign
+):
+    # given: a processor that reports the tokens it read but pads nothing (as the
+    # documented plugin example, tests/plugins/text_stats.py, does)
+    _finished_batches(
+        campaign, [("original", 16, 1000, None, 2.0, 500 << 20), ("original", 8, 500, None, 1.0, 0)]
+    )
+    client.force_login(owner)
+
+    # when
+    response = client.get(_detail(campaign))
+
+    # then: the page, its policy table and its list of batches, with no padding figure
+    assert response.status_code == 200
+    html = response.content.decode()
+    original = html.split('data-policy="original"')[1].split("</tr>")[0]
+    assert "×" not in original and "8.0" in original  # 24 items in 3 s

@@ -12,6 +12,7 @@ from django.db import transaction
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
+from campaigns import selectors
 from campaigns.db.unit_claims import units_claim
 from campaigns.models import Batch, Campaign, ParameterVersion, Unit
 from campaigns.review.queue import run_allowance, units_runnable
@@ -69,6 +70,22 @@ def campaign_start(*, campaign: Campaign) -> tuple[int, bool]:
         args = [campaign.pk, since.isoformat()]
         transaction.on_commit(lambda: celery_app.send_task(PLAN_TASK, args=args))
     return batches, more
+
+
+def nothing_queued_reason(*, campaign: Campaign) -> str:
+    """Why a run of the campaign queued no batch, as the person who pressed Run
+    reads it: no pending unit left, or pending units held by the checkpoint."""
+    pending = selectors.campaign_counts(campaign=campaign).pending
+    if pending == 0:
+        return "Nothing to run: no pending units."
+    version = campaign.current_version
+    units = f"{pending} pending unit{'s' if pending != 1 else ''}"
+    if version is not None and run_allowance(campaign=campaign, version=version) == 0:
+        return (
+            f"Nothing to run yet: {units} wait for the checkpoint of v{version.number}. "
+            "Review its spot check and pass it, and the run goes on."
+        )
+    return f"Nothing to run: {units}, none of them runnable now (held by review)."
 
 
 def campaign_run_rest(*, campaign: Campaign, since: dt.datetime) -> int:

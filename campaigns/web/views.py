@@ -283,7 +283,7 @@ def campaign_run(request: HttpRequest, name: str) -> HttpResponse:
                 + (_PLANNING_ON if more else ""),
             )
         else:
-            messages.info(request, "Nothing to run: no pending units.")
+            messages.info(request, start.nothing_queued_reason(campaign=campaign))
     return redirect("campaign_detail", name=campaign.name)
 
 

@@ -490,3 +490,36 @@ def test_batches_with_real_tokens_but_no_padded_tokens_show_without_a_padding_fi
     html = response.content.decode()
     original = html.split('data-policy="original"')[1].split("</tr>")[0]
     assert "×" not in original and "8.0" in original  # 24 items in 3 s
+
+
+def test_run_while_the_checkpoint_waits_says_so_instead_of_no_pending_units(
+    client, owner, campaign
+):
+    # given: a checkpoint after 5 units, reached (the holdout ran with them) and
+    # waiting for its spot check
+    from campaigns.models import Batch, Checkpoint
+
+    campaign.checkpoint_after = 5
+    campaign.save(update_fields=["checkpoint_after"])
+    version = campaign.current_version
+    ran = Batch.objects.create(campaign=campaign, version=version, size=5, state="done")
+    first = Unit.objects.filter(campaign=campaign, holdout=False, state=UnitState.PENDING)
+    Unit.objects.filter(pk__in=list(first.values_list("pk", flat=True)[:5])).update(
+        state=UnitState.SUCCEEDED, batch=ran
+    )
+    Unit.objects.filter(campaign=campaign, holdout=True).update(
+        state=UnitState.SUCCEEDED, batch=ran
+    )
+    Checkpoint.objects.create(campaign=campaign, version=version, after_units=5)
+    pending = Unit.objects.filter(campaign=campaign, state=UnitState.PENDING).count()
+    client.force_login(owner)
+
+    # when
+    with mock.patch.object(start.celery_app, "send_task") as send:
+        page = client.post(reverse("campaign_run", args=[campaign.name]), follow=True)
+
+    # then: nothing is sent, and the message names the checkpoint and the pending units
+    html = page.content.decode()
+    assert send.call_count == 0
+    assert f"{pending} pending units wait for the checkpoint of v{version.number}" in html
+    assert "no pending units" not in html

@@ -137,3 +137,72 @@ def profile_comparison(*, profile: Profile, other: Profile) -> dict:
         "same_version": profile.version_id == other.version_id,
         "rows": rows,
     }
+
+
+# --- as text, for the command line -------------------------------------------------
+
+
+def profile_text(report: dict) -> list[str]:
+    """The report as the `campaign profile` command prints it, a line a string."""
+    lines: list[str] = []
+    out = lines.append
+    mib = 1024 * 1024
+    out(f"profile {report['profile']} of {report['campaign']} on {report['device']}")
+    source = f" ({report['budget_source']})" if report.get("budget_source") else ""
+    out(f"  budget {report['memory_budget'] / mib:.0f} MiB{source}, margin {report['margin']:.0%}")
+    out(
+        f"  {'phase':<20} {'batch':>6}  prepare s  compute s    write s  items/s  "
+        "peak alloc MiB  peak reserved MiB  fits"
+    )
+    for s in report["steps"]:
+        rate = f"{s['items_per_s']:.1f}" if s.get("items_per_s") else "OOM"
+        if s.get("error"):
+            rate = "error"
+        seconds = "".join(
+            f"{s[key]:>11.3f}" if s.get(key) is not None else f"{'—':>11}"
+            for key in ("prepare_s", "compute_s", "write_s")
+        )
+        phase = f"{s['phase']} ({s['kind']})" if s.get("kind") else s["phase"]
+        out(
+            f"  {phase:<20} {s['batch_size']:>6}{seconds} {rate:>8} "
+            f"{s['peak_allocated'] / mib:>15.0f} {s['peak_reserved'] / mib:>18.0f}  "
+            f"{'yes' if s['fits'] else 'no'}"
+        )
+    if report["chosen_batch_size"]:
+        out(
+            f"chosen batch size: {report['chosen_batch_size']} (peak reserved "
+            f"{report['chosen_peak_reserved'] / mib:.0f} MiB on the heaviest inputs)"
+        )
+    out(f"leak check: {report['leak'].get('message', 'not run')}")
+    estimate = report["estimate"]
+    if estimate:
+        out(
+            f"estimate: {estimate['hours_measured_device']:.3f} h on {estimate['device']} "
+            f"(sample mean would say {estimate['hours_naive_sample_mean']:.3f} h), "
+            f"memory tier {estimate['memory_tier_gb']} GB"
+        )
+        for line in estimate["reasoning"]:
+            out(f"  - {line}")
+    if report["error"]:
+        out(f"error: {report['error']}")
+    return lines
+
+
+def comparison_text(comparison: dict) -> list[str]:
+    """A re-run against the profile it repeats, as `campaign profile --rerun` prints it."""
+    lines: list[str] = []
+    out = lines.append
+    this, other = comparison["profile"], comparison["other"]
+    same = "the same sample" if comparison["same_sample"] else "a different sample"
+    out(
+        f"re-run of profile {other['profile']} ({same}): profile {other['profile']} on "
+        f"{other['device'] or '?'} → profile {this['profile']} on {this['device'] or '?'}"
+    )
+    mib = 1024 * 1024
+    for row in comparison["rows"]:
+        a, b = row["this"], row["other"]
+        if row["field"] == "chosen_peak_reserved":
+            a, b = (f"{v / mib:.0f} MiB" if v is not None else "—" for v in (a, b))
+        change = f" ({row['change']:+.1f}%)" if row["change"] is not None else ""
+        out(f"  {row['label'].lower()}: {b} → {a}{change}")
+    return lines

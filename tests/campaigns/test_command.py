@@ -130,3 +130,66 @@ def test_export_writes_the_dossier_files(corpus, tmp_path):
     results = (tmp_path / "dossier" / "results.csv").read_text().splitlines()
     assert results[0] == "id,source_path,output_path,state,error_class,output_size,output_sha256"
     assert len(results) == 40
+
+
+def _waiting_at_checkpoint(campaign):
+    """The first group (5 units and the holdout) ran; the checkpoint waits."""
+    from campaigns.models import Batch, Checkpoint
+
+    campaign.checkpoint_after = 5
+    campaign.save(update_fields=["checkpoint_after"])
+    version = campaign.current_version
+    ran = Batch.objects.create(campaign=campaign, version=version, size=5, state="done")
+    first = Unit.objects.filter(campaign=campaign, holdout=False).values_list("pk", flat=True)
+    Unit.objects.filter(pk__in=list(first[:5])).update(state=UnitState.SUCCEEDED, batch=ran)
+    Unit.objects.filter(campaign=campaign, holdout=True).update(
+        state=UnitState.SUCCEEDED, batch=ran
+    )
+    return Checkpoint.objects.create(campaign=campaign, version=version, after_units=5)
+
+
+@pytest.mark.django_db
+def test_checkpoint_pass_from_the_command_line_records_the_reviewer_and_runs_on(
+    make_campaign, owner, django_capture_on_commit_callbacks
+):
+    # given
+    from unittest import mock
+
+    from campaigns.runs import start
+
+    campaign = make_campaign("texts")
+    checkpoint = _waiting_at_checkpoint(campaign)
+    pending = Unit.objects.filter(campaign=campaign, state=UnitState.PENDING).count()
+
+    # when
+    with (
+        mock.patch.object(start.celery_app, "send_task") as send,
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        out = _call(
+            "checkpoint", "texts", "pass", "--note", "spot check fine", "--as", owner.username
+        )
+
+    # then
+    checkpoint.refresh_from_db()
+    assert checkpoint.state == checkpoint.State.PASSED
+    assert (checkpoint.decided_by, checkpoint.reason) == (owner, "spot check fine")
+    assert "checkpoint passed: enqueued" in out and send.called
+    assert Unit.objects.filter(campaign=campaign, state=UnitState.QUEUED).count() == pending
+
+
+@pytest.mark.django_db
+def test_checkpoint_fail_needs_a_reason_and_none_waiting_is_a_clear_error(make_campaign):
+    campaign = make_campaign("texts")
+    with pytest.raises(CommandError, match="no checkpoint of texts's current version waits"):
+        _call("checkpoint", "texts", "pass")
+    checkpoint = _waiting_at_checkpoint(campaign)
+
+    with pytest.raises(CommandError, match="failing a checkpoint needs a reason"):
+        _call("checkpoint", "texts", "fail")
+    out = _call("checkpoint", "texts", "fail", "--note", "labels swapped")
+
+    checkpoint.refresh_from_db()
+    assert checkpoint.state == checkpoint.State.FAILED and checkpoint.reason == "labels swapped"
+    assert "checkpoint failed" in out
+    assert not Unit.objects.filter(campaign=campaign, state=UnitState.QUEUED).exists()

@@ -1,4 +1,4 @@
-"""`python manage.py campaign create|import|run|list|status` (documented in README.md)."""
+"""`python manage.py campaign create|import|run|checkpoint|list|status|…` (README.md)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
@@ -17,8 +18,8 @@ from campaigns.adaptation import services as adaptation
 from campaigns.exports.inventory import export
 from campaigns.intake import importing
 from campaigns.intake.importing import ManifestError
-from campaigns.models import Campaign, Training
-from campaigns.review.queue import verification_status
+from campaigns.models import Campaign, Checkpoint, Training
+from campaigns.review.queue import checkpoint_decide, verification_status
 from campaigns.runs import control, setup, start
 from campaigns.specs.processors import all_specs
 from campaigns.verify.reconcile import Verdict, campaign_verify
@@ -143,6 +144,15 @@ class Command(BaseCommand):
             "maximum batch (--budget-mb still applies), and compare the two",
         )
         profile.add_argument("--json", action="store_true")
+
+        checkpoint = sub.add_parser(
+            "checkpoint",
+            help="pass or fail the checkpoint that waits for the current version's spot check",
+        )
+        checkpoint.add_argument("name")
+        checkpoint.add_argument("verdict", choices=["pass", "fail"])
+        checkpoint.add_argument("--note", default="", help="why (a failure needs one)")
+        checkpoint.add_argument("--as", dest="user", default=None, help="the reviewer's username")
 
         status = sub.add_parser("status", help="counts of one campaign")
         status.add_argument("name")
@@ -354,7 +364,12 @@ class Command(BaseCommand):
         self, *, name, margin, budget_mb, max_batch, sample, heavy, rerun, json: bool, **_
     ):
         from campaigns.models import Profile
-        from campaigns.profiles.report import profile_comparison, profile_report
+        from campaigns.profiles.report import (
+            comparison_text,
+            profile_comparison,
+            profile_report,
+            profile_text,
+        )
         from campaigns.profiles.services import profile_create, profile_rerun
         from gpuworker.profiler import profile_run  # this command runs the model
 
@@ -386,72 +401,37 @@ class Command(BaseCommand):
         if json:
             self.stdout.write(_json.dumps(report, indent=2, default=str))
         else:
-            self._print_profile(report)
+            lines = profile_text(report)
             if original is not None:
-                self._print_comparison(report["compared_with"])
+                lines += comparison_text(report["compared_with"])
+            for line in lines:
+                self.stdout.write(line)
         if profile.state != profile.State.DONE:
             raise CommandError(f"profile failed: {profile.error}")
 
-    def _print_profile(self, report: dict) -> None:
-        mib = 1024 * 1024
-        out = self.stdout.write
-        out(f"profile {report['profile']} of {report['campaign']} on {report['device']}")
-        source = f" ({report['budget_source']})" if report.get("budget_source") else ""
-        out(
-            f"  budget {report['memory_budget'] / mib:.0f} MiB{source}, "
-            f"margin {report['margin']:.0%}"
+    def _checkpoint(self, *, name, verdict: str, note: str, user, **_):
+        campaign = self._campaign(name)
+        waiting = Checkpoint.objects.filter(
+            campaign=campaign, version=campaign.current_version, state=Checkpoint.State.PENDING
+        ).first()
+        if waiting is None:
+            raise CommandError(f"no checkpoint of {campaign.name}'s current version waits")
+        reviewer = None
+        if user is not None:
+            reviewer = get_user_model().objects.filter(username=user).first()
+            if reviewer is None:
+                raise CommandError(f"no user named {user!r}")
+        checkpoint_decide(checkpoint=waiting, passed=verdict == "pass", user=reviewer, reason=note)
+        if verdict == "fail":
+            self.stdout.write(
+                "checkpoint failed: the campaign stays where it is until the method changes "
+                "(save changed parameters: a new parameter version)"
+            )
+            return
+        batches = start.campaign_run(campaign=campaign)
+        self.stdout.write(
+            f"checkpoint passed: enqueued {batches} batch{'es' if batches != 1 else ''}"
         )
-        out(
-            f"  {'phase':<20} {'batch':>6}  prepare s  compute s    write s  items/s  "
-            "peak alloc MiB  peak reserved MiB  fits"
-        )
-        for s in report["steps"]:
-            rate = f"{s['items_per_s']:.1f}" if s.get("items_per_s") else "OOM"
-            if s.get("error"):
-                rate = "error"
-            seconds = "".join(
-                f"{s[key]:>11.3f}" if s.get(key) is not None else f"{'—':>11}"
-                for key in ("prepare_s", "compute_s", "write_s")
-            )
-            phase = f"{s['phase']} ({s['kind']})" if s.get("kind") else s["phase"]
-            out(
-                f"  {phase:<20} {s['batch_size']:>6}{seconds} {rate:>8} "
-                f"{s['peak_allocated'] / mib:>15.0f} {s['peak_reserved'] / mib:>18.0f}  "
-                f"{'yes' if s['fits'] else 'no'}"
-            )
-        if report["chosen_batch_size"]:
-            out(
-                f"chosen batch size: {report['chosen_batch_size']} (peak reserved "
-                f"{report['chosen_peak_reserved'] / mib:.0f} MiB on the heaviest inputs)"
-            )
-        out(f"leak check: {report['leak'].get('message', 'not run')}")
-        estimate = report["estimate"]
-        if estimate:
-            out(
-                f"estimate: {estimate['hours_measured_device']:.3f} h on {estimate['device']} "
-                f"(sample mean would say {estimate['hours_naive_sample_mean']:.3f} h), "
-                f"memory tier {estimate['memory_tier_gb']} GB"
-            )
-            for line in estimate["reasoning"]:
-                out(f"  - {line}")
-        if report["error"]:
-            out(f"error: {report['error']}")
-
-    def _print_comparison(self, comparison: dict) -> None:
-        this, other = comparison["profile"], comparison["other"]
-        out = self.stdout.write
-        same = "the same sample" if comparison["same_sample"] else "a different sample"
-        out(
-            f"re-run of profile {other['profile']} ({same}): profile {other['profile']} on "
-            f"{other['device'] or '?'} → profile {this['profile']} on {this['device'] or '?'}"
-        )
-        mib = 1024 * 1024
-        for row in comparison["rows"]:
-            a, b = row["this"], row["other"]
-            if row["field"] == "chosen_peak_reserved":
-                a, b = (f"{v / mib:.0f} MiB" if v is not None else "—" for v in (a, b))
-            change = f" ({row['change']:+.1f}%)" if row["change"] is not None else ""
-            out(f"  {row['label'].lower()}: {b} → {a}{change}")
 
     def _status(self, *, name, json: bool, **_):
         campaign = self._campaign(name)

@@ -5,6 +5,7 @@ commits. Also the send itself, which resume and the lease sweeps use too."""
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 
 from celery import current_app as celery_app
 from django.core.exceptions import ValidationError
@@ -72,20 +73,42 @@ def campaign_start(*, campaign: Campaign) -> tuple[int, bool]:
     return batches, more
 
 
+@dataclass(frozen=True)
+class Held:
+    """Pending units a run does not send now, and what holds them."""
+
+    pending: int
+    checkpoint_version: int | None  # the version whose checkpoint they wait for
+
+    def __str__(self) -> str:
+        units = f"{self.pending} pending unit{'s' if self.pending != 1 else ''}"
+        if self.checkpoint_version is not None:
+            return f"{units} wait for the checkpoint of v{self.checkpoint_version}"
+        return f"{units}, none of them runnable now (held by review)"
+
+
+def pending_held(*, campaign: Campaign) -> Held | None:
+    """What holds the campaign's pending units back from a run; None when
+    none is pending."""
+    pending = selectors.campaign_counts(campaign=campaign).pending
+    if pending == 0:
+        return None
+    version = campaign.current_version
+    at_checkpoint = version is not None and run_allowance(campaign=campaign, version=version) == 0
+    return Held(pending, version.number if at_checkpoint and version else None)
+
+
 def nothing_queued_reason(*, campaign: Campaign) -> str:
     """Why a run of the campaign queued no batch, as the person who pressed Run
     reads it: no pending unit left, or pending units held by the checkpoint."""
-    pending = selectors.campaign_counts(campaign=campaign).pending
-    if pending == 0:
+    held = pending_held(campaign=campaign)
+    if held is None:
         return "Nothing to run: no pending units."
-    version = campaign.current_version
-    units = f"{pending} pending unit{'s' if pending != 1 else ''}"
-    if version is not None and run_allowance(campaign=campaign, version=version) == 0:
+    if held.checkpoint_version is not None:
         return (
-            f"Nothing to run yet: {units} wait for the checkpoint of v{version.number}. "
-            "Review its spot check and pass it, and the run goes on."
+            f"Nothing to run yet: {held}. Review its spot check and pass it, and the run goes on."
         )
-    return f"Nothing to run: {units}, none of them runnable now (held by review)."
+    return f"Nothing to run: {held}."
 
 
 def campaign_run_rest(*, campaign: Campaign, since: dt.datetime) -> int:

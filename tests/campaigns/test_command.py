@@ -193,3 +193,25 @@ def test_checkpoint_fail_needs_a_reason_and_none_waiting_is_a_clear_error(make_c
     assert checkpoint.state == checkpoint.State.FAILED and checkpoint.reason == "labels swapped"
     assert "checkpoint failed" in out
     assert not Unit.objects.filter(campaign=campaign, state=UnitState.QUEUED).exists()
+
+
+@pytest.mark.django_db
+def test_run_wait_at_the_checkpoint_says_what_the_pending_units_wait_for(make_campaign):
+    # given: the first group ran and one of its units waits for review
+    campaign = make_campaign("texts")
+    _waiting_at_checkpoint(campaign)
+    Unit.objects.filter(campaign=campaign, state=UnitState.SUCCEEDED).filter(
+        pk=Unit.objects.filter(campaign=campaign, state=UnitState.SUCCEEDED).values("pk")[:1]
+    ).update(state=UnitState.NEEDS_REVIEW)
+    pending = Unit.objects.filter(campaign=campaign, state=UnitState.PENDING).count()
+
+    # when: nothing is queued, so --wait returns at once
+    out = _call("run", "texts", "--wait", "--timeout", "5")
+
+    # then
+    assert "enqueued 0 batches" in out
+    assert "1 need review" in out
+    assert (
+        f"stopped: {pending} pending units wait for the checkpoint of v1 "
+        "(campaign checkpoint texts pass|fail)"
+    ) in out

@@ -297,8 +297,12 @@ class Command(BaseCommand):
                 bar.update(counts.done - bar.n)
         self.stdout.write(
             f"{campaign.name}: {counts.succeeded} succeeded, {counts.failed} failed, "
-            f"{counts.pending} pending"
+            f"{counts.needs_review} need review, {counts.pending} pending"
         )
+        if held := start.pending_held(campaign=campaign):
+            at_checkpoint = held.checkpoint_version is not None
+            hint = f" (campaign checkpoint {campaign.name} pass|fail)" if at_checkpoint else ""
+            self.stdout.write(f"stopped: {held}{hint}")
 
     def _verify(self, *, name, json: bool, deep: bool, **_):
         report = campaign_verify(campaign=self._campaign(name), deep=deep)

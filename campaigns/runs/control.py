@@ -4,6 +4,7 @@ batches' tasks again and runs the pending units."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 from django.conf import settings
@@ -47,11 +48,12 @@ def campaign_pause(*, campaign: Campaign) -> int:
 
 
 def campaign_resume(
-    *, campaign: Campaign, retry_failed: bool = False
+    *, campaign: Campaign, retry_failed: bool | Collection[str] = False
 ) -> tuple[VerifyReport, int, int]:
     """verify, then enqueue only what needs it: pending, output missing or incomplete.
 
-    Failed units stay failed unless retry_failed; a changed input is then
+    Failed units stay failed unless retry_failed: True for every error class,
+    or the error classes to retry (the page's choice); a changed input is then
     recorded anew and its old output removed, so old and new never mix.
     Queued batches get their task sent again (a message lost with a crashed
     web process or broker); a duplicate message is a no-op for the worker.
@@ -59,7 +61,11 @@ def campaign_resume(
     """
     batches_requeue_expired(campaign=campaign)
     report = campaign_verify(campaign=campaign)
-    retried = _reset_failed(campaign) if retry_failed else 0
+    if retry_failed:
+        classes = None if retry_failed is True else set(retry_failed)
+        retried = _reset_failed(campaign, classes=classes)
+    else:
+        retried = 0
     # An output that could not be written (disk full) says nothing about the
     # input: like a missing output, it is done again.
     retried += Unit.objects.filter(
@@ -80,9 +86,12 @@ def campaign_resume(
     return report, retried, enqueued + len(resent)
 
 
-def _reset_failed(campaign: Campaign) -> int:
-    """Failed units back to pending where a retry can help; returns how many."""
+def _reset_failed(campaign: Campaign, *, classes: set[str] | None = None) -> int:
+    """Failed units (of these error classes, else all) back to pending where a
+    retry can help; returns how many."""
     failed = Unit.objects.filter(campaign=campaign, state=UnitState.FAILED)
+    if classes is not None:
+        failed = failed.filter(error_class__in=classes)
     root = Path(campaign.input_root)
     for unit in failed.filter(error_class=ErrorClass.INPUT_CHANGED):
         try:

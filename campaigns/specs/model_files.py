@@ -63,7 +63,7 @@ def check(recorded: dict[str, dict[str, str]]) -> None:
             )
         raise ModelFilesChanged(
             f"{problem}: save the parameters again to make a new version, then run the "
-            "failed units again (resume --retry-failed)"
+            "failed units again (Resume with their class ticked, or campaign resume --retry-failed)"
         )
 
 

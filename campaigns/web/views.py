@@ -408,11 +408,15 @@ def campaign_resume(request: HttpRequest, name: str) -> HttpResponse:
     campaign = _get_campaign_for_user(request, name)
     if adaptation.is_adaptation(campaign):
         return training_views.training_start(request, name)
-    report, _retried, batches = control.campaign_resume(campaign=campaign)
+    # Only classes the campaign has failures of: a tampered value retries nothing.
+    failing = selectors.campaign_counts(campaign=campaign).by_error
+    classes = [c for c in request.POST.getlist("retry") if c in failing]
+    report, retried, batches = control.campaign_resume(campaign=campaign, retry_failed=classes)
     messages.info(
         request,
         f"Resumed: verify found {report.counts['valid']} valid outputs; "
-        f"{batches} batch{'es' if batches != 1 else ''} queued.",
+        + (f"{retried} failed unit{'s' if retried != 1 else ''} retried; " if classes else "")
+        + f"{batches} batch{'es' if batches != 1 else ''} queued.",
     )
     return redirect("campaign_detail", name=campaign.name)
 

@@ -523,3 +523,40 @@ def test_run_while_the_checkpoint_waits_says_so_instead_of_no_pending_units(
     assert send.call_count == 0
     assert f"{pending} pending units wait for the checkpoint of v{version.number}" in html
     assert "no pending units" not in html
+
+
+def test_resume_on_the_page_retries_the_failed_units_of_the_classes_ticked(
+    client, owner, campaign, django_capture_on_commit_callbacks
+):
+    # given: failures of two classes
+    units = list(Unit.objects.filter(campaign=campaign, holdout=False).order_by("pk"))
+    Unit.objects.filter(pk__in=[u.pk for u in units[:3]]).update(
+        state=UnitState.FAILED, error_class="processing_error", error_message="boom"
+    )
+    Unit.objects.filter(pk__in=[u.pk for u in units[3:5]]).update(
+        state=UnitState.FAILED, error_class="out_of_memory", error_message="too big"
+    )
+    client.force_login(owner)
+    page = client.get(_detail(campaign)).content.decode()
+    assert 'name="retry" value="processing_error"' in page
+
+    # when: Resume with one class ticked (and a class the campaign has no failure of)
+    with (
+        mock.patch.object(start.celery_app, "send_task"),
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        page = client.post(
+            reverse("campaign_resume", args=[campaign.name]),
+            {"retry": ["processing_error", "input_missing"]},
+            follow=True,
+        )
+
+    # then: those three run again, the others stay failed with their reason
+    assert "3 failed units retried" in page.content.decode()
+    assert not Unit.objects.filter(campaign=campaign, error_class="processing_error").exists()
+    assert (
+        Unit.objects.filter(
+            campaign=campaign, state=UnitState.FAILED, error_class="out_of_memory"
+        ).count()
+        == 2
+    )

@@ -37,6 +37,7 @@ from campaigns.review import holdout, previews
 from campaigns.review import queue as review
 from campaigns.review.flags import FlagReason
 from campaigns.runs import start
+from campaigns.web.access import campaign_for_user_or_404
 
 Item = ReviewItem.State
 PANE = "review-item"
@@ -472,9 +473,7 @@ def checkpoint_decide(request: HttpRequest, pk: int) -> HttpResponse:
 def holdout_panel(request: HttpRequest, name: str) -> HttpResponse:
     """The holdout report as a fragment: the campaign page loads it after the page,
     since scoring reads every processed holdout output."""
-    campaign = selectors.campaign_for_user(user=request.user, name=name)
-    if campaign is None:
-        raise Http404("No such campaign.")
+    campaign = campaign_for_user_or_404(request, name)
     return render(request, "campaigns/checkpoint_detail.html#holdout", _holdout_context(campaign))
 
 

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from campaigns.web import training_views, views
+from campaigns.web import profile_views, training_views, views
 
 urlpatterns = [
     path("", views.campaign_list, name="campaign_list"),
@@ -13,11 +13,15 @@ urlpatterns = [
     path("<slug:name>/parameters/", views.campaign_params, name="campaign_params"),
     path("<slug:name>/export/<str:filename>", views.campaign_export, name="campaign_export"),
     path("<slug:name>/units/<int:pk>/", views.unit_detail, name="unit_detail"),
-    path("<slug:name>/profile/", views.campaign_profile, name="campaign_profile"),
-    path("<slug:name>/profile/start/", views.campaign_profile_start, name="campaign_profile_start"),
+    path("<slug:name>/profile/", profile_views.campaign_profile, name="campaign_profile"),
+    path(
+        "<slug:name>/profile/start/",
+        profile_views.campaign_profile_start,
+        name="campaign_profile_start",
+    ),
     path(
         "<slug:name>/profile/<int:pk>/rerun/",
-        views.campaign_profile_rerun,
+        profile_views.campaign_profile_rerun,
         name="campaign_profile_rerun",
     ),
     path("<slug:name>/training/", training_views.training_page, name="training_page"),

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -24,21 +23,16 @@ from campaigns.intake import importing, uploads
 from campaigns.models import (
     Campaign,
     ErrorClass,
-    Estimate,
-    Profile,
     Project,
     UnitState,
 )
-from campaigns.profiles import charts as profile_charts
-from campaigns.profiles.advice import advisor
-from campaigns.profiles.report import profile_comparison, profile_report
-from campaigns.profiles.services import latest_profile, profile_rerun_start, profile_start
 from campaigns.review import previews
 from campaigns.review import queue as review
 from campaigns.runs import batch_stats, control, setup, start
 from campaigns.specs import processors as processor_specs
 from campaigns.verify import reconcile
 from campaigns.web import training_views
+from campaigns.web.access import campaign_for_user_or_404
 from campaigns.web.forms import CampaignSetupForm, ParametersForm
 
 # The unit table's partial, and its htmx target id; and its rows', which
@@ -46,14 +40,6 @@ from campaigns.web.forms import CampaignSetupForm, ParametersForm
 UNIT_TABLE = "unit-table"
 UNIT_ROWS = "unit-rows"
 TIME = "%Y-%m-%d %H:%M"
-
-
-def _get_campaign_for_user(request: HttpRequest, name: str) -> Campaign:
-    """The campaign if the user may see it; outsiders get the same 404 as a wrong name."""
-    campaign = selectors.campaign_for_user(user=request.user, name=name)
-    if campaign is None:
-        raise Http404("No such campaign.")
-    return campaign
 
 
 @login_required
@@ -131,7 +117,7 @@ def _unit_table_fragment(request: HttpRequest, name: str, target: str) -> HttpRe
     """Filtering and paging swap the table only (no counts panel, no charts);
     its rows' poll (every 5 s while the campaign runs) the rows and pager only,
     so a filter being typed is left alone."""
-    campaign = _get_campaign_for_user(request, name)
+    campaign = campaign_for_user_or_404(request, name)
     live = selectors.campaign_counts(campaign=campaign).active
     context = {"campaign": campaign, "live": live, **_unit_table(request, campaign)}
     response = render(request, f"campaigns/campaign_detail.html#{target}", context)
@@ -211,7 +197,7 @@ def _unit_table(request: HttpRequest, campaign: Campaign) -> dict:
 @login_required
 @require_POST
 def campaign_verify(request: HttpRequest, name: str) -> HttpResponse:
-    campaign = _get_campaign_for_user(request, name)
+    campaign = campaign_for_user_or_404(request, name)
     report = reconcile.campaign_verify(campaign=campaign, deep=request.POST.get("deep") == "1")
     messages.info(
         request,
@@ -223,7 +209,7 @@ def campaign_verify(request: HttpRequest, name: str) -> HttpResponse:
 
 @login_required
 def campaign_export(request: HttpRequest, name: str, filename: str) -> HttpResponse:
-    campaign = _get_campaign_for_user(request, name)
+    campaign = campaign_for_user_or_404(request, name)
     generate = inventory.files_for(campaign).get(filename)
     if generate is None:
         raise Http404("No such export file.")
@@ -236,7 +222,7 @@ def campaign_export(request: HttpRequest, name: str, filename: str) -> HttpRespo
 
 @login_required
 def unit_detail(request: HttpRequest, name: str, pk: int) -> HttpResponse:
-    campaign = _get_campaign_for_user(request, name)
+    campaign = campaign_for_user_or_404(request, name)
     found = selectors.unit_lineage(campaign=campaign, pk=pk)
     if found is None:
         raise Http404("No such unit.")
@@ -267,7 +253,7 @@ _PLANNING_ON = " The rest of the campaign is being planned in the background."
 @login_required
 @require_POST
 def campaign_run(request: HttpRequest, name: str) -> HttpResponse:
-    campaign = _get_campaign_for_user(request, name)
+    campaign = campaign_for_user_or_404(request, name)
     if adaptation.is_adaptation(campaign):
         # Its run is a training, with its own page.
         return training_views.training_start(request, name)
@@ -396,7 +382,7 @@ def _project_for(request: HttpRequest, name: str):
 @login_required
 @require_POST
 def campaign_pause(request: HttpRequest, name: str) -> HttpResponse:
-    campaign = _get_campaign_for_user(request, name)
+    campaign = campaign_for_user_or_404(request, name)
     units = control.campaign_pause(campaign=campaign)
     messages.info(request, f"Paused: {units} queued units taken back; running batches finish.")
     return redirect("campaign_detail", name=campaign.name)
@@ -405,7 +391,7 @@ def campaign_pause(request: HttpRequest, name: str) -> HttpResponse:
 @login_required
 @require_POST
 def campaign_resume(request: HttpRequest, name: str) -> HttpResponse:
-    campaign = _get_campaign_for_user(request, name)
+    campaign = campaign_for_user_or_404(request, name)
     if adaptation.is_adaptation(campaign):
         return training_views.training_start(request, name)
     # Only classes the campaign has failures of: a tampered value retries nothing.
@@ -423,7 +409,7 @@ def campaign_resume(request: HttpRequest, name: str) -> HttpResponse:
 
 @login_required
 def campaign_params(request: HttpRequest, name: str) -> HttpResponse:
-    campaign = _get_campaign_for_user(request, name)
+    campaign = campaign_for_user_or_404(request, name)
     ran = campaign.batches.filter(version=campaign.current_version).exists()
     form = ParametersForm(request.POST or None, campaign=campaign)
     if request.method == "POST" and form.is_valid():
@@ -444,161 +430,3 @@ def campaign_params(request: HttpRequest, name: str) -> HttpResponse:
         {"campaign": campaign, "form": form, "ran": ran},
         status=400 if request.method == "POST" else 200,
     )
-
-
-PROFILE_ACTIVE = {Profile.State.QUEUED, Profile.State.RUNNING}
-DEFAULT_MARGIN_PERCENT = 20
-MAX_MARGIN_PERCENT = 90
-# The largest batch a profile tries: the model's default, and a ceiling a form
-# cannot raise (each step of the sweep doubles the batch up to it).
-DEFAULT_MAX_BATCH = Profile._meta.get_field("max_batch_size").default
-MAX_PROFILE_BATCH = 65536
-
-
-@login_required
-def campaign_profile(request: HttpRequest, name: str) -> HttpResponse:
-    """The latest profile's report; the report part polls while a worker measures.
-
-    ?compare=ID puts an earlier profile of the campaign beside it (a re-run of
-    the same sample on another device, another day).
-    """
-    campaign = _get_campaign_for_user(request, name)
-    profile = latest_profile(campaign=campaign)
-    context = {
-        "campaign": campaign,
-        "profile": profile,
-        "margin_percent": round(profile.margin * 100) if profile else DEFAULT_MARGIN_PERCENT,
-        "max_margin_percent": MAX_MARGIN_PERCENT,
-        "max_batch": profile.max_batch_size if profile else DEFAULT_MAX_BATCH,
-        "max_profile_batch": MAX_PROFILE_BATCH,
-        "cost_unit": processor_specs.cost_unit(campaign.processor),
-    }
-    if profile is not None:
-        estimate = Estimate.objects.filter(profile=profile).first()
-        advice = advisor()
-        environment, environment_note = advice.environment_match(profile.runtime)
-        context.update(
-            {
-                "active": profile.state in PROFILE_ACTIVE,
-                "report": profile_report(profile),
-                "headroom": profile_charts.headroom(profile),
-                "memory_chart": profile_charts.memory_chart(profile),
-                "throughput_chart": profile_charts.throughput_chart(profile),
-                "order_url": advice.order_link(estimate=estimate)
-                if estimate is not None and estimate.gpu_name
-                else None,
-                "environment": environment,
-                "environment_note": environment_note,
-                "earlier": list(
-                    campaign.profiles.exclude(pk=profile.pk).order_by("-created_at", "-pk")[
-                        :EARLIER_PROFILES
-                    ]
-                ),
-                "comparison": _comparison(request, campaign, profile),
-                "poll_url": request.get_full_path(),
-            }
-        )
-    if request.htmx and request.htmx.target == "profile-report":
-        response = render(request, "campaigns/campaign_profile.html#profile-report", context)
-        if not context.get("active"):
-            # 286: htmx swaps in the finished report and stops polling.
-            response.status_code = HttpResponseStopPolling.status_code
-        return response
-    return render(request, "campaigns/campaign_profile.html", context)
-
-
-EARLIER_PROFILES = 10
-
-
-def _comparison(request: HttpRequest, campaign: Campaign, profile: Profile) -> dict | None:
-    """The ?compare= profile beside the shown one; another campaign's id is a 404."""
-    raw = request.GET.get("compare", "")
-    if not raw:
-        return None
-    if not raw.isdigit():
-        raise Http404("No such profile.")
-    other = campaign.profiles.filter(pk=int(raw)).first()
-    if other is None:
-        raise Http404("No such profile.")
-    return profile_comparison(profile=profile, other=other)
-
-
-@login_required
-@require_POST
-def campaign_profile_rerun(request: HttpRequest, name: str, pk: int) -> HttpResponse:
-    """The same sample and parameter version again, queued; the report then
-    compares the new profile with the one it repeats."""
-    campaign = _get_campaign_for_user(request, name)
-    profile = campaign.profiles.filter(pk=pk).first()
-    if profile is None:
-        raise Http404("No such profile.")
-    # One measuring at a time: a second press of the button queues nothing.
-    measuring = campaign.profiles.filter(state__in=PROFILE_ACTIVE).order_by("pk").first()
-    if measuring is not None:
-        messages.error(request, f"Profile {measuring.pk} is still measuring: nothing was queued.")
-        return redirect("campaign_profile", name=campaign.name)
-    try:
-        again = profile_rerun_start(profile=profile)
-    except ValueError as exc:
-        messages.error(request, f"{exc}: nothing was queued.")
-        return redirect("campaign_profile", name=campaign.name)
-    messages.success(
-        request,
-        f"Profile {again.pk} queued: the sample of profile {profile.pk} again, with its "
-        "parameters; the report compares the two when it is done.",
-    )
-    url = reverse("campaign_profile", args=[campaign.name])
-    return redirect(f"{url}?{urlencode({'compare': profile.pk})}")
-
-
-def _form_number(raw: str, *, parse, default, low, high):
-    """A number from a form field: the default when left empty, None when it
-    is not a number of that kind within [low, high]."""
-    if not raw.strip():
-        return default
-    try:
-        value = parse(raw)
-    except ValueError:
-        return None
-    return value if math.isfinite(value) and low <= value <= high else None
-
-
-def _margin_percent(raw: str) -> float | None:
-    """The form's margin, a percentage of memory kept free."""
-    return _form_number(
-        raw, parse=float, default=DEFAULT_MARGIN_PERCENT, low=0, high=MAX_MARGIN_PERCENT
-    )
-
-
-def _max_batch(raw: str) -> int | None:
-    """The form's largest batch to try, a whole number."""
-    return _form_number(raw, parse=int, default=DEFAULT_MAX_BATCH, low=1, high=MAX_PROFILE_BATCH)
-
-
-@login_required
-@require_POST
-def campaign_profile_start(request: HttpRequest, name: str) -> HttpResponse:
-    campaign = _get_campaign_for_user(request, name)
-    margin = _margin_percent(request.POST.get("margin", ""))
-    if margin is None:
-        messages.error(
-            request,
-            f"The margin is the share of memory kept free, a percentage from 0 to "
-            f"{MAX_MARGIN_PERCENT}: nothing was queued.",
-        )
-        return redirect("campaign_profile", name=campaign.name)
-    max_batch = _max_batch(request.POST.get("max_batch", ""))
-    if max_batch is None:
-        messages.error(
-            request,
-            f"The largest batch to try is a whole number from 1 to {MAX_PROFILE_BATCH}: "
-            "nothing was queued.",
-        )
-        return redirect("campaign_profile", name=campaign.name)
-    profile_start(campaign=campaign, margin=margin / 100, max_batch_size=max_batch)
-    messages.success(
-        request,
-        f"Profile queued: a worker measures the largest batch that keeps {margin:g}% of "
-        "memory free on this campaign's heaviest inputs, then estimates the whole corpus.",
-    )
-    return redirect("campaign_profile", name=campaign.name)

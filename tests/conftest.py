@@ -118,6 +118,23 @@ def run_here(django_capture_on_commit_callbacks):
 # migration; rates and payment addresses are the operator's, made here.
 
 
+def waiting_at_checkpoint(campaign):
+    """The campaign's first group (5 units and the holdout) done by one batch, and
+    its checkpoint waiting for the spot check: returns the checkpoint."""
+    from campaigns.models import Batch, Checkpoint, Unit, UnitState
+
+    campaign.checkpoint_after = 5
+    campaign.save(update_fields=["checkpoint_after"])
+    version = campaign.current_version
+    ran = Batch.objects.create(campaign=campaign, version=version, size=5, state="done")
+    first = Unit.objects.filter(campaign=campaign, holdout=False).values_list("pk", flat=True)
+    Unit.objects.filter(pk__in=list(first[:5])).update(state=UnitState.SUCCEEDED, batch=ran)
+    Unit.objects.filter(campaign=campaign, holdout=True).update(
+        state=UnitState.SUCCEEDED, batch=ran
+    )
+    return Checkpoint.objects.create(campaign=campaign, version=version, after_units=5)
+
+
 @pytest.fixture
 def catalog(db):
     """The seeded catalog, again: a transactional test (live server, worker

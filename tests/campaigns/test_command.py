@@ -8,6 +8,7 @@ from django.core.management import CommandError, call_command
 
 from campaigns.models import Campaign, Unit, UnitState
 from campaigns.review import queue as review
+from tests.conftest import waiting_at_checkpoint
 
 
 def _call(*args) -> str:
@@ -132,22 +133,6 @@ def test_export_writes_the_dossier_files(corpus, tmp_path):
     assert len(results) == 40
 
 
-def _waiting_at_checkpoint(campaign):
-    """The first group (5 units and the holdout) ran; the checkpoint waits."""
-    from campaigns.models import Batch, Checkpoint
-
-    campaign.checkpoint_after = 5
-    campaign.save(update_fields=["checkpoint_after"])
-    version = campaign.current_version
-    ran = Batch.objects.create(campaign=campaign, version=version, size=5, state="done")
-    first = Unit.objects.filter(campaign=campaign, holdout=False).values_list("pk", flat=True)
-    Unit.objects.filter(pk__in=list(first[:5])).update(state=UnitState.SUCCEEDED, batch=ran)
-    Unit.objects.filter(campaign=campaign, holdout=True).update(
-        state=UnitState.SUCCEEDED, batch=ran
-    )
-    return Checkpoint.objects.create(campaign=campaign, version=version, after_units=5)
-
-
 @pytest.mark.django_db
 def test_checkpoint_pass_from_the_command_line_records_the_reviewer_and_runs_on(
     make_campaign, owner, django_capture_on_commit_callbacks
@@ -158,7 +143,7 @@ def test_checkpoint_pass_from_the_command_line_records_the_reviewer_and_runs_on(
     from campaigns.runs import start
 
     campaign = make_campaign("texts")
-    checkpoint = _waiting_at_checkpoint(campaign)
+    checkpoint = waiting_at_checkpoint(campaign)
     pending = Unit.objects.filter(campaign=campaign, state=UnitState.PENDING).count()
 
     # when
@@ -183,7 +168,7 @@ def test_checkpoint_fail_needs_a_reason_and_none_waiting_is_a_clear_error(make_c
     campaign = make_campaign("texts")
     with pytest.raises(CommandError, match="no checkpoint of texts's current version waits"):
         _call("checkpoint", "texts", "pass")
-    checkpoint = _waiting_at_checkpoint(campaign)
+    checkpoint = waiting_at_checkpoint(campaign)
 
     with pytest.raises(CommandError, match="failing a checkpoint needs a reason"):
         _call("checkpoint", "texts", "fail")
@@ -199,7 +184,7 @@ def test_checkpoint_fail_needs_a_reason_and_none_waiting_is_a_clear_error(make_c
 def test_run_wait_at_the_checkpoint_says_what_the_pending_units_wait_for(make_campaign):
     # given: the first group ran and one of its units waits for review
     campaign = make_campaign("texts")
-    _waiting_at_checkpoint(campaign)
+    waiting_at_checkpoint(campaign)
     Unit.objects.filter(campaign=campaign, state=UnitState.SUCCEEDED).filter(
         pk=Unit.objects.filter(campaign=campaign, state=UnitState.SUCCEEDED).values("pk")[:1]
     ).update(state=UnitState.NEEDS_REVIEW)

@@ -497,20 +497,9 @@ def test_run_while_the_checkpoint_waits_says_so_instead_of_no_pending_units(
 ):
     # given: a checkpoint after 5 units, reached (the holdout ran with them) and
     # waiting for its spot check
-    from campaigns.models import Batch, Checkpoint
+    from tests.conftest import waiting_at_checkpoint
 
-    campaign.checkpoint_after = 5
-    campaign.save(update_fields=["checkpoint_after"])
-    version = campaign.current_version
-    ran = Batch.objects.create(campaign=campaign, version=version, size=5, state="done")
-    first = Unit.objects.filter(campaign=campaign, holdout=False, state=UnitState.PENDING)
-    Unit.objects.filter(pk__in=list(first.values_list("pk", flat=True)[:5])).update(
-        state=UnitState.SUCCEEDED, batch=ran
-    )
-    Unit.objects.filter(campaign=campaign, holdout=True).update(
-        state=UnitState.SUCCEEDED, batch=ran
-    )
-    Checkpoint.objects.create(campaign=campaign, version=version, after_units=5)
+    version = waiting_at_checkpoint(campaign).version
     pending = Unit.objects.filter(campaign=campaign, state=UnitState.PENDING).count()
     client.force_login(owner)
 

@@ -22,6 +22,7 @@ from campaigns.exports.csv_stream import stream_csv
 from campaigns.exports.predictions import export_classifications, predictions_csv
 from campaigns.models import Batch, Campaign, Unit, UnitState
 from campaigns.runs.batch_stats import MEASURED
+from campaigns.runs.versions import outputs_count, outputs_of
 from campaigns.specs.processors import cost_unit, get_spec
 from campaigns.storage.outputs import InvalidOutput, write_atomic
 from campaigns.storage.vector_shards import VectorReader
@@ -189,11 +190,7 @@ def consolidate_vectors(campaign: Campaign, folder: Path) -> list[Path]:
     reader = VectorReader(settings.OUTPUT_ROOT)
     written = []
     for version in campaign.versions.order_by("number"):
-        prefix = f"{campaign.name}/{version.label}/"
-        done = Unit.objects.filter(
-            campaign=campaign, state=UnitState.SUCCEEDED, output_path__startswith=prefix
-        )
-        count = done.count()
+        count = outputs_count(campaign=campaign, version=version)
         if not count:
             continue
         dimension = int(version.params.get("dimension", 0))
@@ -201,15 +198,10 @@ def consolidate_vectors(campaign: Campaign, folder: Path) -> list[Path]:
         ids_path = folder / f"vectors-{version.label}.csv"
         tmp = folder / f".{matrix_path.name}.tmp"
         matrix = npy_format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(count, dimension))
-        units = _units(
-            campaign,
-            ("uid", "source_path", "output_path"),
-            state=UnitState.SUCCEEDED,
-            output_path__startswith=prefix,
-        )
+        # Units done after the count was taken wait for the next export.
+        outputs = itertools.islice(outputs_of(campaign=campaign, version=version), count)
         rows = [
-            [row, uid, source, rel, ""]
-            for row, (uid, source, rel) in itertools.islice(enumerate(units), count)
+            [row, out.uid, out.source_path, out.output_path, ""] for row, out in enumerate(outputs)
         ]
         # Filled in output-path order: a batch's rows share a shard, read once,
         # though a token budget scatters a batch's units over the id order.

@@ -3,7 +3,8 @@ and one feature matrix per parameter version, rows in unit order.
 
 Each unit's `.npz` (top-k labels and probabilities, margin, features) is read
 once, a chunk of units at a time: a million images export in constant memory.
-Only succeeded units count (an output waiting in review is not accepted yet);
+Only valid outputs count (an output waiting in review is not accepted yet;
+an older version's read from its attempts: campaigns/runs/versions.py);
 an output that cannot be read (deleted since, damaged) keeps its row, with
 empty predictions, the reason in the `error` column and NaN features, and the
 rest goes on: `campaign verify` then says which outputs to make again.
@@ -21,44 +22,26 @@ from django.conf import settings
 from numpy.lib import format as npy_format
 
 from campaigns.exports.csv_stream import stream_csv
-from campaigns.models import Campaign, ParameterVersion, Unit, UnitState
+from campaigns.models import Campaign, ParameterVersion
+from campaigns.runs.versions import outputs_count, outputs_of
 from campaigns.storage.outputs import write_atomic
 
-_CHUNK = 2000
 _ARRAYS = ("top_labels", "top_probs", "margin", "features")
-
-
-def _done(campaign: Campaign, version: ParameterVersion):
-    return Unit.objects.filter(
-        campaign=campaign,
-        state=UnitState.SUCCEEDED,
-        output_path__startswith=f"{campaign.name}/{version.label}/",
-    )
 
 
 def _outputs(campaign: Campaign, version: ParameterVersion) -> Iterator[tuple]:
     """(uid, source path, category, output path, arrays or the reason they
-    could not be read) of each done unit, in id order."""
+    could not be read) of each unit with a valid output under the version, in
+    id order (campaigns/runs/versions.py says which)."""
     root = Path(settings.OUTPUT_ROOT)
-    last = 0
-    while True:
-        rows = list(
-            _done(campaign, version)
-            .filter(pk__gt=last)
-            .order_by("pk")
-            .values_list("pk", "uid", "source_path", "category", "output_path")[:_CHUNK]
-        )
-        if not rows:
-            return
-        last = rows[-1][0]
-        for _pk, uid, source, category, rel in rows:
-            arrays: dict[str, np.ndarray] | str
-            try:
-                with np.load(root / rel, allow_pickle=False) as out:
-                    arrays = {name: out[name] for name in _ARRAYS}
-            except (OSError, ValueError, KeyError, EOFError) as exc:
-                arrays = f"output unreadable: {exc}"
-            yield uid, source, category, rel, arrays
+    for out in outputs_of(campaign=campaign, version=version):
+        arrays: dict[str, np.ndarray] | str
+        try:
+            with np.load(root / out.output_path, allow_pickle=False) as data:
+                arrays = {name: data[name] for name in _ARRAYS}
+        except (OSError, ValueError, KeyError, EOFError) as exc:
+            arrays = f"output unreadable: {exc}"
+        yield out.uid, out.source_path, out.category, out.output_path, arrays
 
 
 def predictions_csv(campaign: Campaign, version: ParameterVersion | None = None) -> Iterator[str]:
@@ -109,7 +92,7 @@ def export_classifications(campaign: Campaign, folder: Path) -> list[Path]:
     the table."""
     written = []
     for version in campaign.versions.order_by("number"):
-        count = _done(campaign, version).count()
+        count = outputs_count(campaign=campaign, version=version)
         if not count:
             continue
         table = folder / f"predictions-{version.label}.csv"

@@ -25,6 +25,7 @@ from campaigns.db.row_updates import update_rows
 from campaigns.models import (
     Attempt,
     Batch,
+    Campaign,
     Checkpoint,
     ErrorClass,
     ReviewItem,
@@ -32,6 +33,7 @@ from campaigns.models import (
     UnitState,
 )
 from campaigns.review.flags import DRIFT_MIN_BATCH, FlagReason, drifting_categories
+from campaigns.runs.versions import units_to_pending
 
 log = logging.getLogger(__name__)
 
@@ -194,8 +196,22 @@ def batch_record(
         attempt_ids = insert_rows(Attempt, _ATTEMPT_FIELDS, attempts)
         attempt_of = {id(o): pk for o, pk in zip(outcomes, attempt_ids, strict=True)}
         _save_review_items(batch, to_review, attempt_of)
+        _outdated_to_pending(batch)
     _log_recorded(batch, outcomes, len(to_review), metrics)
     return True
+
+
+def _outdated_to_pending(batch: Batch) -> None:
+    """A batch of a version that is no longer current (the parameters changed
+    while it ran): its outputs stay that version's, and its units go back to
+    pending under the current one (campaigns/runs/versions.py)."""
+    current = (
+        Campaign.objects.filter(pk=batch.campaign_id)
+        .values_list("current_version_id", flat=True)
+        .get()
+    )
+    if current not in (None, batch.version_id):
+        units_to_pending(campaign_id=batch.campaign_id, version_id=current, batch_id=batch.pk)
 
 
 def _set_unit_result(o: UnitOutcome) -> None:

@@ -11,18 +11,15 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Max
-from django.utils import timezone
 from django.utils.text import slugify
 
 from campaigns.intake.importing import ImportReport, import_folder, import_manifest
 from campaigns.models import (
-    INPUT_ERRORS,
     Campaign,
     ParameterVersion,
     Project,
-    Unit,
-    UnitState,
 )
+from campaigns.runs import versions
 from campaigns.specs import model_files
 from campaigns.specs.processors import get_spec
 from campaigns.specs.software import processor_software, software_versions
@@ -69,39 +66,8 @@ def version_create(*, campaign: Campaign, params: dict[str, Any] | None = None) 
         if campaign.current_version_id != version.pk:
             campaign.current_version = version
             campaign.save(update_fields=["current_version"])
-            _holdout_to_pending(campaign=campaign, version=version)
+            versions.switch_to(campaign=campaign, version=version)
     return version
-
-
-def _holdout_to_pending(*, campaign: Campaign, version: ParameterVersion) -> int:
-    """The holdout goes back to pending under a new current version: it is part
-    of every version's first group, so the checkpoint can compare versions.
-
-    Their earlier outputs stay where they are (the output path holds the
-    version label) and in their attempts, which the holdout report reads;
-    review items about those outputs do not move the unit
-    (campaigns/review/queue.py, _unit_follows).
-    Inputs known missing or changed wait for resume --retry-failed.
-    """
-    return (
-        Unit.objects.filter(
-            campaign=campaign,
-            holdout=True,
-            state__in=(UnitState.SUCCEEDED, UnitState.NEEDS_REVIEW, UnitState.FAILED),
-        )
-        .exclude(error_class__in=INPUT_ERRORS)
-        .exclude(batch__version=version)
-        .update(
-            state=UnitState.PENDING,
-            error_class="",
-            error_message="",
-            batch=None,
-            output_path="",
-            output_size=None,
-            output_sha256="",
-            updated_at=timezone.now(),
-        )
-    )
 
 
 def campaign_create(

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from campaigns.web import profile_views, training_views, views
+from campaigns.web import profile_views, training_views, version_views, views
 
 urlpatterns = [
     path("", views.campaign_list, name="campaign_list"),
@@ -13,6 +13,12 @@ urlpatterns = [
     path("<slug:name>/parameters/", views.campaign_params, name="campaign_params"),
     path("<slug:name>/export/<str:filename>", views.campaign_export, name="campaign_export"),
     path("<slug:name>/units/<int:pk>/", views.unit_detail, name="unit_detail"),
+    path("<slug:name>/versions/", version_views.campaign_versions, name="campaign_versions"),
+    path(
+        "<slug:name>/versions/<int:number>/<str:filename>",
+        version_views.version_download,
+        name="version_download",
+    ),
     path("<slug:name>/profile/", profile_views.campaign_profile, name="campaign_profile"),
     path(
         "<slug:name>/profile/start/",

@@ -420,8 +420,9 @@ def campaign_params(request: HttpRequest, name: str) -> HttpResponse:
         else:
             messages.success(
                 request,
-                f"New parameter version {version.label}: the next run "
-                "uses it, and its outputs go to their own folder.",
+                f"New parameter version {version.label}: the next run processes "
+                "every unit under it, through its own checkpoint; its outputs go to "
+                "their own folder and the earlier version's stay.",
             )
         return redirect("campaign_detail", name=campaign.name)
     return render(

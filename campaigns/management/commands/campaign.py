@@ -18,6 +18,7 @@ from campaigns.adaptation import services as adaptation
 from campaigns.exports.inventory import export
 from campaigns.intake import importing
 from campaigns.intake.importing import ManifestError
+from campaigns.management import version_cli
 from campaigns.models import Campaign, Checkpoint, Training
 from campaigns.review.queue import checkpoint_decide, verification_status
 from campaigns.runs import control, setup, start
@@ -32,7 +33,7 @@ def _param(text: str) -> tuple[str, str]:
     return key, value
 
 
-class Command(BaseCommand):
+class Command(version_cli.VersionCommands, BaseCommand):
     help = "Create, run and inspect campaigns."
 
     def add_arguments(self, parser):
@@ -153,6 +154,8 @@ class Command(BaseCommand):
         checkpoint.add_argument("verdict", choices=["pass", "fail"])
         checkpoint.add_argument("--note", default="", help="why (a failure needs one)")
         checkpoint.add_argument("--as", dest="user", default=None, help="the reviewer's username")
+
+        version_cli.add_parsers(sub)
 
         status = sub.add_parser("status", help="counts of one campaign")
         status.add_argument("name")

@@ -13,6 +13,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from django.conf import settings
@@ -200,7 +201,7 @@ def consolidate_vectors(campaign: Campaign, folder: Path) -> list[Path]:
         matrix = npy_format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(count, dimension))
         # Units done after the count was taken wait for the next export.
         outputs = itertools.islice(outputs_of(campaign=campaign, version=version), count)
-        rows = [
+        rows: list[list[Any]] = [
             [row, out.uid, out.source_path, out.output_path, ""] for row, out in enumerate(outputs)
         ]
         # Filled in output-path order: a batch's rows share a shard, read once,

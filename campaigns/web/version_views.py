@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import render
+from django.views.decorators.vary import vary_on_headers
 
 from campaigns.exports import matrices
 from campaigns.exports.csv_stream import stream_csv
@@ -24,6 +25,7 @@ DOWNLOADS = {
 
 
 @login_required
+@vary_on_headers("HX-Request")
 def campaign_versions(request: HttpRequest, name: str) -> HttpResponse:
     """The versions table (a fragment the campaign page loads after itself,
     or a page of its own), and with ?a=&b= their comparison."""
@@ -34,7 +36,7 @@ def campaign_versions(request: HttpRequest, name: str) -> HttpResponse:
         first, second = _version(campaign, a), _version(campaign, b)
         context["comparison"] = compare_versions(campaign=campaign, a=first, b=second)
     template = "campaigns/versions.html"
-    if request.htmx:
+    if request.headers.get("HX-Request"):
         template += "#versions-panel"
     return render(request, template, context)
 
@@ -60,7 +62,9 @@ def _version(campaign: Campaign, label: str) -> ParameterVersion:
 
 
 @login_required
-def version_download(request: HttpRequest, name: str, number: int, filename: str) -> HttpResponse:
+def version_download(
+    request: HttpRequest, name: str, number: int, filename: str
+) -> StreamingHttpResponse:
     """One version's matrix (.npy, streamed), its rows named (.csv), or a
     classifier's predictions (.csv)."""
     campaign = campaign_for_user_or_404(request, name)

@@ -13,20 +13,18 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-from django.conf import settings
 from numpy.lib import format as npy_format
 
 from campaigns.exports.csv_stream import stream_csv
+from campaigns.exports.matrices import RowReader, chunks, dimension_of
 from campaigns.exports.predictions import export_classifications, predictions_csv
 from campaigns.models import Batch, Campaign, Unit, UnitState
 from campaigns.runs.batch_stats import MEASURED
 from campaigns.runs.versions import outputs_count, outputs_of
 from campaigns.specs.processors import cost_unit, get_spec
-from campaigns.storage.outputs import InvalidOutput, write_atomic
-from campaigns.storage.vector_shards import VectorReader
+from campaigns.storage.outputs import write_atomic
 
 _CHUNK = 5000
 CLASSIFICATION = "image-classification"
@@ -187,36 +185,46 @@ def files_for(campaign: Campaign) -> dict:
 
 def consolidate_vectors(campaign: Campaign, folder: Path) -> list[Path]:
     """One (n, dim) float32 matrix per parameter version, rows in unit order,
-    with a CSV naming each row: versions never share a file."""
-    reader = VectorReader(settings.OUTPUT_ROOT)
+    with a CSV naming each row: versions never share a file. Read a chunk of
+    units at a time (campaigns/exports/matrices.py), written to a memory-mapped
+    file: a million rows in constant memory."""
     written = []
     for version in campaign.versions.order_by("number"):
         count = outputs_count(campaign=campaign, version=version)
+        dimension = dimension_of(campaign=campaign, version=version) if count else None
         if not count:
             continue
-        dimension = int(version.params.get("dimension", 0))
         matrix_path = folder / f"vectors-{version.label}.npy"
         ids_path = folder / f"vectors-{version.label}.csv"
         tmp = folder / f".{matrix_path.name}.tmp"
-        matrix = npy_format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(count, dimension))
-        # Units done after the count was taken wait for the next export.
-        outputs = itertools.islice(outputs_of(campaign=campaign, version=version), count)
-        rows: list[list[Any]] = [
-            [row, out.uid, out.source_path, out.output_path, ""] for row, out in enumerate(outputs)
-        ]
-        # Filled in output-path order: a batch's rows share a shard, read once,
-        # though a token budget scatters a batch's units over the id order.
-        for entry in sorted(rows, key=lambda r: r[3]):
-            try:
-                matrix[entry[0]] = reader.vector(entry[3])
-            except (OSError, InvalidOutput) as exc:
-                # Deleted or damaged since: NaN, the reason in its row, the rest goes on.
-                matrix[entry[0]] = np.nan
-                entry[4] = f"output unreadable: {exc}"
+        shape = (count, dimension or int(version.params.get("dimension", 0)))
+        matrix = npy_format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=shape)
+        matrix[:] = np.nan  # rows gone since the count stay NaN
+        header = ["row", "id", "source_path", "output_path", "error"]
+        rows = _matrix_rows(campaign, version, matrix, count)
+        write_atomic(ids_path, (c.encode() for c in stream_csv(header, rows)))
         matrix.flush()
         del matrix
         os.replace(tmp, matrix_path)
-        header = ["row", "id", "source_path", "output_path", "error"]
-        write_atomic(ids_path, (c.encode() for c in stream_csv(header, rows)))
         written += [matrix_path, ids_path]
     return written
+
+
+def _matrix_rows(campaign: Campaign, version, matrix: np.ndarray, count: int) -> Iterator[list]:
+    """Fill `matrix` with the version's rows, yielding each row's name; an
+    output deleted or damaged since is NaN with the reason, the rest goes on.
+    Units done after the count was taken wait for the next export."""
+    reader = RowReader(campaign)
+    outputs = itertools.islice(outputs_of(campaign=campaign, version=version), count)
+    row = 0
+    for chunk in chunks(outputs):
+        for out, read in zip(chunk, reader.read_chunk(chunk), strict=True):
+            error = read.error
+            if read.vector is None:
+                pass  # unreadable: NaN, the reason in `error`
+            elif read.vector.shape == matrix.shape[1:]:
+                matrix[row] = read.vector
+            else:
+                error = f"a vector of {len(read.vector)} values, expected {matrix.shape[1]}"
+            yield [row, out.uid, out.source_path, out.output_path, error]
+            row += 1

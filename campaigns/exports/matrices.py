@@ -17,6 +17,7 @@ import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from django.conf import settings
@@ -42,32 +43,50 @@ def kind_of(campaign: Campaign) -> str | None:
         return None
 
 
-class RowReader:
-    """A unit's row of the matrix (its vector, or its image's features), and
-    for a classifier its top label; None where the output cannot be read."""
+class Row(NamedTuple):
+    """A unit's row of the matrix (its vector, or its image's features), for a
+    classifier its top label; vector None and the reason where the output
+    cannot be read."""
 
+    vector: np.ndarray | None
+    label: str = ""
+    error: str = ""
+
+
+class RowReader:
     def __init__(self, campaign: Campaign):
         self.kind = kind_of(campaign)
         self.root = Path(settings.OUTPUT_ROOT)
         self._vectors = VectorReader(self.root)
 
-    def read(self, rel: str) -> tuple[np.ndarray | None, str]:
+    def read(self, rel: str) -> Row:
         try:
             if self.kind == "features":
                 with np.load(self.root / rel, allow_pickle=False) as data:
                     labels = data["top_labels"]
                     label = str(labels[0]) if len(labels) else ""
-                    return np.asarray(data["features"], dtype=np.float32).ravel(), label
-            return np.asarray(self._vectors.vector(rel), dtype=np.float32).ravel(), ""
-        except (OSError, ValueError, KeyError, EOFError, InvalidOutput):
-            return None, ""
+                    return Row(np.asarray(data["features"], dtype=np.float32).ravel(), label)
+            return Row(np.asarray(self._vectors.vector(rel), dtype=np.float32).ravel())
+        except (OSError, ValueError, KeyError, EOFError, InvalidOutput) as exc:
+            return Row(None, error=f"output unreadable: {exc}")
 
-    def read_chunk(self, outputs: list[VersionOutput]) -> list[tuple[np.ndarray | None, str]]:
+    def read_chunk(self, outputs: list[VersionOutput]) -> list[Row]:
         """Rows of `outputs`, in their order, read in output-path order."""
-        rows: list[tuple[np.ndarray | None, str]] = [(None, "")] * len(outputs)
+        rows = [Row(None)] * len(outputs)
         for i in sorted(range(len(outputs)), key=lambda i: outputs[i].output_path):
             rows[i] = self.read(outputs[i].output_path)
         return rows
+
+
+def dimension_of(*, campaign: Campaign, version: ParameterVersion) -> int | None:
+    """The length of the version's rows, from its first readable output (of
+    the first 50); None when none can be read."""
+    reader = RowReader(campaign)
+    for out in itertools.islice(outputs_of(campaign=campaign, version=version), 50):
+        vector = reader.read(out.output_path).vector
+        if vector is not None:
+            return int(vector.shape[0])
+    return None
 
 
 def chunks(outputs: Iterable[VersionOutput]) -> Iterator[list[VersionOutput]]:
@@ -93,13 +112,7 @@ def matrix_stream(*, campaign: Campaign, version: ParameterVersion) -> Matrix | 
     if kind is None:
         return None
     count = outputs_count(campaign=campaign, version=version)
-    reader = RowReader(campaign)
-    dimension = None
-    for out in itertools.islice(outputs_of(campaign=campaign, version=version), 50):
-        vector, _ = reader.read(out.output_path)
-        if vector is not None:
-            dimension = int(vector.shape[0])
-            break
+    dimension = dimension_of(campaign=campaign, version=version) if count else None
     if not count or dimension is None:
         return None
     return Matrix(
@@ -125,9 +138,9 @@ def _npy_bytes(
     sent = 0
     for chunk in chunks(outputs):
         block = np.full((len(chunk), dimension), np.nan, dtype="<f4")
-        for i, (vector, _) in enumerate(reader.read_chunk(chunk)):
-            if vector is not None and vector.shape == (dimension,):
-                block[i] = vector
+        for i, row in enumerate(reader.read_chunk(chunk)):
+            if row.vector is not None and row.vector.shape == (dimension,):
+                block[i] = row.vector
         sent += len(chunk)
         yield block.tobytes()
     if sent < count:

@@ -83,7 +83,7 @@ def compare_versions(
             continue
         rows_a = reader_a.read_chunk(chunk[0::2])
         rows_b = reader_b.read_chunk(chunk[1::2])
-        for out, (va, la), (vb, lb) in zip(chunk[0::2], rows_a, rows_b, strict=True):
+        for out, (va, la, _), (vb, lb, _) in zip(chunk[0::2], rows_a, rows_b, strict=True):
             if kind == "features" and la and lb:
                 labelled += 1
                 agree += la == lb

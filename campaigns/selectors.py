@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import NamedTuple
+from pathlib import Path
+from typing import Any, NamedTuple
 
 from django.db.models import Q, QuerySet
 
@@ -23,9 +24,12 @@ from campaigns.models import (
     Attempt,
     Campaign,
     ErrorClass,
+    Profile,
     Unit,
     UnitState,
 )
+from campaigns.runs.memory_errors import MemoryFailure, ProfileBatch, explain
+from campaigns.specs.processors import cost_unit, get_spec
 
 
 @dataclass
@@ -332,3 +336,108 @@ def _nearest(units: QuerySet[Unit]) -> bool:
     order from the same index as the page (exists() drops the ORDER BY and
     leaves the planner free to scan the table from its start)."""
     return bool(units.values_list("pk", flat=True)[:1])
+
+
+# --- out-of-memory failures (campaigns/runs/memory_errors.py explains them) ---
+
+
+def latest_profile_batch(*, campaign: Campaign) -> ProfileBatch | None:
+    """The newest finished profile's chosen batch, if one chose."""
+    row = (
+        Profile.objects.filter(
+            campaign=campaign, state=Profile.State.DONE, chosen_batch_size__isnull=False
+        )
+        .order_by("-created_at", "-pk")
+        .values_list("pk", "chosen_batch_size", "device")
+        .first()
+    )
+    if row is None or row[1] is None:
+        return None
+    return ProfileBatch(pk=row[0], batch_size=row[1], device=row[2])
+
+
+def unit_memory_failure(*, campaign: Campaign, unit: Unit, attempt: Attempt) -> MemoryFailure:
+    """The unit page's explanation of its out-of-memory attempt."""
+    params = attempt.version.params if attempt.version_id else {}
+    cost = unit.cost if unit.cost is not None else _weigh_now(campaign, unit, params)
+    return explain(
+        error_message=attempt.error_message,
+        facts=(attempt.metrics or {}).get("oom"),
+        params=params,
+        profile=latest_profile_batch(campaign=campaign),
+        cost=cost,
+        unit=cost_unit(campaign.processor),
+    )
+
+
+def _weigh_now(campaign: Campaign, unit: Unit, params: Mapping[str, Any]) -> int | None:
+    """A unit not weighed when it was planned (the `original` policy weighs
+    nothing), weighed now as a run would: one input, for its page."""
+    try:
+        spec = get_spec(campaign.processor)
+        return spec.weigh(Path(campaign.input_root), [unit.source_path], dict(params))[0]
+    except Exception:
+        # The cost helps the advice; a processor no longer installed, or a
+        # tokenizer gone with its model, must not take the page down with it.
+        return None
+
+
+#: Failed units the campaign's summary looks at (the first, by the failures index).
+SUMMARY_UNITS = 20
+
+
+@dataclass
+class CampaignMemoryFailures:
+    """The campaign's out-of-memory failures in one explanation."""
+
+    failed: int  # units failed out_of_memory, all of them
+    looked_at: int  # of which the summary read
+    alone: int  # of those, failed alone at batch 1
+    largest_cost: int | None
+    failure: MemoryFailure  # the heaviest one looked at, with the advice
+
+
+def campaign_memory_failures(*, campaign: Campaign, failed: int) -> CampaignMemoryFailures | None:
+    """The failures summary's explanation of the out_of_memory class: two
+    reads (the first failed units on the failed-units index, their last
+    attempts), made only when the counters say such failures exist."""
+    if not failed:
+        return None
+    units = list(
+        Unit.objects.filter(
+            campaign=campaign, state=UnitState.FAILED, error_class=ErrorClass.OUT_OF_MEMORY
+        )
+        .order_by("pk")
+        .only("pk", "cost", "source_path")[:SUMMARY_UNITS]
+    )
+    if not units:
+        return None
+    last: dict[int, Attempt] = {}
+    for attempt in (
+        Attempt.objects.filter(unit__in=units, error_class=ErrorClass.OUT_OF_MEMORY)
+        .select_related("version")
+        .order_by("pk")
+    ):
+        last[attempt.unit_id] = attempt
+    if not last:
+        return None
+    facts = {pk: (a.metrics or {}).get("oom") or {} for pk, a in last.items()}
+    costs = {u.pk: u.cost for u in units}
+    # The heaviest failure speaks for the rest: what makes it fit makes them fit.
+    heaviest = max(last, key=lambda pk: (bool(facts[pk].get("alone")), costs.get(pk) or 0))
+    attempt = last[heaviest]
+    known = [c for c in costs.values() if c is not None]
+    return CampaignMemoryFailures(
+        failed=failed,
+        looked_at=len(last),
+        alone=sum(1 for f in facts.values() if f.get("alone")),
+        largest_cost=max(known) if known else None,
+        failure=explain(
+            error_message=attempt.error_message,
+            facts=facts[heaviest] or None,
+            params=attempt.version.params,
+            profile=latest_profile_batch(campaign=campaign),
+            cost=costs.get(heaviest),
+            unit=cost_unit(campaign.processor),
+        ),
+    )

@@ -10,6 +10,7 @@ import subprocess
 import torch
 from django.conf import settings
 
+from campaigns.runs.memory_errors import facts_at_failure
 from campaigns.specs.software import software_versions
 
 
@@ -198,6 +199,37 @@ def allocated_now(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.memory_allocated(device)
     return _rss_bytes()
+
+
+def at_failure(error: str, *, tried: list[int], alone: bool) -> dict:
+    """What an out-of-memory failure leaves on its attempt (`metrics["oom"]`):
+    torch's message and its figures, with torch's own counters on CUDA for
+    what the message does not say, the batch sizes tried, and how the process
+    shares its device. Called while the failed pass's tensors still live, so
+    allocated is what the failing pass held."""
+    measured: dict[str, int | None] = {}
+    device = work_device()
+    if device.type == "cuda":
+        try:
+            free, total = torch.cuda.mem_get_info(device)
+            measured = {
+                "allocated": torch.cuda.memory_allocated(device),
+                "reserved": torch.cuda.memory_reserved(device),
+                "free": free,
+                "total": total,
+            }
+        except RuntimeError:
+            # The counters only add to the message: a device left in a bad
+            # state must not turn the unit's out_of_memory into another error.
+            measured = {}
+    return facts_at_failure(
+        error,
+        measured,
+        tried=tried,
+        alone=alone,
+        workers_per_device=workers_per_device(),
+        alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+    )
 
 
 def device_memory(device: torch.device) -> int | None:

@@ -21,7 +21,8 @@ from campaigns.exports.csv_stream import stream_csv
 from campaigns.exports.matrices import RowReader, chunks, dimension_of
 from campaigns.exports.predictions import export_classifications, predictions_csv
 from campaigns.models import Batch, Campaign, Unit, UnitState
-from campaigns.runs.batch_stats import MEASURED
+from campaigns.runs.batch_stats import MEASURED, SPLITS
+from campaigns.runs.memory_errors import splits_text
 from campaigns.runs.versions import outputs_count, outputs_of
 from campaigns.specs.processors import cost_unit, get_spec
 from campaigns.storage.outputs import write_atomic
@@ -89,6 +90,7 @@ _BATCH_FIELDS = (
     "version__fingerprint",
     *("policy", "state", "worker", "deliveries", "started_at", "finished_at"),
     *MEASURED,
+    *SPLITS,
     "error",
 )
 
@@ -104,20 +106,23 @@ def _batches(campaign: Campaign) -> Iterator[tuple]:
         if not rows:
             return
         last = rows[-1][0]
-        for pk, number, fingerprint, *rest in rows:
-            yield (pk, f"v{number}-{fingerprint[:10]}", *rest)
+        for pk, number, fingerprint, *rest, oom_splits, oom_alone, error in rows:
+            splits = splits_text(oom_splits, oom_alone, sep=">")
+            yield (pk, f"v{number}-{fingerprint[:10]}", *rest, splits, error)
 
 
 def batches_csv(campaign: Campaign) -> Iterator[str]:
     """Every batch with what it measured: sizes, time, memory (bytes after the
-    batch; allocated and reserved on CUDA, RSS on a CPU)."""
+    batch; allocated and reserved on CUDA, RSS on a CPU), and the batch sizes
+    it ran at after running out of memory (`splits`: 64>32>16, "(n failed
+    alone)" when units did not fit even at batch 1; empty if it never split)."""
     unit = cost_unit(campaign.processor)
     return stream_csv(
         [
             *("batch", "version", "policy", "state", "worker", "deliveries"),
             *("started_at", "finished_at", "items", f"real_{unit}", f"padded_{unit}"),
             *("model_seconds", "batch_seconds", "allocated_bytes", "reserved_bytes"),
-            *("peak_allocated_bytes", "peak_reserved_bytes", "rss_bytes", "error"),
+            *("peak_allocated_bytes", "peak_reserved_bytes", "rss_bytes", "splits", "error"),
         ],
         _batches(campaign),
     )

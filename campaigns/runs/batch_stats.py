@@ -13,6 +13,7 @@ from django.db.models import Count, Sum
 
 from campaigns.db import page_queries
 from campaigns.models import Batch, Campaign
+from campaigns.runs.memory_errors import splits_text
 
 CHART_BATCHES = 200
 RECENT_BATCHES = 10
@@ -66,6 +67,9 @@ class BatchPanels:
     recent: list[BatchRow]
     memory_chart: MemoryChart | None
     memory_warning: str | None
+    # Of the batches charted, how many ran out of memory and were split.
+    split_batches: int = 0
+    charted: int = 0
 
 
 _NOT_READ = object()
@@ -103,6 +107,8 @@ def _batch_panels(campaign: Campaign) -> BatchPanels:
         recent=recent[:RECENT_BATCHES],
         memory_chart=chart,
         memory_warning=memory_creep(chart),
+        split_batches=sum(1 for row in recent if row.splits),
+        charted=len(recent),
     )
 
 
@@ -139,6 +145,14 @@ class PanelsOnDemand:
     @property
     def memory_warning(self) -> str | None:
         return self._panels.memory_warning
+
+    @property
+    def split_batches(self) -> int:
+        return self._panels.split_batches
+
+    @property
+    def charted(self) -> int:
+        return self._panels.charted
 
 
 def policy_comparison(*, campaign: Campaign) -> list[PolicyRow]:
@@ -220,7 +234,8 @@ class MemoryChart:
 
 
 # What a batch measured, as BatchRow holds it after its first three fields
-# (and batches.csv lists it).
+# (and batches.csv lists it), then its out-of-memory splits.
+SPLITS = ("metrics__oom_splits", "metrics__oom_alone")
 MEASURED = (
     "size",
     "real_tokens",
@@ -252,10 +267,17 @@ class BatchRow:
     peak_allocated: int | None
     peak_reserved: int | None
     rss: int | None
+    oom_splits: list[int] | None = None  # the sizes halved on out-of-memory
+    oom_alone: int | None = None  # units that failed alone at batch 1
 
     @property
     def padding(self) -> float | None:
         return padding(self.real_tokens, self.padded_tokens)
+
+    @property
+    def splits(self) -> str:
+        """The batch sizes it ran at after out-of-memory, "" if it never split."""
+        return splits_text(self.oom_splits, self.oom_alone)
 
 
 def _recent_rows(campaign: Campaign) -> list[BatchRow]:
@@ -265,7 +287,7 @@ def _recent_rows(campaign: Campaign) -> list[BatchRow]:
         Batch.objects.filter(campaign=campaign, state=Batch.State.DONE)
         .exclude(finished_at=None)
         .order_by("-finished_at", "-pk")
-        .values_list("pk", "finished_at", "worker", *MEASURED)[:CHART_BATCHES]
+        .values_list("pk", "finished_at", "worker", *MEASURED, *SPLITS)[:CHART_BATCHES]
     )
     return [BatchRow(*row) for row in rows]
 

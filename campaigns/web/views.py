@@ -90,15 +90,20 @@ def _campaign_page(request: HttpRequest, name: str) -> selectors.CampaignPage:
 def _run_panels(page: selectors.CampaignPage) -> dict:
     """What a run changes besides the counts: batches, memory, verification."""
     campaign = page.campaign
+    counts = selectors.campaign_counts(campaign=campaign)
     return {
         "campaign": campaign,
-        "counts": selectors.campaign_counts(campaign=campaign),
+        "counts": counts,
         "panels": batch_stats.PanelsOnDemand(
             campaign=campaign, newest_finished=page.newest_finished_batch
         ),
         "verification": review.verification_of(page.checkpoint),
         "open_review_items": page.open_review_items,
         "failures": selectors.failure_reasons(campaign=campaign),
+        # Read only when the counters show out-of-memory failures.
+        "memory_failures": selectors.campaign_memory_failures(
+            campaign=campaign, failed=counts.by_error.get(ErrorClass.OUT_OF_MEMORY, 0)
+        ),
         "cost_unit": processor_specs.cost_unit(campaign.processor),
     }
 
@@ -242,6 +247,11 @@ def unit_detail(request: HttpRequest, name: str, pk: int) -> HttpResponse:
         "output": previews.output_summary(
             unit=unit, attempt=shown, campaign=campaign, params=params
         ),
+        "memory_failure": selectors.unit_memory_failure(
+            campaign=campaign, unit=unit, attempt=attempts[-1]
+        )
+        if attempts and attempts[-1].error_class == ErrorClass.OUT_OF_MEMORY
+        else None,
     }
     return render(request, "campaigns/unit_detail.html", context)
 

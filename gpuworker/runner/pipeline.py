@@ -23,7 +23,7 @@ from campaigns.models import Batch, ErrorClass
 from campaigns.review.queue import after_batch
 from campaigns.runs.recording import batch_record
 from common.log_context import bound
-from gpuworker.memory import runtime_facts
+from gpuworker.memory import at_failure, runtime_facts
 from gpuworker.processors import get_processor
 from gpuworker.processors.base import Processor
 from gpuworker.runner.claim import Outcome, worker_name
@@ -70,8 +70,11 @@ class BatchRun:
             prefetched = sum(1 for o in self.outcomes if o.prefetched)
             if prefetched:
                 self.metrics["prefetched"] = prefetched
-            if self.parts or splits:
+            alone = sum(1 for o in self.outcomes if o.metrics.get("oom", {}).get("alone"))
+            if self.parts or splits or alone:
                 self.metrics["oom_splits"] = splits
+            if alone:
+                self.metrics["oom_alone"] = alone
         except Exception as exc:  # the model itself failed: every unfinished unit says why
             self._failed(exc)
         self.seconds += time.perf_counter() - started
@@ -110,9 +113,19 @@ class BatchRun:
         self.error = "".join(traceback.format_exception_only(exc)).strip()
         digest = hashlib.sha1(traceback.format_exc().encode()).hexdigest()[:12]
         log.exception("batch %s failed", self.batch.pk)
+        error_class = _error_class(exc)
+        # Out of memory outside the split (writing, a processor's metrics): the
+        # figures all the same, but no batch sizes tried and not alone at batch 1.
+        facts = (
+            at_failure(str(exc), tried=[], alone=False)
+            if error_class == ErrorClass.OUT_OF_MEMORY
+            else None
+        )
         for outcome in self.outcomes:
             if outcome.finished is None:
-                outcome.fail(_error_class(exc), self.error, digest)
+                outcome.fail(error_class, self.error, digest)
+                if facts is not None:
+                    outcome.metrics["oom"] = facts
 
 
 def _error_class(exc: BaseException) -> str:

@@ -13,7 +13,9 @@ from django.conf import settings
 
 from campaigns.intake.inputs import corpus_real_path
 from campaigns.models import Batch, ErrorClass
+from campaigns.runs.memory_errors import alone_message
 from campaigns.storage.paths import output_relpath
+from gpuworker.memory import at_failure
 from gpuworker.processors import sharded
 from gpuworker.processors.base import Processor
 from gpuworker.runner.check import adoptable_rows
@@ -70,31 +72,39 @@ def compute(
 
 
 def run_splitting(
-    processor: Processor, ready: list[tuple[Outcome, Any]], splits: list[int]
+    processor: Processor,
+    ready: list[tuple[Outcome, Any]],
+    splits: list[int],
+    tried: tuple[int, ...] = (),
 ) -> list[Part]:
     """Run the model; on device out-of-memory, split the batch in halves and retry.
 
-    A unit that does not fit even alone fails `out_of_memory` (a heavy case
-    for review); the rest of the batch goes on.
+    `splits` collects the sizes halved (the batch's `oom_splits`); `tried`,
+    the sizes this part's units ran at before. A unit that does not fit even
+    alone fails `out_of_memory` (a heavy case for review) with torch's message,
+    the figures at the failure and the sizes it was tried at
+    (campaigns/runs/memory_errors.py explains them); the rest of the batch goes on.
     """
+    tried = (*tried, len(ready))
     try:
         return [(ready, processor.run([item for _, item in ready]))]
-    except torch.OutOfMemoryError:
-        pass
+    except torch.OutOfMemoryError as exc:
+        # Read here, while the failed pass's tensors still hold the device:
+        # the figures at the failure, not after it.
+        facts = at_failure(str(exc), tried=list(tried), alone=True) if len(ready) == 1 else None
     # Retried outside the except block: inside it the exception's traceback keeps
     # the failed forward pass's frames, and so its tensors, alive on the device.
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # give the halves the memory the failed try reserved
-    if len(ready) == 1:
-        ready[0][0].fail(
-            ErrorClass.OUT_OF_MEMORY,
-            "does not fit in device memory even alone (batch split down to one unit)",
-        )
+    if facts is not None:
+        outcome = ready[0][0]
+        outcome.fail(ErrorClass.OUT_OF_MEMORY, alone_message(facts["error"], tried))
+        outcome.metrics["oom"] = facts
         return []
     splits.append(len(ready))
     middle = len(ready) // 2
-    return run_splitting(processor, ready[:middle], splits) + run_splitting(
-        processor, ready[middle:], splits
+    return run_splitting(processor, ready[:middle], splits, tried) + run_splitting(
+        processor, ready[middle:], splits, tried
     )
 
 

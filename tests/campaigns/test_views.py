@@ -393,6 +393,7 @@ def test_the_page_lists_the_last_batches_one_by_one_and_every_batch_downloads(
         "Model s",
         "Batch s",
         "RSS",
+        "Splits",
     ]
     first = table.split(f'data-batch="{newest[0].pk}">')[1].split("</tr>")[0]
     cells = re.findall(r"<td>([^<]*)</td>", first)

@@ -17,6 +17,7 @@ from django.db import transaction
 from campaigns.models import Estimate, Profile
 from campaigns.profiles.advice import advisor
 from campaigns.profiles.corpus import corpus_costs, output_bytes_estimate, padded_cost
+from campaigns.profiles.report import CAP_REACHED, cap_reached
 from campaigns.profiles.tiers import memory_reasons, memory_tier, tier_batches
 from campaigns.runs.batching import batch_policy, plan_batches
 from campaigns.specs.processors import get_spec
@@ -161,6 +162,11 @@ def estimate_from_hours(
         *memory_reasons(profile, tiers),
         *advice.reasons,
     ]
+    if cap_reached(profile):
+        reasons.append(
+            f"batch {chosen} is the largest batch the profile tried: {CAP_REACHED}; "
+            "a larger batch would change these hours and the plan"
+        )
     Estimate.objects.filter(profile=profile).delete()
     return Estimate.objects.create(
         profile=profile,

@@ -23,6 +23,7 @@ from campaigns.db.page_queries import CampaignPage
 from campaigns.models import (
     Attempt,
     Campaign,
+    Checkpoint,
     ErrorClass,
     Profile,
     Unit,
@@ -142,6 +143,77 @@ def campaigns_for_user(user) -> QuerySet[Campaign]:
 def unit_categories(*, campaign_ids: list[int]) -> list[str]:
     """Every category the units of these campaigns have, sorted, without reading them all."""
     return page_queries.unit_categories(campaign_ids=campaign_ids)
+
+
+# --- what a campaign is doing ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What a campaign is doing and what holds it, as the campaign page's
+    header and status line, the campaign list and `campaign status` say it."""
+
+    key: str  # running, checkpoint, checkpoint_failed, paused, idle, done, empty
+    label: str  # a few words: "Waiting at checkpoint 12 (v2)"
+    detail: str  # what holds it and what to do
+    checkpoint_id: int | None = None  # the checkpoint to open, when one holds it
+
+
+def run_state(*, campaign: Campaign, counts: Counts, checkpoint: Checkpoint | None) -> RunState:
+    """The one rule for a campaign's state, from its counts, its Pause and the
+    checkpoint of its current version (None: none yet).
+
+    Work queued or running comes first: nothing else is read then. A waiting
+    or failed checkpoint comes before a Pause, since Resume cannot send the
+    units it holds (campaigns/review/queue.py, run_allowance); a Pause counts
+    only while units are pending (Run and Resume clear it:
+    campaigns/runs/start.py)."""
+    units = _units(counts.pending)
+    if counts.active:
+        return RunState(
+            "running", "Running", f"{_units(counts.queued + counts.running)} queued or running"
+        )
+    if checkpoint is not None and checkpoint.state != Checkpoint.State.PASSED:
+        number = campaign.current_version.number if campaign.current_version else "?"
+        if checkpoint.state == Checkpoint.State.PENDING:
+            held = f"{units} wait for it" if counts.pending else "every unit is processed"
+            return RunState(
+                "checkpoint",
+                f"Waiting at checkpoint {checkpoint.pk} (v{number})",
+                f"{held}: review its spot check and pass or fail it "
+                f"(on its page, or campaign checkpoint {campaign.name} pass|fail)",
+                checkpoint.pk,
+            )
+        return RunState(
+            "checkpoint_failed",
+            f"Stopped: checkpoint {checkpoint.pk} (v{number}) failed",
+            f"{checkpoint.reason or 'failed'}. Save changed parameters (a new version) to go on",
+            checkpoint.pk,
+        )
+    if counts.pending and campaign.paused_at is not None:
+        since = campaign.paused_at.strftime("%Y-%m-%d %H:%M")
+        return RunState("paused", "Paused", f"since {since}: {units} to do; Resume goes on")
+    if counts.pending:
+        return RunState("idle", "Idle", f"{units} to do")
+    if counts.total:
+        return RunState("done", "Done", "nothing left to run")
+    return RunState("empty", "No units", "import inputs to run")
+
+
+def campaign_run_state(*, campaign_id: int, counts: Counts) -> RunState:
+    """run_state where only the counts are at hand (the counts poll, the
+    command): the campaign and its checkpoint are read only once it is idle."""
+    if counts.active:
+        return run_state(campaign=Campaign(pk=campaign_id), counts=counts, checkpoint=None)
+    campaign = Campaign.objects.select_related("current_version").get(pk=campaign_id)
+    checkpoint = Checkpoint.objects.filter(
+        campaign_id=campaign_id, version_id=campaign.current_version_id
+    ).first()
+    return run_state(campaign=campaign, counts=counts, checkpoint=checkpoint)
+
+
+def _units(n: int) -> str:
+    return f"{n:,} unit{'s' if n != 1 else ''}"
 
 
 # --- the campaign page's header ------------------------------------------------

@@ -66,6 +66,10 @@ class Progress:
     heldout: dict
     seconds: float
     folder: Path | None = None
+    # This checkpoint's held-out evaluation and its write (weights, optimizer,
+    # sidecar, synced): what a training estimate adds to the steps' time.
+    eval_s: float = 0.0
+    write_s: float = 0.0
 
 
 @dataclass
@@ -223,7 +227,9 @@ class Trainer(ABC):
             # A stop keeps the step it ends on: resume starts right after it.
             stopping = stop is not None and stop(done)
             if stopping or done % self.params.checkpoint_every == 0 or done == n_total:
+                evaluating = time.perf_counter()
                 heldout_metrics = self.evaluate(heldout) if heldout else {}
+                eval_s = time.perf_counter() - evaluating
                 train_loss = sum(running) / len(running)
                 running = []
                 progress = Progress(
@@ -233,6 +239,7 @@ class Trainer(ABC):
                     train_loss=train_loss,
                     heldout=heldout_metrics,
                     seconds=time.perf_counter() - started,
+                    eval_s=eval_s,
                 )
 
                 def save(folder: Path) -> None:
@@ -240,9 +247,11 @@ class Trainer(ABC):
                     self.save_optimizer(folder)
 
                 metrics = {"train_loss": train_loss, **heldout_metrics}
+                writing = time.perf_counter()
                 progress.folder = checkpoints.write(
                     root, done, save, {**linkage, "metrics": metrics, "total_steps": n_total}
                 )
+                progress.write_s = time.perf_counter() - writing
                 key = heldout_metrics.get("heldout_loss", train_loss)
                 if best is None or key <= best[0]:
                     best = (key, done)

@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from campaigns.adaptation.estimate import training_overhead
 from campaigns.models import Estimate, Profile, Unit
 from campaigns.profiles.estimates import estimate_from_hours
 from gpuworker.memory import StepMemory, allocated_now, release_cached
@@ -208,19 +209,33 @@ def measure(profile: Profile) -> None:
 
 
 def estimate_build(profile: Profile) -> Estimate:
-    """Epochs × steps × seconds per step at the chosen size, and the rental it needs."""
+    """Epochs × steps × seconds per step at the chosen size, the checkpoint
+    writes and held-out evaluations on top, and the rental it needs."""
     campaign = profile.campaign
     params = TrainParams.from_params(profile.version.params)
-    examples = Unit.objects.filter(campaign=campaign, holdout=False).exclude(state="failed").count()
+    usable = Unit.objects.filter(campaign=campaign).exclude(state="failed")
+    examples = usable.filter(holdout=False).count()
     size = profile.chosen_batch_size
     step = next(s for s in profile.steps if s["batch_size"] == size and s.get("step_s") is not None)
     steps = params.epochs * math.ceil(examples / (size * params.accumulate))
     seconds = steps * step["step_s"] * params.accumulate
+    overhead = training_overhead(
+        campaign=campaign,
+        steps=steps,
+        checkpoint_every=params.checkpoint_every,
+        heldout=usable.filter(holdout=True).count(),
+        step=step,
+    )
+    total = seconds + overhead.write_seconds + overhead.eval_seconds
     return estimate_from_hours(
         profile=profile,
         units=examples,
-        hours=seconds / 3600,
+        hours=total / 3600,
+        # The writes go at the disk's pace on any card; the evaluations are compute.
+        io_hours=overhead.write_seconds / 3600,
         hours_naive=seconds / 3600,
         reason=f"{params.epochs} epoch(s) × {steps // max(1, params.epochs)} steps of "
-        f"{size} × {params.accumulate} examples at {step['step_s']:.3f} s per micro-batch",
+        f"{size} × {params.accumulate} examples at {step['step_s']:.3f} s per micro-batch, "
+        "checkpoint writes and held-out evaluations included",
+        assumed=overhead.reasons,
     )

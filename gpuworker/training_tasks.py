@@ -222,7 +222,16 @@ def _train(training: Training, heartbeat: Heartbeat) -> str:
                 "train_loss": progress.train_loss,
                 "heldout_loss": progress.heldout.get("heldout_loss"),
                 "heldout_accuracy": progress.heldout.get("heldout_accuracy"),
-                "linkage": {k: v for k, v in sidecar.items() if k != "files"},
+                "linkage": {
+                    **{k: v for k, v in sidecar.items() if k != "files"},
+                    # What the next training estimate of this campaign measures
+                    # from (campaigns/adaptation/estimate.py).
+                    "timings": {
+                        "heldout_eval_s": round(progress.eval_s, 4),
+                        "heldout": len(heldout),
+                        "write_s": round(progress.write_s, 4),
+                    },
+                },
                 "state": ModelCheckpoint.State.KEPT,
                 "seconds": progress.seconds,
             },

@@ -202,5 +202,6 @@ class PortalAdvisor:
     """campaigns' Advisor (campaigns/profiles/advice.py) over this catalog."""
 
     rental_advise = staticmethod(rental_advise)
+    rental_plan = staticmethod(recommend)
     environment_match = staticmethod(environment_match)
     order_link = staticmethod(order_link)

@@ -72,7 +72,9 @@ class ModelCheckpoint(models.Model):
     train_loss = models.FloatField()
     heldout_loss = models.FloatField(null=True, blank=True)
     heldout_accuracy = models.FloatField(null=True, blank=True)
-    # The sidecar as written: base model and checksum, version, data checksum, metrics.
+    # The sidecar as written: base model and checksum, version, data checksum,
+    # metrics; and under "timings" the worker's seconds for this checkpoint's
+    # held-out evaluation (and of how many examples) and for its write.
     linkage = models.JSONField(default=dict)
     state = models.CharField(max_length=10, choices=State.choices, default=State.KEPT)
     problem = models.TextField(blank=True)

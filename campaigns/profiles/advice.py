@@ -46,6 +46,13 @@ class Advisor(Protocol):
         """
         ...
 
+    def rental_plan(
+        self, *, projections: list[dict[str, Any]]
+    ) -> tuple[dict[str, Any] | None, list[str]]:
+        """The cheapest rental for these projections (rental_advise's rows,
+        their hours scaled to another corpus, say), and why; None if none fits."""
+        ...
+
     def environment_match(self, runtime: dict[str, Any]) -> tuple[object | None, str]:
         """The catalog environment with the profile's torch and CUDA, and a sentence why."""
         ...

@@ -17,6 +17,7 @@ from django.db import transaction
 from campaigns.models import Estimate, Profile
 from campaigns.profiles.advice import advisor
 from campaigns.profiles.corpus import corpus_costs, output_bytes_estimate, padded_cost
+from campaigns.profiles.report import CAP_REACHED, cap_reached
 from campaigns.profiles.tiers import memory_reasons, memory_tier, tier_batches
 from campaigns.runs.batching import batch_policy, plan_batches
 from campaigns.specs.processors import get_spec
@@ -124,6 +125,7 @@ def estimate_from_hours(
     io_hours: float = 0.0,
     hours_at: Callable[[int], tuple[float, float]] | None = None,
     costs: list[int] | None = None,
+    assumed: list[str] | None = None,
 ) -> Estimate:
     """Hours on the measured device → projections on every card, memory tier, rental plan.
 
@@ -131,7 +133,8 @@ def estimate_from_hours(
     spent reading, decoding, writing and checking: a faster card shortens the
     compute only. `hours_at(size)` prices another batch size the same way,
     for a tier that holds only a smaller batch; without it such a tier's
-    cards are left out of the plan.
+    cards are left out of the plan. `assumed`: what the hours took besides
+    the measurement, said after the first reason.
     """
     chosen = profile.chosen_batch_size
     priced: dict[int, tuple[float, float]] = {chosen: (hours, io_hours)}
@@ -158,9 +161,15 @@ def estimate_from_hours(
         f"measured on {profile.device}: {hours:.2f} h for {units} units at batch {chosen} "
         f"({reason}){io_part}; other cards are projections from relative throughput "
         f"({advice.speed_source}): their compute scaled, the reading and writing not",
+        *(assumed or []),
         *memory_reasons(profile, tiers),
         *advice.reasons,
     ]
+    if cap_reached(profile):
+        reasons.append(
+            f"batch {chosen} is the largest batch the profile tried: {CAP_REACHED}; "
+            "a larger batch would change these hours and the plan"
+        )
     Estimate.objects.filter(profile=profile).delete()
     return Estimate.objects.create(
         profile=profile,

@@ -21,6 +21,21 @@ def chosen_rate(profile: Profile) -> float | None:
     return rates[len(rates) // 2] if rates else None
 
 
+#: Said wherever a chosen batch that is the cap is shown: the sweep stopped
+#: there, not at the memory limit.
+CAP_REACHED = "the cap was reached — larger batches may fit; raise the cap to look further"
+
+
+def cap_reached(profile: Profile) -> bool:
+    """Whether the chosen batch is where the sweep stopped for its cap (the
+    largest batch to try) rather than for memory: no larger size was tried
+    and failed. (A training sweep doubles up to the cap without trying it.)"""
+    chosen = profile.chosen_batch_size
+    return bool(chosen) and not any(
+        step.get("batch_size", 0) > chosen and not step.get("fits") for step in profile.steps
+    )
+
+
 def report_steps(steps: list[dict]) -> list[dict]:
     """The steps with their write time per batch (measured per output, on a few)."""
     rows = []
@@ -47,6 +62,8 @@ def profile_report(profile: Profile) -> dict:
         "budget_source": profile.runtime.get("budget_source"),
         "margin": profile.margin,
         "chosen_batch_size": profile.chosen_batch_size,
+        "max_batch_size": profile.max_batch_size,
+        "cap_reached": cap_reached(profile),
         "chosen_peak_reserved": chosen_peak,
         "chosen_tier_gb": memory_tier(chosen_peak, profile.margin) if chosen_peak else None,
         "memory_tiers": tier_batches(profile) if profile.chosen_batch_size else [],
@@ -86,6 +103,25 @@ def profile_report(profile: Profile) -> dict:
     return report
 
 
+#: What a profile ran on, compared row by row: a change of figures between two
+#: devices means little when the software under them changed too.
+SOFTWARE = (("device", "Device"), ("torch", "torch"), ("cuda", "CUDA"), ("driver", "Driver"))
+
+
+def profile_software(profile: Profile) -> dict[str, str | None]:
+    """The device and the torch, CUDA and driver versions the profile recorded
+    (the worker's runtime facts; torch from its parameter version's software
+    when the runtime lacks it); None where none was recorded (no CUDA on a CPU)."""
+    runtime = profile.runtime or {}
+    software = profile.version.software or {}
+    return {
+        "device": profile.device or None,
+        "torch": runtime.get("torch") or software.get("torch") or None,
+        "cuda": runtime.get("cuda") or None,
+        "driver": runtime.get("driver") or None,
+    }
+
+
 def profile_summary(profile: Profile) -> dict:
     """The figures two profiles are compared on."""
     estimate = Estimate.objects.filter(profile=profile).first()
@@ -93,6 +129,7 @@ def profile_summary(profile: Profile) -> dict:
         "profile": profile.pk,
         "state": profile.state,
         "device": profile.device,
+        "software": profile_software(profile),
         "version": profile.version.label,
         "created_at": profile.created_at.isoformat() if profile.created_at else None,
         "sample_units": len(profile.sample),
@@ -130,13 +167,47 @@ def profile_comparison(*, profile: Profile, other: Profile) -> dict:
                 "change": change,
             }
         )
+    software_rows = [
+        {
+            "field": field,
+            "label": label,
+            "this": this["software"][field],
+            "other": that["software"][field],
+            "pair": [this["software"][field], that["software"][field]],
+            "differs": this["software"][field] != that["software"][field],
+        }
+        for field, label in SOFTWARE
+    ]
     return {
         "profile": this,
         "other": that,
         "same_sample": profile.sample == other.sample,
         "same_version": profile.version_id == other.version_id,
+        "software_rows": software_rows,
+        "software_warning": _software_warning(software_rows),
         "rows": rows,
     }
+
+
+def _software_warning(rows: list[dict]) -> str:
+    """Why the figures of two profiles may not compare as devices do: torch,
+    CUDA or the driver changed between them, or one did not record torch."""
+    if any(row["field"] == "torch" and None in row["pair"] for row in rows):
+        return (
+            "one of these profiles recorded no torch version: the software under the "
+            "figures is unknown, so a difference may come from it as much as from the device"
+        )
+    changed = [
+        f"{row['label']} {row['other'] or '—'} → {row['this'] or '—'}"
+        for row in rows
+        if row["field"] != "device" and row["differs"]
+    ]
+    if not changed:
+        return ""
+    return (
+        f"the software differs ({'; '.join(changed)}): a difference in the figures may "
+        "come from it as much as from the device"
+    )
 
 
 # --- as text, for the command line -------------------------------------------------
@@ -173,6 +244,8 @@ def profile_text(report: dict) -> list[str]:
             f"chosen batch size: {report['chosen_batch_size']} (peak reserved "
             f"{report['chosen_peak_reserved'] / mib:.0f} MiB on the heaviest inputs)"
         )
+        if report["cap_reached"]:
+            out(f"  {CAP_REACHED} (largest batch to try: {report['max_batch_size']}, --max-batch)")
     out(f"leak check: {report['leak'].get('message', 'not run')}")
     estimate = report["estimate"]
     if estimate:
@@ -198,6 +271,11 @@ def comparison_text(comparison: dict) -> list[str]:
         f"re-run of profile {other['profile']} ({same}): profile {other['profile']} on "
         f"{other['device'] or '?'} → profile {this['profile']} on {this['device'] or '?'}"
     )
+    for row in comparison["software_rows"]:
+        mark = "  (differs)" if row["differs"] else ""
+        out(f"  {row['label']}: {row['other'] or '—'} → {row['this'] or '—'}{mark}")
+    if comparison["software_warning"]:
+        out(f"  warning: {comparison['software_warning']}")
     mib = 1024 * 1024
     for row in comparison["rows"]:
         a, b = row["this"], row["other"]

@@ -139,6 +139,11 @@ def _run(
             f"{campaign.name} is an adaptation campaign: it trains (campaign train), "
             "it has no batches to run"
         )
+    # A Pause holds until the next Run or Resume, this one: the campaign stops
+    # reading "Paused" (selectors.run_state). A Pause after `since` is kept,
+    # and stops this run at its next slice.
+    if Campaign.objects.filter(pk=campaign.pk, paused_at__lt=since).update(paused_at=None):
+        campaign.paused_at = None
     # Not units a reviewer rejected or requeued under this version: they wait for another.
     pending_units = units_runnable(campaign=campaign, version=version)
     if not pending_units.exists():

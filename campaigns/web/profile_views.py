@@ -16,7 +16,13 @@ from django_htmx.http import HttpResponseStopPolling
 from campaigns.models import Campaign, Estimate, Profile
 from campaigns.profiles import charts as profile_charts
 from campaigns.profiles.advice import advisor
-from campaigns.profiles.report import profile_comparison, profile_report
+from campaigns.profiles.extrapolation import (
+    SIZE_UNITS,
+    CorpusSizeError,
+    corpus_size_parse,
+    estimate_extrapolate,
+)
+from campaigns.profiles.report import CAP_REACHED, profile_comparison, profile_report
 from campaigns.profiles.services import latest_profile, profile_rerun_start, profile_start
 from campaigns.specs import processors as processor_specs
 from campaigns.web.access import campaign_for_user_or_404
@@ -47,6 +53,7 @@ def campaign_profile(request: HttpRequest, name: str) -> HttpResponse:
         "max_batch": profile.max_batch_size if profile else DEFAULT_MAX_BATCH,
         "max_profile_batch": MAX_PROFILE_BATCH,
         "cost_unit": processor_specs.cost_unit(campaign.processor),
+        "cap_reached_text": CAP_REACHED,
     }
     if profile is not None:
         estimate = Estimate.objects.filter(profile=profile).first()
@@ -71,6 +78,7 @@ def campaign_profile(request: HttpRequest, name: str) -> HttpResponse:
                 ),
                 "comparison": _comparison(request, campaign, profile),
                 "poll_url": request.get_full_path(),
+                **_extrapolation(request, estimate),
             }
         )
     if request.htmx and request.htmx.target == "profile-report":
@@ -96,6 +104,27 @@ def _comparison(request: HttpRequest, campaign: Campaign, profile: Profile) -> d
     if other is None:
         raise Http404("No such profile.")
     return profile_comparison(profile=profile, other=other)
+
+
+def _extrapolation(request: HttpRequest, estimate: Estimate | None) -> dict:
+    """The corpus-size form (?corpus=2M&corpus_unit=units) and, when it is
+    filled, the estimate carried to that size or why it cannot be."""
+    amount = request.GET.get("corpus", "")[:40]
+    unit = request.GET.get("corpus_unit", "units")
+    context: dict = {
+        "corpus_amount": amount,
+        "corpus_unit": unit if unit in SIZE_UNITS else "units",
+        "corpus_units": list(SIZE_UNITS),
+    }
+    if estimate is None:
+        return context
+    try:
+        size = corpus_size_parse(amount, unit)
+        if size is not None:
+            context["extrapolation"] = estimate_extrapolate(estimate=estimate, size=size)
+    except CorpusSizeError as exc:
+        context["extrapolation_error"] = str(exc)
+    return context
 
 
 @login_required

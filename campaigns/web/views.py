@@ -9,6 +9,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
@@ -46,8 +47,17 @@ TIME = "%Y-%m-%d %H:%M"
 def campaign_list(request: HttpRequest) -> HttpResponse:
     campaigns = list(selectors.campaigns_for_user(request.user))
     counts = selectors.counts_by_campaign(campaign_ids=[c.pk for c in campaigns])
-    rows = [(c, counts[c.pk]) for c in campaigns]
     verification = review.verification_by_campaign(campaign_ids=[c.pk for c in campaigns])
+    rows = [
+        (
+            c,
+            counts[c.pk],
+            selectors.run_state(
+                campaign=c, counts=counts[c.pk], checkpoint=verification[c.pk].checkpoint
+            ),
+        )
+        for c in campaigns
+    ]
     return render(
         request, "campaigns/campaign_list.html", {"rows": rows, "verification": verification}
     )
@@ -94,6 +104,9 @@ def _run_panels(page: selectors.CampaignPage) -> dict:
     return {
         "campaign": campaign,
         "counts": counts,
+        "run_state": selectors.run_state(
+            campaign=campaign, counts=counts, checkpoint=page.checkpoint
+        ),
         "panels": batch_stats.PanelsOnDemand(
             campaign=campaign, newest_finished=page.newest_finished_batch
         ),
@@ -139,8 +152,19 @@ def _counts_fragment(request: HttpRequest, name: str) -> HttpResponse:
         raise Http404("No such campaign.")
     campaign_id, counts = found
     # The partial needs the name only (its links): no need to load the campaign.
-    context = {"campaign": Campaign(pk=campaign_id, name=name), "counts": counts}
-    response = render(request, "campaigns/campaign_detail.html#counts", context)
+    context = {
+        "campaign": Campaign(pk=campaign_id, name=name),
+        "counts": counts,
+        "run_state": selectors.campaign_run_state(campaign_id=campaign_id, counts=counts),
+    }
+    # The header's label too, out of band: the run ending at the checkpoint
+    # (or a Pause) changes it with the counts.
+    response = HttpResponse(
+        render_to_string("campaigns/campaign_detail.html#counts", context, request)
+        + render_to_string(
+            "campaigns/campaign_detail.html#run-state", {**context, "oob": True}, request
+        )
+    )
     if not counts.active:
         # 286: htmx swaps in these final counts and stops polling.
         response.status_code = HttpResponseStopPolling.status_code

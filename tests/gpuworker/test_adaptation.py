@@ -195,6 +195,10 @@ def test_an_image_classifier_learns_from_labelled_folders_and_its_checkpoint_cla
     last = training.checkpoints.order_by("-step").first()
     assert last.heldout_accuracy is not None
     assert set(training.base_metrics) == {"heldout_loss", "heldout_accuracy"}
+    # its evaluation and write timed, for the next training estimate of the campaign
+    timings = last.linkage["timings"]
+    assert timings["heldout"] == training.heldout and timings["heldout_eval_s"] > 0
+    assert timings["write_s"] > 0
 
     # the checkpoint's weights over the same model file classify a new campaign
     target, _ = setup.campaign_create(

@@ -28,6 +28,11 @@ def test_campaign_profile_prints_the_steps_the_choice_and_the_estimate(
     )
     text = out.getvalue()
     assert "chosen batch size: 4" in text
+    # 4 fitted a 64 GB budget easily: the sweep stopped at the cap, not at memory
+    assert (
+        "the cap was reached — larger batches may fit; raise the cap to look further "
+        "(largest batch to try: 4, --max-batch)"
+    ) in text
     assert "heaviest" in text and "count" in text
     assert "leak check: allocated memory comes back" in text
     assert "estimate:" in text and "memory tier" in text

@@ -122,6 +122,25 @@ def test_the_classifier_head_learns_new_labels_and_the_body_stays_frozen(tmp_pat
     assert np.isfinite(after["heldout_accuracy"])
 
 
+def test_each_checkpoint_times_its_held_out_evaluation_and_its_write(tmp_path):
+    torch.manual_seed(0)
+    rng = random.Random(5)
+    train = [(shape_image(CLASSES[i % 3], rng), i % 3) for i in range(16)]
+    heldout = [(shape_image(CLASSES[i % 3], rng), i % 3) for i in range(6)]
+    trainer = ClassifierTrainer(
+        params(batch_size=8, checkpoint_every=1),
+        TinyCNN(),
+        lambda image: torch.from_numpy(_tensor(image)),
+        train="head",
+    )
+    outcome = trainer.run(train, heldout, root=tmp_path / "ckpt", linkage=LINKAGE)
+    assert len(outcome.checkpoints) == 2
+    for progress in outcome.checkpoints:
+        # what the next training estimate of the campaign measures from
+        assert 0 < progress.eval_s < progress.seconds
+        assert progress.write_s > 0
+
+
 def test_training_the_whole_classifier_moves_its_body_too(tmp_path):
     torch.manual_seed(0)
     rng = random.Random(4)

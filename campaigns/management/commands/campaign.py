@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import json as _json
 import time
@@ -443,14 +444,18 @@ class Command(version_cli.VersionCommands, BaseCommand):
     def _status(self, *, name, json: bool, **_):
         campaign = self._campaign(name)
         counts = selectors.campaign_counts(campaign=campaign)
+        state = selectors.campaign_run_state(campaign_id=campaign.pk, counts=counts)
         if json:
-            self.stdout.write(_dumps(counts.as_dict(campaign.name)))
+            self.stdout.write(
+                _dumps({**counts.as_dict(campaign.name), "state": dataclasses.asdict(state)})
+            )
             return
         self.stdout.write(
             f"{campaign.name}: {counts.total} units — {counts.succeeded} succeeded, "
             f"{counts.failed} failed, {counts.pending} pending, {counts.queued} queued, "
             f"{counts.running} running"
         )
+        self.stdout.write(f"{state.label}: {state.detail}")
         for error_class, n in sorted(counts.by_error.items()):
             self.stdout.write(f"  {error_class}: {n}")
         if open_items := selectors.open_review_items(campaign=campaign):

@@ -175,6 +175,11 @@ class Effort:
         return self.backlog / self.per_hour if self.per_hour else None
 
     @property
+    def seconds_to_clear(self) -> float | None:
+        hours = self.hours_to_clear
+        return hours * 3600 if hours is not None else None
+
+    @property
     def reviewer_share(self) -> float | None:
         """Hours of one reviewer needed per hour of production to keep up."""
         inflow, rate = self.inflow_per_hour, self.per_hour
@@ -199,6 +204,7 @@ class Effort:
             "flagged_per_unit",
             "inflow_per_hour",
             "hours_to_clear",
+            "seconds_to_clear",
             "reviewer_share",
             "keeps_up",
         ):

@@ -154,6 +154,7 @@ def test_the_checkpoint_page_shows_the_correction_effort(client, owner, checkpoi
     assert re.search(r'data-effort="mean-seconds">1\d\.?\d? s<', effort)  # about 10 s
     assert re.search(r'data-effort="per-hour">3\d\d items/h<', effort)  # 2 in about 20 s
     assert '<td data-effort="backlog">1 open</td>' in effort
+    assert re.search(r'data-effort="hours-to-clear">1\d s of review to clear it', effort)
     assert 'data-effort="production-per-hour">' in effort and "units/h" in effort
     reasons = effort.split('class="grid effort-reject-reasons"')[1].split("</table>")[0]
     assert "<th>wrong result</th><td>1</td><td>100%</td>" in reasons

@@ -216,6 +216,12 @@ PROFILE_SAFETY_FACTOR = env.float("PROFILE_SAFETY_FACTOR", default=1.5)
 CHECKPOINT_SAMPLE_SIZE = env.int("CHECKPOINT_SAMPLE_SIZE", default=20)
 # One flag reason on more than this share of the sample fails the checkpoint.
 CHECKPOINT_DEFECT_SHARE = env.float("CHECKPOINT_DEFECT_SHARE", default=0.2)
+# Correction effort (campaigns/review/effort.py): a review decision that took
+# longer than this from the item shown is idle time, left out of the review
+# time; a gap this long between batches is left out of the production time.
+REVIEW_IDLE_SECONDS = env.int("REVIEW_IDLE_SECONDS", default=300)
+if REVIEW_IDLE_SECONDS < 1:
+    raise ImproperlyConfigured("REVIEW_IDLE_SECONDS is a number of seconds: 1 or more.")
 
 # --- Ordering portal ----------------------------------------------------------
 FIAT_CURRENCY = env.str("FIAT_CURRENCY", default="EUR")

@@ -1,5 +1,5 @@
 """The campaign's dossier as files: manifest, results, errors, batches,
-parameter versions.
+parameter versions, the review's correction effort and decisions.
 
 Written by `campaign export NAME --to DIR` and served from the campaign page;
 both read rows in keyset-paginated chunks, so a million units stream in
@@ -20,6 +20,7 @@ from numpy.lib import format as npy_format
 from campaigns.exports.csv_stream import stream_csv
 from campaigns.exports.matrices import RowReader, chunks, dimension_of
 from campaigns.exports.predictions import export_classifications, predictions_csv
+from campaigns.exports.review_effort import review_decisions_csv, review_effort_json
 from campaigns.models import Batch, Campaign, Unit, UnitState
 from campaigns.runs.batch_stats import MEASURED, SPLITS
 from campaigns.runs.memory_errors import splits_text
@@ -161,6 +162,8 @@ GENERATORS = {
     "errors.csv": errors_csv,
     "batches.csv": batches_csv,
     "versions.json": versions_json,
+    "review_effort.json": review_effort_json,
+    "review_decisions.csv": review_decisions_csv,
 }
 
 

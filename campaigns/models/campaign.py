@@ -40,6 +40,10 @@ class Campaign(models.Model):
     # The last Pause: a run still planning (a slice at a time, or a portal
     # worker planning the rest) stops at it. Nullable for the same reason.
     paused_at = models.DateTimeField(null=True, blank=True)
+    # The reasons a reviewer picks from when rejecting an output (a list of
+    # labels; None: campaigns.review.reasons.DEFAULT_REJECT_REASONS). Nullable
+    # for the same reason.
+    reject_reasons = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -80,6 +80,10 @@ class ReviewItem(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
     )
     note = models.TextField(blank=True)
+    # While rejected: the reason picked from the campaign's list (blank: the
+    # note alone says why). Nullable without a default so that SQLite adds the
+    # column in place: remaking the table would drop its counter triggers.
+    reject_reason = models.CharField(max_length=100, null=True, blank=True)
     decided_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -124,6 +128,14 @@ class ReviewDecision(models.Model):
     to_state = models.CharField(max_length=10, choices=ReviewItem.State.choices)
     reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True)
     note = models.TextField(blank=True)
+    reject_reason = models.CharField(max_length=100, blank=True, default="")
+    # From the item shown to the reviewer to this decision, as measured (idle
+    # time included: campaigns/review/effort.py leaves out what is over the
+    # idle limit when it sums). None: not measured (a bulk accept, a reopen,
+    # the command line, a form without its signed show time).
+    seconds = models.FloatField(null=True, blank=True)
+    # One of a bulk accept's decisions: counted, never timed.
+    bulk = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -32,6 +32,11 @@ class FlagReason(models.TextChoices):
     SPOT_CHECK = "spot_check", "checkpoint spot check"
 
 
+def reason_label(reason: str) -> str:
+    """A flag reason as people read it; a reason no longer known, as it is."""
+    return FlagReason(reason).label if reason in FlagReason.values else reason
+
+
 TEXT_EMBEDDING_FLAGS = {
     "flag_truncated_share": ParamSpec(
         0.95,

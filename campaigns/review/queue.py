@@ -41,8 +41,8 @@ from campaigns.models import (
     Unit,
     UnitState,
 )
-from campaigns.review import holdout
-from campaigns.review.flags import FlagReason
+from campaigns.review import holdout, reasons
+from campaigns.review.flags import FlagReason, reason_label
 
 log = logging.getLogger(__name__)
 Item = ReviewItem.State
@@ -57,26 +57,61 @@ DONE_STATES = (UnitState.SUCCEEDED, UnitState.FAILED, UnitState.NEEDS_REVIEW)
 REVIEWED_OUT = (Item.REJECTED, Item.REQUEUED)
 
 
-def review_decide(*, item: ReviewItem, decision: str, user, note: str = "") -> ReviewItem:
-    """Accept, reject, requeue, or reopen an item; the unit follows; history is kept."""
+def review_decide(
+    *,
+    item: ReviewItem,
+    decision: str,
+    user,
+    note: str = "",
+    reject_reason: str = "",
+    shown_at: datetime | None = None,
+    bulk: bool = False,
+) -> ReviewItem:
+    """Accept, reject, requeue, or reopen an item; the unit follows; history is kept.
+
+    A rejection says why: a reason from the campaign's list, a note, or both.
+    shown_at is when the reviewer was shown the item: the decision keeps the
+    time it took (campaigns/review/effort.py sums it).
+    """
     if decision not in Item.values:
         raise ValidationError(f"unknown decision {decision!r}: one of {', '.join(Item.values)}")
-    if decision == Item.REJECTED and not note.strip():
-        raise ValidationError("a rejection needs a reason")
+    if decision == Item.REJECTED:
+        reject_reason = reasons.reject_reason_check(campaign=item.campaign, reason=reject_reason)
+        if not reject_reason and not note.strip():
+            raise ValidationError("a rejection needs a reason: pick one from the list or type it")
+    else:
+        reject_reason = ""
     with transaction.atomic():
         locked = ReviewItem.objects.select_for_update().select_related("unit").get(pk=item.pk)
         previous = locked.state
+        now = timezone.now()
         locked.state = decision
         locked.reviewer = user
         locked.note = note
-        locked.decided_at = timezone.now() if decision != Item.OPEN else None
-        locked.save(update_fields=["state", "reviewer", "note", "decided_at"])
+        locked.reject_reason = reject_reason or None
+        locked.decided_at = now if decision != Item.OPEN else None
+        locked.save(update_fields=["state", "reviewer", "note", "reject_reason", "decided_at"])
         ReviewDecision.objects.create(
-            item=locked, from_state=previous, to_state=decision, reviewer=user, note=note
+            item=locked,
+            from_state=previous,
+            to_state=decision,
+            reviewer=user,
+            note=note,
+            reject_reason=reject_reason,
+            seconds=_seconds_since(shown_at, now) if decision != Item.OPEN else None,
+            bulk=bulk,
         )
         _unit_follows(locked, previous)
     item.refresh_from_db()
     return item
+
+
+def _seconds_since(shown_at: datetime | None, now: datetime) -> float | None:
+    if shown_at is None:
+        return None
+    seconds = (now - shown_at).total_seconds()
+    # A show time after the decision is a clock or a form gone wrong: not a measurement.
+    return seconds if seconds >= 0 else None
 
 
 def _latest_attempt(unit_id: int) -> Attempt | None:
@@ -124,11 +159,11 @@ def _review_state(latest: Attempt | None, current: QuerySet[ReviewItem]) -> dict
     """The unit's fields as its current items and latest attempt have them."""
     states = set(current.values_list("state", flat=True))
     if Item.REJECTED in states:
-        rejected = current.filter(state=Item.REJECTED).order_by("-decided_at", "-pk").first()
+        rejected = current.filter(state=Item.REJECTED).order_by("-decided_at", "-pk")[0]
         return {
             "state": UnitState.FAILED,
             "error_class": ErrorClass.REJECTED_BY_REVIEW,
-            "error_message": f"rejected in review ({rejected.reason}): {rejected.note}"[:2000],
+            "error_message": _rejection_message(rejected)[:2000],
         }
     if Item.REQUEUED in states:
         # Pending again, for a new parameter version: units_runnable keeps it
@@ -150,6 +185,11 @@ def _review_state(latest: Attempt | None, current: QuerySet[ReviewItem]) -> dict
     if current.filter(state=Item.OPEN).exclude(source=ReviewItem.Source.SPOT_CHECK).exists():
         return {"state": UnitState.NEEDS_REVIEW, "error_class": "", "error_message": ""}
     return {"state": UnitState.SUCCEEDED, "error_class": "", "error_message": ""}
+
+
+def _rejection_message(item: ReviewItem) -> str:
+    why = ": ".join(part for part in (item.reject_reason, item.note) if part)
+    return f"rejected in review ({item.reason}): {why}"
 
 
 def units_reviewed_out(*, campaign_id: int, version_id: int) -> QuerySet:
@@ -194,7 +234,8 @@ def units_release_reviewed(*, unit_ids: list[int], version_id: int) -> set[int]:
 def review_bulk_accept(*, items: QuerySet, user, note: str = "") -> int:
     accepted = 0
     for item in items.filter(state=Item.OPEN).order_by("pk").iterator():
-        review_decide(item=item, decision=Item.ACCEPTED, user=user, note=note)
+        # Marked bulk, untimed: the time went into the list, not into each item.
+        review_decide(item=item, decision=Item.ACCEPTED, user=user, note=note, bulk=True)
         accepted += 1
     return accepted
 
@@ -393,7 +434,7 @@ def _fail_on_repeating_defect(checkpoint: Checkpoint) -> bool:
     share = settings.CHECKPOINT_DEFECT_SHARE
     for reason, count in flagged.most_common():
         if count / len(checkpoint.sample) > share:
-            label = FlagReason(reason).label if reason in FlagReason.values else reason
+            label = reason_label(reason)
             checkpoint.state = Checkpoint.State.FAILED
             checkpoint.reason = (
                 f"repeating defect: {label} on {count} of {len(checkpoint.sample)} spot-check "

@@ -47,3 +47,23 @@ def output_location(rel: str):
     if row is None:
         return format_html("<code>{}</code>", file_rel)
     return format_html("row {} of its batch's shard <code>{}</code>", row, file_rel)
+
+
+@register.filter
+def duration(seconds):
+    """Seconds as a person reads them: 42 s, 3 min 5 s, 2.4 h; "—" where none."""
+    if seconds is None:
+        return "—"
+    seconds = float(seconds)
+    if seconds < 60:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+    if seconds < 3600:
+        minutes, rest = divmod(round(seconds), 60)
+        return f"{minutes} min {rest} s" if rest else f"{minutes} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+@register.filter
+def percent(share):
+    """A share (0..1) as a whole percentage; "—" where none (nothing decided)."""
+    return "—" if share is None else f"{share:.0%}"

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from campaigns.web import review_views
+from campaigns.web import effort_views, review_views
 
 urlpatterns = [
     path("", review_views.review_queue, name="review_queue"),
@@ -12,4 +12,6 @@ urlpatterns = [
     path("checkpoint/<int:pk>/", review_views.checkpoint_detail, name="checkpoint_detail"),
     path("checkpoint/<int:pk>/decide/", review_views.checkpoint_decide, name="checkpoint_decide"),
     path("holdout/<slug:name>/", review_views.holdout_panel, name="review_holdout"),
+    path("effort/<slug:name>/", effort_views.review_effort, name="review_effort"),
+    path("reasons/<slug:name>/", effort_views.reject_reasons_edit, name="reject_reasons_edit"),
 ]

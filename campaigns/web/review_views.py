@@ -33,9 +33,9 @@ from campaigns.models import (
     ReviewItem,
     Unit,
 )
-from campaigns.review import holdout, previews
+from campaigns.review import effort, holdout, previews, reasons
 from campaigns.review import queue as review
-from campaigns.review.flags import FlagReason
+from campaigns.review.flags import FlagReason, reason_label
 from campaigns.runs import start
 from campaigns.web.access import campaign_for_user_or_404
 
@@ -195,7 +195,7 @@ def review_queue(request: HttpRequest) -> HttpResponse:
         "categories": list(categories),
         "states": STATE_CHOICES,
         "reasons": [
-            (reason, _reason_label(reason), n, replace(filters, reason=reason).url())
+            (reason, reason_label(reason), n, replace(filters, reason=reason).url())
             for reason, n in counts.items()
         ],
         "reasons_total": sum(counts.values()),
@@ -218,13 +218,23 @@ def review_decide(request: HttpRequest, pk: int) -> HttpResponse:
     filters = Filters.parse(request.POST)
     decision = request.POST.get("decision", "")
     note = request.POST.get("note", "")
+    reject_reason = request.POST.get("reject_reason", "")
     try:
-        review.review_decide(item=item, decision=decision, user=request.user, note=note)
+        review.review_decide(
+            item=item,
+            decision=decision,
+            user=request.user,
+            note=note,
+            reject_reason=reject_reason,
+            shown_at=effort.shown_at(request.POST.get("shown", ""), item.pk),
+        )
     except ValidationError as exc:
         # Nothing changed: show the same item again with the reason.
         error = "; ".join(exc.messages)
         if request.htmx:
-            pane = _pane_context(request, filters, item, error=error, note=note)
+            pane = _pane_context(
+                request, filters, item, error=error, note=note, reject_reason=reject_reason
+            )
             return render(request, f"campaigns/review_queue.html#{PANE}", pane)
         messages.error(request, error)
         return redirect(filters.url(item=item.pk))
@@ -260,7 +270,7 @@ def _decided_notice(item: ReviewItem) -> str:
         Item.REQUEUED: "Requeued",
         Item.OPEN: "Reopened",
     }[item.state]
-    notice = f"{verb} {unit.uid} ({_reason_label(item.reason)}): the unit is now {state}"
+    notice = f"{verb} {unit.uid} ({reason_label(item.reason)}): the unit is now {state}"
     if item.state == Item.REQUEUED and unit.state == "pending":
         notice += f", to run under a new parameter version (not {item.version.label} again)"
     return notice + "."
@@ -318,6 +328,7 @@ def _pane_context(
     notice: str = "",
     error: str = "",
     note: str = "",
+    reject_reason: str = "",
 ) -> dict:
     context = {
         "filters": filters,
@@ -327,10 +338,14 @@ def _pane_context(
         "notice": notice,
         "error": error,
         "note": note,
+        "reject_reason": reject_reason,
         "queue_url": filters.url(),
     }
     if item is None:
         return context
+    # The decision's time runs from this render (campaigns/review/effort.py).
+    context["shown_token"] = effort.shown_token(item.pk)
+    context["reject_reasons"] = reasons.reject_reasons(item.campaign)
     in_filter = _filtered(request, filters)
     if filters.reason:
         in_filter = in_filter.filter(reason=filters.reason)
@@ -342,7 +357,7 @@ def _pane_context(
         {
             "unit": unit,
             "campaign": item.campaign,
-            "reason_label": _reason_label(item.reason),
+            "reason_label": reason_label(item.reason),
             "previous_url": filters.url(item=previous.pk) if previous else "",
             "next_url": filters.url(item=following.pk) if following else "",
             "input": previews.input_preview(
@@ -383,10 +398,6 @@ def _duplicates_named(item: ReviewItem) -> list[str]:
     return [uid.strip() for uid in item.detail.removeprefix(prefix).split(",")]
 
 
-def _reason_label(reason: str) -> str:
-    return FlagReason(reason).label if reason in FlagReason.values else reason
-
-
 # --- the checkpoint --------------------------------------------------------------
 
 
@@ -414,6 +425,9 @@ def checkpoint_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "states": dict(items.values_list("state").annotate(n=Count("pk")).order_by()),
         "sample_url": Filters(checkpoint=checkpoint.pk, state="all").url(),
         "current": checkpoint.version_id == campaign.current_version_id,
+        # The effort of this checkpoint's version: its spot check and its flags.
+        "effort": effort.review_effort(campaign=campaign, version=checkpoint.version),
+        "effort_version": checkpoint.version,
         # The report of this checkpoint's own version, not the campaign's current one.
         **_holdout_context(campaign, checkpoint.version),
         "snapshots": [

@@ -27,7 +27,7 @@ from campaigns.models import (
     Project,
     UnitState,
 )
-from campaigns.review import previews
+from campaigns.review import previews, reasons
 from campaigns.review import queue as review
 from campaigns.runs import batch_stats, control, setup, start
 from campaigns.specs import processors as processor_specs
@@ -80,6 +80,7 @@ def campaign_detail(request: HttpRequest, name: str) -> HttpResponse:
         **_unit_table(request, campaign),
         "reconciliation": page.reconciliation,
         "export_files": list(inventory.files_for(campaign)),
+        "reject_reasons": reasons.reject_reasons(campaign),
         "latest_profile": page.latest_profile,
         "is_adaptation": adaptation.is_adaptation(campaign),
         "lineage": adaptation.lineage(campaign.current_version)

@@ -129,7 +129,15 @@ def test_export_writes_the_dossier_files(corpus, tmp_path):
     _call("create", "e", "--processor", "text-embedding", "--input", str(corpus))
     out = _call("export", "e", "--to", str(tmp_path / "dossier"))
     names = sorted(p.name for p in (tmp_path / "dossier").iterdir())
-    assert names == ["batches.csv", "errors.csv", "manifest.csv", "results.csv", "versions.json"]
+    assert names == [
+        "batches.csv",
+        "errors.csv",
+        "manifest.csv",
+        "results.csv",
+        "review_decisions.csv",
+        "review_effort.json",
+        "versions.json",
+    ]
     assert "wrote" in out
     versions = json.loads((tmp_path / "dossier" / "versions.json").read_text())
     software = versions["versions"][0]["software"]

@@ -84,14 +84,19 @@ def loss_chart(training: Training) -> StepChart | None:
         )
         if s
     ]
-    rules = [Rule(label=f"base model held-out loss {base:.4f}", css="limit", y=scale.y(base))]
+    # No base line without held-out examples: the worker measures none then.
+    rules = (
+        [Rule(label=f"base model held-out loss {base:.4f}", css="limit", y=scale.y(base))]
+        if base is not None
+        else []
+    )
     x_ticks, y_ticks = scale.ticks([c.step for c in rows], lambda v: f"{v:.3g}")
     return StepChart(
         label="loss by step",
         x_label="optimizer steps",
         failed_label="damaged checkpoint",
         series=series,
-        rules=rules if base is not None else [],
+        rules=rules,
         x_ticks=x_ticks,
         y_ticks=y_ticks,
     )

@@ -231,7 +231,7 @@ def _campaign_pages(campaign: Campaign) -> list[Page]:
             (f">{name}</a>", f"<td>{counts['succeeded']}</td>", f"<td>{counts['failed']}</td>"),
             row=f">{name}</a>",
         ),
-        Page("campaign page", detail, (f"<h1>{name}</h1>", *lineage, *cells, *errors)),
+        Page("campaign page", detail, (f"<h1>{name}\n", *lineage, *cells, *errors)),
         Page("counts", detail, (*cells, *errors), htmx="counts"),
         Page("run panels", detail, (f'data-verification="{status}"', *batch), htmx="run-panels"),
         Page("unit table", detail, _escaped(units.first().uid), htmx="unit-table"),
@@ -477,18 +477,18 @@ def _failing_model():
         def run(self, items):
             raise self._exc
 
-    def run_splitting(processor, ready, splits):
+    def run_splitting(processor, ready, splits, *tried):
         uids = [outcome.unit.uid for outcome, _ in ready]
         if not splits:  # a batch's own call; its halves come with the split sizes
             seen["batches"] += 1
             if seen["batches"] == 1:
                 error = RuntimeError("CUDA error: an illegal memory access was encountered")
-                return real(Raising(processor, error), ready, splits)
+                return real(Raising(processor, error), ready, splits, *tried)
             if seen["batches"] == 2:
                 seen["too_big"] = uids[0]
         if seen["too_big"] in uids:
             processor = Raising(processor, torch.OutOfMemoryError(OOM))
-        return real(processor, ready, splits)
+        return real(processor, ready, splits, *tried)
 
     return mock.patch.object(model_run, "run_splitting", run_splitting)
 

@@ -303,10 +303,11 @@ CELERY_BROKER_DIR = VAR_DIR / "broker"
 if CELERY_BROKER_URL.startswith("filesystem://"):
     # kombu's filesystem transport with whole-file writes and reads that
     # skip a file not yet decodable (portal/broker.py, registered by
-    # portal/celery.py): a real broker that needs no server. It keeps the
-    # filesystem transport over kombu's SQLAlchemy transport on SQLite, which
-    # takes the SQLite write lock at every poll (bench/RESULTS.md, "Embedded
-    # broker"). It deletes a message when a worker takes it, so late
+    # portal/celery.py): a real broker that needs no server. kombu's own lost
+    # 8-10 of 3,000 messages to JSONDecodeError, each one a worker would stop
+    # on; kombu's SQLAlchemy transport on SQLite lost none but ran 10-20x
+    # slower and polled at a quarter of a core while idle (bench/RESULTS.md,
+    # "Embedded broker"). It deletes a message when a worker takes it, so late
     # acknowledgement cannot bring back a batch whose worker died; the
     # distributed setup can.
     CELERY_BROKER_TRANSPORT_OPTIONS = {

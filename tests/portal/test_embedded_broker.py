@@ -58,6 +58,7 @@ def on_message(body, message):
 
 with Connection("filesystem://", transport_options=options) as conn:
     with Consumer(conn, [queue], callbacks=[on_message]):
+        print("ready", flush=True)
         while True:
             try:
                 conn.drain_events(timeout=1)
@@ -154,12 +155,15 @@ def test_two_consumers_never_take_the_same_message(broker_root):
         stdout=subprocess.PIPE,
         text=True,
     )
+    assert other.stdout is not None
+    assert other.stdout.readline() == "ready\n"
     mine, errors = take(broker_root, 1000, [other], timeout=40)
     out, _ = other.communicate(timeout=30)
     theirs = collections.Counter(tuple(map(int, line.split())) for line in out.splitlines())
 
     # then between them each message arrived once
     assert errors == []
+    assert mine and theirs, "both consumers took a share"
     assert sorted((mine + theirs).elements()) == [(0, s) for s in range(1000)]
 
 

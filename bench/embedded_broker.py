@@ -9,7 +9,8 @@ Each transport in a fresh folder, four measures:
   at a time as beat and the web process do, while one consumer in this process
   takes them, polling every millisecond. Counts what arrived, what was lost or
   came twice, and the errors the consumer raised (a Celery worker stops at the
-  first); messages/s from the first publish to the last receipt.
+  first); messages/s from the consumer's start (the writers start with it) to the
+  last receipt.
 - publish: one process publishes --messages into an empty queue.
 - consume: one consumer takes that backlog.
 - idle: a consumer polls the empty queue every 10 ms (the worker's

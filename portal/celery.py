@@ -6,14 +6,21 @@ from pathlib import Path
 
 from celery import Celery, signals
 
+from portal import broker
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
 logger = logging.getLogger(__name__)
 
+# `filesystem://` is portal.broker's transport in every process that loads the
+# app (web, worker, beat, management commands): kombu's own loses messages and
+# stops the worker on a half-written file.
+broker.register()
+
 app = Celery("portal")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 
-# kombu's filesystem transport expects its folders to exist.
+# The filesystem transport expects its folders to exist.
 for folder in (app.conf.broker_transport_options or {}).values():
     if isinstance(folder, str) and folder.startswith("/"):
         Path(folder).mkdir(parents=True, exist_ok=True)

@@ -301,13 +301,21 @@ if CACHES["default"]["BACKEND"].endswith("LocMemCache"):
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://localhost/")
 CELERY_BROKER_DIR = VAR_DIR / "broker"
 if CELERY_BROKER_URL.startswith("filesystem://"):
-    # kombu's filesystem transport: a real broker that needs no server.
-    # It deletes a message when a worker takes it, so late acknowledgement
-    # cannot bring back a batch whose worker died; the distributed setup can.
+    # kombu's filesystem transport with whole-file writes and reads that
+    # skip a file not yet decodable (portal/broker.py, registered by
+    # portal/celery.py): a real broker that needs no server. kombu's own lost
+    # 8-10 of 3,000 messages to JSONDecodeError, each one a worker would stop
+    # on; kombu's SQLAlchemy transport on SQLite lost none but ran 10-20x
+    # slower and polled at a quarter of a core while idle (bench/RESULTS.md,
+    # "Embedded broker"). It deletes a message when a worker takes it, so late
+    # acknowledgement cannot bring back a batch whose worker died; the
+    # distributed setup can.
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(CELERY_BROKER_DIR / "queue"),
         "data_folder_out": str(CELERY_BROKER_DIR / "queue"),
         "control_folder": str(CELERY_BROKER_DIR / "control"),
+        # Message files that stayed undecodable go here, with a log line.
+        "bad_folder": str(CELERY_BROKER_DIR / "bad"),
         # A worker looks for its next batch this often (after each batch it
         # waits for the next look): a longer interval leaves the device idle
         # between batches, and polling this often costs a few percent of one

@@ -89,6 +89,20 @@ def _unit_columns(campaign: Campaign, now) -> list[tuple[str, str, object]]:
     return columns
 
 
+def analyze_if_stale(cursor) -> None:
+    """ANALYZE campaigns_unit (PostgreSQL) if many rows changed since its
+    statistics were taken. ANALYZE samples 30,000 rows and waits only for
+    another ANALYZE."""
+    cursor.execute(
+        "SELECT n_mod_since_analyze, GREATEST(c.reltuples, 0) FROM pg_stat_user_tables s "
+        "JOIN pg_class c ON c.oid = s.relid WHERE s.relid = %s::regclass",
+        [Unit._meta.db_table],
+    )
+    row = cursor.fetchone()
+    if row is not None and row[0] > max(STALE_STATISTICS_ROWS, row[1] / 10):
+        cursor.execute(f"ANALYZE {connection.ops.quote_name(Unit._meta.db_table)}")
+
+
 def _column(name: str) -> str:
     return connection.ops.quote_name(Unit._meta.get_field(name).column)
 
@@ -307,28 +321,28 @@ class Staging:
             cursor.execute("SET LOCAL enable_mergejoin TO DEFAULT")
 
     def _fresh_statistics(self, cursor) -> None:
-        """ANALYZE campaigns_unit before the first lookup if many rows changed since
-        its statistics were taken (PostgreSQL).
+        """analyze_if_stale before the first lookup of this import.
 
         Right after a bulk import the statistics still say the campaign has a
         handful of units; the planner then reads the campaign's units through
         (campaign, id) and filters on uid, once per staged row, and a re-import
         of a million rows takes minutes (bench/RESULTS.md, "Fewer index entries,
         a statement-level campaign check, COPY into the units (2026-11-30)").
-        With fresh statistics it probes the unique (campaign, uid) index. ANALYZE samples 30,000
-        rows and waits only for another ANALYZE.
+        With fresh statistics it probes the unique (campaign, uid) index.
         """
         if self.statistics_checked:
             return
         self.statistics_checked = True
-        cursor.execute(
-            "SELECT n_mod_since_analyze, GREATEST(c.reltuples, 0) FROM pg_stat_user_tables s "
-            "JOIN pg_class c ON c.oid = s.relid WHERE s.relid = %s::regclass",
-            [Unit._meta.db_table],
-        )
-        row = cursor.fetchone()
-        if row is not None and row[0] > max(STALE_STATISTICS_ROWS, row[1] / 10):
-            cursor.execute(f"ANALYZE {self.units}")
+        analyze_if_stale(cursor)
+
+    def finish(self) -> None:
+        """After the last chunk (PostgreSQL): analyze_if_stale, so that what
+        comes next — a run picking its first group and weighing it by id, the
+        pages — is planned for the campaign's real size, not for the handful
+        of units the statistics knew before the import."""
+        if self.postgres:
+            with connection.cursor() as cursor:
+                analyze_if_stale(cursor)
 
     def _match(self, cursor) -> tuple[int, list[tuple]]:
         """Mark staged rows whose id the campaign has; drop (and return) those this

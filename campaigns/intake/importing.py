@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from django.db import connection, transaction
+from django.db.models import Count, Sum
 
 from campaigns.db.import_staging import Staging
 from campaigns.models import Campaign, ErrorClass, Unit, UnitState
@@ -55,6 +56,9 @@ READ_AHEAD = (1000, 50)
 PROBLEMS_KEPT = 1000
 #: How often (rows) the progress callback hears from a running import.
 PROGRESS_EVERY = 1000
+#: Groups of identical inputs an ImportReport names, and ids named a group.
+IDENTICAL_GROUPS_SHOWN = 5
+IDENTICAL_IDS_SHOWN = 3
 
 # Manifest columns with a meaning; any other column is kept as metadata.
 _COLUMNS = frozenset({"id", "path", "category", "size", "sha256"})
@@ -86,6 +90,11 @@ class ImportReport:
     # The first PROBLEMS_KEPT lines, then (after close) one "… and N more".
     problems: list[str] = field(default_factory=list)
     problem_count: int = 0
+    # Identical inputs (the same sha256 under several ids) in the campaign
+    # after the import: groups, the units in them, and a few groups' ids.
+    identical_groups: int = 0
+    identical_units: int = 0
+    identical_examples: list[list[str]] = field(default_factory=list)
 
     def room(self) -> int:
         return max(0, PROBLEMS_KEPT - len(self.problems))
@@ -112,7 +121,28 @@ class ImportReport:
             "duplicates": self.duplicates,
             "problem_count": self.problem_count,
             "problems": self.problems,
+            "identical_groups": self.identical_groups,
+            "identical_units": self.identical_units,
+            "identical_examples": self.identical_examples,
         }
+
+    def identical_summary(self) -> str:
+        """The identical inputs in a sentence, for the command line and the page;
+        "" when there are none."""
+        if not self.identical_groups:
+            return ""
+        shown = "; ".join(
+            " = ".join(ids) + (" = …" if len(ids) == IDENTICAL_IDS_SHOWN else "")
+            for ids in self.identical_examples
+        )
+        if self.identical_groups > len(self.identical_examples):
+            shown += "; …"
+        groups = f"{self.identical_groups} group{'s' if self.identical_groups != 1 else ''}"
+        return (
+            f"{self.identical_units} units are identical inputs (the same sha256) in "
+            f"{groups}: {shown}. Each is processed; the checkpoint's spot check shows "
+            "one of each group."
+        )
 
 
 @contextmanager
@@ -151,7 +181,17 @@ class _Row:
         return self
 
 
-def _walk_folder(root: Path) -> Iterator[_Row]:
+def top_folder(path: str) -> str:
+    """The first folder of a path relative to the input root: a folder
+    import's category. "" for a file at the top level, or a path that leaves
+    the root (the worker refuses it anyway). Cut to the category column's size."""
+    first, sep, _rest = normalise_uid(path).partition("/")
+    if not sep or first == ".." or path.startswith(("/", "\\")):
+        return ""
+    return first[:_CATEGORY_MAX]
+
+
+def _walk_folder(root: Path, *, folder_categories: bool = True) -> Iterator[_Row]:
     number = 0
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
@@ -168,7 +208,7 @@ def _walk_folder(root: Path) -> Iterator[_Row]:
                     f"path longer than {_UID_MAX} characters, too long for an id: {uid[:80]}…"
                 )
                 continue
-            yield _Row(number, uid, uid)
+            yield _Row(number, uid, uid, top_folder(uid) if folder_categories else "")
 
 
 def _manifest_records(manifest: Path) -> Iterator[tuple[int, dict]]:
@@ -266,9 +306,13 @@ def _manifest_row(lineno: int, record: dict) -> _Row:
     return row
 
 
-def _manifest_rows(manifest: Path) -> Iterator[_Row]:
+def _manifest_rows(manifest: Path, *, folder_categories: bool = True) -> Iterator[_Row]:
     for lineno, record in _manifest_records(manifest):
-        yield _manifest_row(lineno, record)
+        row = _manifest_row(lineno, record)
+        # The manifest's category wins; a row without one takes its top folder.
+        if folder_categories and not row.category and not row.error_class:
+            row.category = top_folder(row.source_path)
+        yield row
 
 
 def _hash_input(root: Path, row: _Row) -> int | None:
@@ -413,23 +457,67 @@ def _import_rows(
             with transaction.atomic():
                 if not staging.add(chunk, report):
                     break
+        staging.finish()
     report.close()
+    _note_identical(campaign, report)
     return report
 
 
-def import_folder(campaign: Campaign, *, progress: Progress | None = None) -> ImportReport:
+def _note_identical(campaign: Campaign, report: ImportReport) -> None:
+    """Count the campaign's identical inputs into the report, with a few examples.
+
+    One GROUP BY over the campaign's checksums (the database sorts or hashes
+    it, no Python memory), then a few ids of the largest groups.
+    """
+    units = Unit.objects.filter(campaign=campaign).exclude(sha256="")
+    groups = units.values("sha256").annotate(n=Count("pk")).filter(n__gt=1).order_by()
+    totals = groups.aggregate(groups=Count("sha256"), units=Sum("n"))
+    report.identical_groups = totals["groups"] or 0
+    report.identical_units = totals["units"] or 0
+    if not report.identical_groups:
+        return
+    largest = list(
+        groups.order_by("-n", "sha256").values_list("sha256", flat=True)[:IDENTICAL_GROUPS_SHOWN]
+    )
+    examples: dict[str, list[str]] = {sha256: [] for sha256 in largest}
+    # One pass over the members of these groups, left as soon as each has its
+    # ids: a group of a hundred thousand empty files is never read whole.
+    members = units.filter(sha256__in=largest).order_by("pk").values_list("sha256", "uid")
+    wanted = len(largest) * IDENTICAL_IDS_SHOWN
+    for sha256, uid in members.iterator(chunk_size=1000):
+        if len(examples[sha256]) < IDENTICAL_IDS_SHOWN:
+            examples[sha256].append(uid)
+            wanted -= 1
+            if not wanted:
+                break
+    report.identical_examples = [examples[sha256] for sha256 in largest]
+
+
+def import_folder(
+    campaign: Campaign, *, progress: Progress | None = None, folder_categories: bool = True
+) -> ImportReport:
+    """Import the files under the campaign's input root. `folder_categories`:
+    each unit's category is its top folder (files at the top level have none)."""
     root = Path(campaign.input_root)
     if not root.is_dir():
         raise ManifestError(f"input folder not found: {root}")
-    return _import_rows(campaign, _walk_folder(root), progress)
+    rows = _walk_folder(root, folder_categories=folder_categories)
+    return _import_rows(campaign, rows, progress)
 
 
 def import_manifest(
-    campaign: Campaign, manifest: Path, *, progress: Progress | None = None
+    campaign: Campaign,
+    manifest: Path,
+    *,
+    progress: Progress | None = None,
+    folder_categories: bool = True,
 ) -> ImportReport:
+    """Import the rows of a CSV or JSONL manifest. `folder_categories`: a row
+    without a category takes its path's top folder."""
     if not manifest.is_file():
         raise ManifestError(f"manifest not found: {manifest}")
-    return _import_rows(campaign, _manifest_rows(manifest), progress)
+    rows = _manifest_rows(manifest, folder_categories=folder_categories)
+    return _import_rows(campaign, rows, progress)
 
 
 @dataclass
@@ -448,17 +536,24 @@ def preview(
     params: dict,
     show: int = 20,
     check: int = 200,
+    folder_categories: bool = True,
 ) -> Preview:
     """What an import would make, without writing anything: the first units, and
     which of the first `check` inputs would fail and why."""
     from campaigns.intake.inputs import InputError, read_bytes
 
     result = Preview()
-    rows = _manifest_rows(manifest) if manifest is not None else _walk_folder(root)
+    rows = (
+        _manifest_rows(manifest, folder_categories=folder_categories)
+        if manifest is not None
+        else _walk_folder(root, folder_categories=folder_categories)
+    )
     for row in rows:
         result.total += 1
         if len(result.first) < show:
-            result.first.append({"id": row.uid, "source_path": row.source_path})
+            result.first.append(
+                {"id": row.uid, "source_path": row.source_path, "category": row.category}
+            )
         if result.checked >= check:
             continue
         result.checked += 1

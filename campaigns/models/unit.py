@@ -149,8 +149,9 @@ class Unit(models.Model):
                 name="unit_campaign_error_id",
                 condition=Q(state="failed"),
             ),
-            # The table filtered by category; uncategorised units (most
-            # imports) are never filtered on, so they add no entries.
+            # The table filtered by category; uncategorised units (files at
+            # the top of a folder import, manifests without categories) are
+            # never filtered on, so they add no entries.
             models.Index(
                 fields=["campaign", "category", "id"],
                 name="unit_campaign_category_id",

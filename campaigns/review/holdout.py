@@ -124,9 +124,15 @@ def _classification(
 ) -> dict[str, Any]:
     output_root = Path(settings.OUTPUT_ROOT)
     confusion: dict[str, Counter] = defaultdict(Counter)
-    labelled = correct = unreadable = 0
+    labelled = correct = unreadable = not_labels = 0
+    labels = _model_labels(version)
     for _uid, truth, rel in _holdout_outputs(campaign, version):
         if not truth:
+            continue
+        if labels is not None and truth not in labels:
+            # A category that is no label of the model (a folder named for a
+            # year, say, as a folder import's categories are) is not a truth.
+            not_labels += 1
             continue
         try:
             with np.load(output_root / rel, allow_pickle=False) as out:
@@ -138,9 +144,15 @@ def _classification(
         labelled += 1
         correct += predicted == truth
         confusion[truth][predicted] += 1
+    if not_labels:
+        notes.append(
+            f"{not_labels} holdout unit(s) have a category that is not one of the model's "
+            "labels: not scored"
+        )
     if not labelled and not unreadable:
         notes.append(
-            "no processed holdout unit carries a label (a manifest's category column): no accuracy"
+            "no processed holdout unit carries a label (a manifest's category column, or "
+            "a top folder named as a label): no accuracy"
         )
     if unreadable:
         notes.append(f"{unreadable} holdout output(s) could not be read; run verify")
@@ -150,6 +162,19 @@ def _classification(
         "confusion": {t: dict(sorted(p.items())) for t, p in sorted(confusion.items())},
         "unreadable": unreadable,
     }
+
+
+def _model_labels(version: ParameterVersion) -> set[str] | None:
+    """The labels file of the version's classifier, as the worker reads it;
+    None when it cannot be read (every category is then taken for a label)."""
+    path = version.params.get("labels")
+    if not path:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return {line.strip() for line in text.splitlines() if line.strip()}
 
 
 # --- embedding stability ------------------------------------------------------

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
-import random
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -42,6 +41,7 @@ from campaigns.models import (
     UnitState,
 )
 from campaigns.review import holdout, reasons
+from campaigns.review.cross_section import spot_check_sample
 from campaigns.review.flags import FlagReason, reason_label
 
 log = logging.getLogger(__name__)
@@ -369,30 +369,14 @@ _SAMPLED = Q(state__in=(UnitState.SUCCEEDED, UnitState.NEEDS_REVIEW)) | Q(
 
 
 def _stratified_sample(*, campaign: Campaign, version: ParameterVersion) -> list[int]:
-    """A spot-check set across categories and input sizes, not the first results."""
-    want = settings.CHECKPOINT_SAMPLE_SIZE
-    rows = list(
-        _processed_by(version).filter(_SAMPLED, holdout=False).values_list("pk", "category", "size")
+    """A spot-check set across categories and input sizes, not the first
+    results, and never the same input twice (campaigns/review/cross_section.py)."""
+    return spot_check_sample(
+        processed=_processed_by(version).filter(_SAMPLED, holdout=False),
+        size=settings.CHECKPOINT_SAMPLE_SIZE,
+        campaign=campaign,
+        version=version,
     )
-    if not rows:
-        return []
-    sizes = sorted(size or 0 for _, _, size in rows)
-    quartiles = [sizes[len(sizes) * q // 4] for q in (1, 2, 3)]
-    strata: dict[tuple, list[int]] = defaultdict(list)
-    for pk, category, size in rows:
-        bucket = sum(1 for q in quartiles if (size or 0) > q)
-        strata[(category, bucket)].append(pk)
-    rng = random.Random(f"{campaign.pk}-{version.pk}")
-    for members in strata.values():
-        members.sort()
-        rng.shuffle(members)
-    picked: list[int] = []
-    # Round robin over the strata, so a small category is seen as well as a large one.
-    while len(picked) < want and any(strata.values()):
-        for key in sorted(strata, key=str):
-            if strata[key] and len(picked) < want:
-                picked.append(strata[key].pop())
-    return sorted(picked)
 
 
 def _spot_check_items(checkpoint: Checkpoint) -> None:

@@ -81,10 +81,12 @@ def campaign_create(
     params: dict[str, Any] | None = None,
     checkpoint_after: int | None = None,
     holdout_share: float = 0.05,
+    folder_categories: bool = True,
 ) -> tuple[Campaign, ImportReport]:
     """Create a campaign, its first parameter version, and import its units.
 
     checkpoint_after: units before the checkpoint (None: max(1%, 200); 0: none).
+    folder_categories: a unit without a category takes its top folder's name.
     """
     if slugify(name) != name:
         raise ValidationError(
@@ -115,14 +117,18 @@ def campaign_create(
         holdout_share=holdout_share,
     )
     version_create(campaign=campaign, params=params)
-    report = campaign_import(campaign=campaign, manifest=manifest)
+    report = campaign_import(
+        campaign=campaign, manifest=manifest, folder_categories=folder_categories
+    )
     return campaign, report
 
 
-def campaign_import(*, campaign: Campaign, manifest: Path | None = None) -> ImportReport:
+def campaign_import(
+    *, campaign: Campaign, manifest: Path | None = None, folder_categories: bool = True
+) -> ImportReport:
     if manifest is not None:
-        return import_manifest(campaign, manifest)
-    return import_folder(campaign)
+        return import_manifest(campaign, manifest, folder_categories=folder_categories)
+    return import_folder(campaign, folder_categories=folder_categories)
 
 
 def project_for_user(*, name: str, user=None) -> Project:

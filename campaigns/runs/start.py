@@ -5,17 +5,19 @@ commits. Also the send itself, which resume and the lease sweeps use too."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from celery import current_app as celery_app
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from campaigns import selectors
 from campaigns.db.unit_claims import units_claim
-from campaigns.models import Batch, Campaign, ParameterVersion, Unit
+from campaigns.models import Batch, Campaign, ParameterVersion, Unit, UnitState
+from campaigns.review.cross_section import first_group
 from campaigns.review.queue import run_allowance, units_runnable
 from campaigns.runs.batching import batch_policy, plan_batches
 from campaigns.runs.costs import measure_costs
@@ -156,11 +158,16 @@ def _run(
         return 0, False
     weighs = batch_policy(version.params) != "original"
     if allowance is not None:
-        # Before the checkpoint: the first group (a few per cent), in one go.
+        # Before the checkpoint: the first group (a few per cent), in one go, a
+        # cross-section of categories and sizes rather than the import's head.
+        chosen = first_group(
+            pending=pending_units, allowance=allowance, campaign=campaign, version=version
+        )
         if weighs:
-            within = _first_group(pending_units, allowance)
-            measure_costs(campaign=campaign, params=version.params, within=within)
-        outside = pending_units.filter(holdout=False).order_by("pk")
+            # Only the group is weighed: a million-unit campaign's first group
+            # starts without tokenizing the other 95 %.
+            for within in _first_group_parts(chosen):
+                measure_costs(campaign=campaign, params=version.params, within=within)
         sent = _plan_and_send(
             campaign=campaign,
             version=version,
@@ -168,7 +175,7 @@ def _run(
             pending=lambda: sorted(
                 [
                     *pending_units.filter(holdout=True).values_list("pk", "cost"),
-                    *outside.values_list("pk", "cost")[:allowance],
+                    *_still_pending(chosen),
                 ]
             ),
         )
@@ -238,16 +245,22 @@ def _plan_and_send(
     return len(created)
 
 
-def _first_group(pending_units: QuerySet[Unit], allowance: int) -> Q | None:
-    """The units a run before the checkpoint plans (the holdout and the first
-    `allowance` others), so that only they are weighed: a million-unit
-    campaign's first group starts without tokenizing the other 95 %.
-    None: fewer pending units than that, all of them."""
-    if allowance == 0:
-        return Q(holdout=True)
-    outside = pending_units.filter(holdout=False).order_by("pk").values_list("pk", flat=True)
-    edge = list(outside[allowance - 1 : allowance])
-    return Q(holdout=True) | Q(pk__lte=edge[0]) if edge else None
+def _still_pending(ids: list[int]) -> Iterator[tuple[int, int | None]]:
+    """(id, cost) of those of `ids` still pending, looked up by primary key
+    _CLAIM_UNITS at a time (the first group was picked from the runnable
+    units a moment ago; a unit claimed since is left out, as the claim would)."""
+    for start in range(0, len(ids), _CLAIM_UNITS):
+        part = Unit.objects.filter(pk__in=ids[start : start + _CLAIM_UNITS])
+        yield from part.filter(state=UnitState.PENDING).values_list("pk", "cost")
+
+
+def _first_group_parts(chosen: list[int]) -> Iterator[Q]:
+    """The first group (the pending holdout, and the `chosen` others) as
+    filters of at most _CLAIM_UNITS ids each: a list of a few hundred
+    thousand ids would pass the databases' limit on a statement's parameters."""
+    yield Q(holdout=True)
+    for start in range(0, len(chosen), _CLAIM_UNITS):
+        yield Q(pk__in=chosen[start : start + _CLAIM_UNITS], holdout=False)
 
 
 def _batches_claim(

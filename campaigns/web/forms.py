@@ -15,6 +15,15 @@ from campaigns.specs import model_files
 from campaigns.specs.processors import ProcessorSpec, all_specs, get_spec
 
 PARAM_PREFIX = "param_"
+DEFAULT_HOLDOUT_PERCENT = 5
+CHECKPOINT_ERROR = (
+    "the checkpoint size is a whole number of units: 0 for no checkpoint, or more; "
+    "leave it blank for the automatic size (1 % of the units, at least 200)"
+)
+HOLDOUT_ERROR = (
+    f"the holdout share is a percentage from 0 to below 100 ({DEFAULT_HOLDOUT_PERCENT} "
+    "holds out one unit in twenty; 0 holds out none)"
+)
 # The hidden field naming the processor whose parameter fields the form holds.
 PARAMS_FOR = "params_for"
 
@@ -116,6 +125,31 @@ class CampaignSetupForm(ParamsMixin, forms.Form):
         required=False,
         help_text="optional CSV or JSONL (id, path, category…); paths relative to the folder",
     )
+    no_folder_categories = forms.BooleanField(
+        required=False,
+        label="Do not use top folders as categories",
+        help_text="unticked, a unit without a category (from the manifest) takes the name of "
+        "its top folder, so that the checkpoint's first group and spot check span the folders",
+    )
+    # Not min_value/max_value: their messages say nothing of what the number is;
+    # the browser still gets min and max on the input.
+    checkpoint_after = forms.IntegerField(
+        required=False,
+        label="Checkpoint size (units)",
+        widget=forms.NumberInput(attrs={"min": 0, "step": 1, "placeholder": "automatic"}),
+        error_messages={"invalid": CHECKPOINT_ERROR},
+        help_text="units processed before the campaign stops for a spot check; "
+        "blank: 1 % of the units, at least 200; 0: no checkpoint",
+    )
+    holdout_share = forms.FloatField(
+        required=False,
+        initial=DEFAULT_HOLDOUT_PERCENT,
+        label="Holdout share (%)",
+        widget=forms.NumberInput(attrs={"min": 0, "max": 99, "step": "any"}),
+        error_messages={"invalid": HOLDOUT_ERROR},
+        help_text="per cent of the units kept out of profiling and tuning and scored at "
+        f"each checkpoint; blank: {DEFAULT_HOLDOUT_PERCENT}",
+    )
 
     def __init__(
         self,
@@ -165,6 +199,21 @@ class CampaignSetupForm(ParamsMixin, forms.Form):
         if suffix not in (".csv", ".jsonl", ".ndjson"):
             raise ValidationError("a manifest is a .csv or .jsonl file")
         return manifest
+
+    def clean_checkpoint_after(self) -> int | None:
+        value = self.cleaned_data.get("checkpoint_after")
+        if value is not None and value < 0:
+            raise ValidationError(CHECKPOINT_ERROR)
+        return value
+
+    def clean_holdout_share(self) -> float:
+        """The share as a fraction, as the campaign keeps it; the form shows per cent."""
+        value = self.cleaned_data.get("holdout_share")
+        if value is None:
+            value = DEFAULT_HOLDOUT_PERCENT
+        if not 0 <= value < 100:
+            raise ValidationError(HOLDOUT_ERROR)
+        return value / 100
 
     def clean(self):
         cleaned = super().clean()

@@ -365,6 +365,7 @@ def _campaign_new(request: HttpRequest, *, refused_uploads: set[str]) -> HttpRes
             manifest=manifest,
             check_input=spec.check_input,
             params=data["params"],
+            folder_categories=not data["no_folder_categories"],
         )
         return render(
             request,
@@ -384,6 +385,9 @@ def _campaign_new(request: HttpRequest, *, refused_uploads: set[str]) -> HttpRes
             manifest=manifest,
             input_root=Path(data["folder"]) if manifest else None,
             params=data["params"],
+            checkpoint_after=data["checkpoint_after"],
+            holdout_share=data["holdout_share"],
+            folder_categories=not data["no_folder_categories"],
         )
     except (ValidationError, importing.ManifestError) as exc:
         form.add_error(None, "; ".join(getattr(exc, "messages", [str(exc)])))
@@ -395,6 +399,7 @@ def _campaign_new(request: HttpRequest, *, refused_uploads: set[str]) -> HttpRes
             f"Created {campaign.name}: {report.created} examples "
             f"({report.failed} failed at import).",
         )
+        _say_identical(request, report)
         return training_views.training_start(request, campaign.name)
     batches, more = start.campaign_start(campaign=campaign)
     messages.success(
@@ -402,7 +407,13 @@ def _campaign_new(request: HttpRequest, *, refused_uploads: set[str]) -> HttpRes
         f"Created {campaign.name}: {report.created} units ({report.failed} failed at import), "
         f"{batches} batch{'es' if batches != 1 else ''} queued.{_PLANNING_ON if more else ''}",
     )
+    _say_identical(request, report)
     return redirect("campaign_detail", name=campaign.name)
+
+
+def _say_identical(request: HttpRequest, report: importing.ImportReport) -> None:
+    if identical := report.identical_summary():
+        messages.info(request, identical)
 
 
 def _project_for(request: HttpRequest, name: str):

@@ -281,3 +281,39 @@ def test_unlabelled_classification_has_no_accuracy(
     assert report["processed"] == 4
     assert report["accuracy"] is None and report["labelled"] == 0
     assert any("carries a label" in note for note in report["notes"])
+
+
+@pytest.mark.django_db
+def test_folders_named_as_labels_are_the_truth_and_other_folders_are_not_scored(
+    user_model,  # noqa: F811 (the imported fixture)
+    project,
+    output_root,
+    tmp_path,
+    run_here,
+):
+    # given: a folder import, one folder per class, and a folder that is no class
+    root = tmp_path / "sorted"
+    rng = random.Random(3)
+    for kind in [*CLASSES, "scans-2024"]:
+        (root / kind).mkdir(parents=True)
+        for i in range(4):
+            shape = kind if kind in CLASSES else CLASSES[i % 3]
+            shape_image(shape, rng).save(root / kind / f"{i}.png")
+    campaign, _ = setup.campaign_create(
+        name="sorted",
+        processor="image-classification",
+        project=project,
+        input_folder=root,
+        params=_classification_params(user_model),
+    )
+    Unit.objects.filter(campaign=campaign).update(holdout=True)
+
+    # when
+    run_here(campaign)
+
+    # then: the class folders are scored against their names, the other is not
+    report = holdout_report(campaign=campaign)
+    assert report["processed"] == 16
+    assert report["labelled"] == 12
+    assert set(report["confusion"]) == set(CLASSES)
+    assert any("4 holdout unit(s) have a category that is not one" in n for n in report["notes"])

@@ -87,6 +87,75 @@ def test_create_imports_and_starts_the_campaign(
     assert send.call_count == 4
 
 
+def test_the_checkpoint_size_and_holdout_share_are_set_on_the_form(
+    client, owner, roots, send, django_capture_on_commit_callbacks
+):
+    client.force_login(owner)
+    html = client.get(NEW).content.decode()
+    assert 'name="checkpoint_after"' in html and 'name="holdout_share"' in html
+    form = _form(roots, action="create", checkpoint_after="7", holdout_share="12.5")
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(NEW, form)
+    assert response.status_code == 302
+    campaign = Campaign.objects.get(name="web-made")
+    assert (campaign.checkpoint_after, campaign.holdout_share) == (7, 0.125)
+    held = campaign.units.filter(holdout=True).count()
+    # the first group: 7 units outside the holdout, and the holdout
+    queued = campaign.units.filter(state=UnitState.QUEUED)
+    assert queued.filter(holdout=False).count() == 7
+    assert queued.filter(holdout=True).count() == held > 0
+
+
+def test_left_blank_the_checkpoint_is_automatic_and_the_holdout_five_per_cent(
+    client, owner, roots, send
+):
+    client.force_login(owner)
+    form = _form(roots, action="create", checkpoint_after="", holdout_share="")
+    assert client.post(NEW, form).status_code == 302
+    campaign = Campaign.objects.get(name="web-made")
+    assert (campaign.checkpoint_after, campaign.holdout_share) == (None, 0.05)
+
+
+def test_a_checkpoint_of_zero_means_none_and_top_folders_can_be_left_out(
+    client, owner, roots, send
+):
+    client.force_login(owner)
+    form = _form(roots, action="create", checkpoint_after="0", no_folder_categories="on")
+    assert client.post(NEW, form).status_code == 302
+    campaign = Campaign.objects.get(name="web-made")
+    assert campaign.checkpoint_after == 0
+    assert set(campaign.units.values_list("category", flat=True)) == {""}
+
+
+def test_a_folder_created_campaign_takes_its_top_folders_as_categories(client, owner, roots, send):
+    client.force_login(owner)
+    html = client.post(NEW, _form(roots, action="preview")).content.decode()
+    assert "<td>news/harbour-reopens.txt</td><td>news</td>" in html
+    assert client.post(NEW, _form(roots, action="create")).status_code == 302
+    campaign = Campaign.objects.get(name="web-made")
+    assert campaign.units.get(uid="news/rail-strike.txt").category == "news"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"checkpoint_after": "-1"}, "the checkpoint size is a whole number of units"),
+        ({"checkpoint_after": "2.5"}, "the checkpoint size is a whole number of units"),
+        ({"holdout_share": "100"}, "the holdout share is a percentage from 0 to below 100"),
+        ({"holdout_share": "-3"}, "the holdout share is a percentage from 0 to below 100"),
+        ({"holdout_share": "five"}, "the holdout share is a percentage from 0 to below 100"),
+    ],
+)
+def test_a_bad_checkpoint_size_or_holdout_share_is_refused_with_what_it_should_be(
+    client, owner, roots, send, fields, message
+):
+    client.force_login(owner)
+    response = client.post(NEW, _form(roots, action="create", **fields))
+    assert response.status_code == 400
+    assert message in response.content.decode()
+    assert not Campaign.objects.exists() and not send.called
+
+
 @pytest.mark.parametrize(
     ("tamper", "message"),
     [

@@ -53,3 +53,51 @@ def test_set_up_preview_and_start_a_campaign(
     queued = campaign.units.filter(state=UnitState.QUEUED).count()
     assert int(page.locator('#counts [data-count="queued"]').inner_text()) == queued == 39
     assert "Created from-the-browser: 39 units" in page.locator("main").inner_text()
+
+
+def test_the_checkpoint_size_and_holdout_share_are_set_in_the_browser(
+    page, live_server, owner, tmp_path, settings, transactional_db
+):
+    # given: a corpus in three folders, the first holding six copies of one file
+    corpus = tmp_path / "corpora" / "mail"
+    for folder in ("archive", "letters", "notes"):
+        (corpus / folder).mkdir(parents=True)
+    for i in range(6):
+        (corpus / "archive" / f"copy-{i}.txt").write_text("The same scanned page.")
+        (corpus / "letters" / f"letter-{i}.txt").write_text(f"Dear reader {i}, " + "yes " * i)
+        (corpus / "notes" / f"note-{i}.txt").write_text(f"Note {i}: " + "remember " * i)
+    settings.CORPUS_ROOTS = [corpus.parent]
+    page.goto(f"{live_server.url}/campaigns/new/")
+    page.fill("input[name=username]", "owner")
+    page.fill("input[name=password]", "pw-for-tests")
+    page.click("button[type=submit]")
+    page.wait_for_url("**/campaigns/new/")
+    page.fill("input[name=project]", "acme")
+    page.fill("input[name=name]", "mail")
+    page.select_option("select[name=folder]", str(corpus))
+
+    # the browser refuses a share of 100 % before anything is sent
+    assert page.input_value("input[name=holdout_share]") == "5"
+    page.fill("input[name=holdout_share]", "100")
+    page.click("button[value=create]")
+    assert page.locator("input[name=holdout_share]:invalid").count() == 1
+    assert not Campaign.objects.exists()
+
+    # when: a checkpoint after 4 units, no holdout
+    page.fill("input[name=checkpoint_after]", "4")
+    page.fill("input[name=holdout_share]", "0")
+    with mock.patch.object(start.celery_app, "send_task"):
+        page.click("button[value=create]")
+        page.wait_for_url("**/campaigns/mail/")
+
+    # then: the campaign has them, and its first group spans the folders
+    campaign = Campaign.objects.get(name="mail")
+    assert (campaign.checkpoint_after, campaign.holdout_share) == (4, 0)
+    queued = campaign.units.filter(state=UnitState.QUEUED)
+    assert queued.count() == 4
+    assert set(queued.values_list("category", flat=True)) == {"archive", "letters", "notes"}
+    assert queued.filter(category="archive").count() == 1
+    # and the page names the identical inputs found at import
+    main = page.locator("main").inner_text()
+    assert "6 units are identical inputs (the same sha256) in 1 group" in main
+    assert "archive/copy-0.txt = archive/copy-1.txt = archive/copy-2.txt" in main

@@ -260,6 +260,7 @@ def test_a_passed_checkpoint_lets_the_campaign_finish(
         input_folder=corpus,
         params={"batch_size": 4},
         checkpoint_after=12,
+        folder_categories=False,
     )
     run_here(campaign)
     checkpoint = Checkpoint.objects.get(campaign=campaign)
@@ -268,7 +269,8 @@ def test_a_passed_checkpoint_lets_the_campaign_finish(
     spot = ReviewItem.objects.filter(checkpoint=checkpoint)
     assert spot.count() == len(checkpoint.sample) > 0
     # the spot check is not simply the first results: one unit of each input-size
-    # quartile of the group (the demo texts have no category), none held out
+    # quartile of the group (without their folders the demo texts have no
+    # category), none held out
     group = campaign.units.exclude(state=UnitState.PENDING).filter(
         holdout=False, state__in=(UnitState.SUCCEEDED, UnitState.NEEDS_REVIEW)
     )
@@ -316,12 +318,9 @@ def test_after_the_checkpoint_a_batch_drifting_to_one_category_is_flagged(
     rng = random.Random(3)
     root = tmp_path / "drift"
     (root / "a-mixed").mkdir(parents=True)
-    (root / "b-squares").mkdir()
     for i in range(9):
         kind = CLASSES[i % 3]
         shape_image(kind, rng).save(root / "a-mixed" / f"{i:02d}-{kind}.png")
-    for i in range(12):
-        shape_image("square", rng).save(root / "b-squares" / f"{i:02d}.png")
     campaign, _ = setup.campaign_create(
         name="drift",
         processor="image-classification",
@@ -335,6 +334,12 @@ def test_after_the_checkpoint_a_batch_drifting_to_one_category_is_flagged(
     checkpoint = Checkpoint.objects.get(campaign=campaign)
     assert not ReviewItem.objects.filter(campaign=campaign, reason="category_drift").exists()
     review.checkpoint_decide(checkpoint=checkpoint, passed=True, user=owner)
+    # Squares only, added after the checkpoint (before it they would have been
+    # part of the first group's cross-section).
+    (root / "b-squares").mkdir()
+    for i in range(12):
+        shape_image("square", rng).save(root / "b-squares" / f"{i:02d}.png")
+    assert setup.campaign_import(campaign=campaign).created == 12
 
     run_here(campaign)  # twelve squares in one batch
 

@@ -67,6 +67,12 @@ class Command(version_cli.VersionCommands, BaseCommand):
         create.add_argument(
             "--holdout", type=float, default=0.05, help="share of units held out (0.05)"
         )
+        create.add_argument(
+            "--no-folder-categories",
+            dest="folder_categories",
+            action="store_false",
+            help="do not take a unit's top folder as its category (docs/importing.md)",
+        )
         create.add_argument("--json", action="store_true", help="the import report as JSON")
 
         more = sub.add_parser(
@@ -77,6 +83,12 @@ class Command(version_cli.VersionCommands, BaseCommand):
         more.add_argument("name")
         more.add_argument(
             "--manifest", type=Path, help="CSV or JSONL, paths relative to the campaign's root"
+        )
+        more.add_argument(
+            "--no-folder-categories",
+            dest="folder_categories",
+            action="store_false",
+            help="do not take a new unit's top folder as its category",
         )
         more.add_argument("--json", action="store_true", help="the import report as JSON")
 
@@ -207,6 +219,7 @@ class Command(version_cli.VersionCommands, BaseCommand):
         param,
         checkpoint,
         holdout,
+        folder_categories: bool,
         json: bool,
         **_,
     ):
@@ -222,6 +235,7 @@ class Command(version_cli.VersionCommands, BaseCommand):
                 manifest=manifest,
                 input_root=root,
                 params=params,
+                folder_categories=folder_categories,
             )
         if json:
             self.stdout.write(_dumps({"campaign": campaign.name, **report.as_dict()}))
@@ -232,10 +246,12 @@ class Command(version_cli.VersionCommands, BaseCommand):
         )
         self._print_problems(report)
 
-    def _import(self, *, name, manifest, json: bool, **_):
+    def _import(self, *, name, manifest, folder_categories: bool, json: bool, **_):
         campaign = self._campaign(name)
         with self._import_progress(quiet=json):
-            report = setup.campaign_import(campaign=campaign, manifest=manifest)
+            report = setup.campaign_import(
+                campaign=campaign, manifest=manifest, folder_categories=folder_categories
+            )
         if json:
             self.stdout.write(_dumps({"campaign": campaign.name, **report.as_dict()}))
             return
@@ -260,6 +276,8 @@ class Command(version_cli.VersionCommands, BaseCommand):
             yield
 
     def _print_problems(self, report, shown: int = 20) -> None:
+        if identical := report.identical_summary():
+            self.stdout.write(identical)
         for problem in report.problems[:shown]:
             self.stdout.write(f"  {problem}")
         if report.problem_count > shown:

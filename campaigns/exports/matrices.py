@@ -147,7 +147,7 @@ def _npy_bytes(
         yield np.full((count - sent, dimension), np.nan, dtype="<f4").tobytes()
 
 
-def row_names(*, campaign: Campaign, version: ParameterVersion) -> Iterator[list]:
+def row_names(*, campaign: Campaign, version: ParameterVersion) -> Iterator[list[object]]:
     """The matrix's rows named: row, id, source path, category, output path."""
     outputs = itertools.islice(
         outputs_of(campaign=campaign, version=version),

@@ -14,7 +14,7 @@ from campaigns.review.compare import compare_versions
 from campaigns.runs import versions
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: Any) -> None:
     listing = sub.add_parser(
         "versions", help="a campaign's parameter versions and how much of the corpus each made"
     )
@@ -38,7 +38,7 @@ class VersionCommands:
     def _campaign(self, name: str) -> Campaign:  # the command's own
         raise NotImplementedError
 
-    def _versions(self, *, name, json: bool, **_):
+    def _versions(self, *, name: str, json: bool, **_: Any) -> None:
         campaign = self._campaign(name)
         rows = versions.version_progress(campaign=campaign)
         if json:
@@ -51,14 +51,14 @@ class VersionCommands:
                 f"{' · whole corpus' if p.complete else ''} · checkpoint {p.checkpoint}"
             )
 
-    def _compare(self, *, name, a, b, json: bool, **_):
+    def _compare(self, *, name: str, a: str | None, b: str | None, json: bool, **_: Any) -> None:
         campaign = self._campaign(name)
         numbers = list(campaign.versions.order_by("-number").values_list("number", flat=True))
         if a is None and b is None:
             if len(numbers) < 2:
                 raise CommandError(f"{campaign.name} has one parameter version: nothing to compare")
             a, b = str(numbers[1]), str(numbers[0])
-        elif b is None:
+        elif a is None or b is None:
             raise CommandError("name both versions, or neither")
         first = versions.version_by_label(campaign=campaign, label=a)
         second = versions.version_by_label(campaign=campaign, label=b)
@@ -89,7 +89,7 @@ class VersionCommands:
             out.write(f"note: {note}")
 
 
-def _progress_dict(p: versions.VersionProgress) -> dict:
+def _progress_dict(p: versions.VersionProgress) -> dict[str, Any]:
     return {
         "version": p.version.label,
         "number": p.version.number,
@@ -102,5 +102,5 @@ def _progress_dict(p: versions.VersionProgress) -> dict:
     }
 
 
-def _dumps(value) -> str:
+def _dumps(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False)

@@ -3,6 +3,8 @@ its matrix and tables to download, and two versions compared."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.shortcuts import render
@@ -41,7 +43,7 @@ def campaign_versions(request: HttpRequest, name: str) -> HttpResponse:
     return render(request, template, context)
 
 
-def _versions_context(campaign: Campaign) -> dict:
+def _versions_context(campaign: Campaign) -> dict[str, Any]:
     progress = versions.version_progress(campaign=campaign)
     numbers = [p.version.number for p in progress]
     return {

@@ -191,7 +191,7 @@ def _run(
         first = small_first and not planned
         size = min(FIRST_SLICE_UNITS, RUN_SLICE_UNITS) if first else RUN_SLICE_UNITS
         ids = list(rest.values_list("pk", flat=True)[:size])
-        if not ids or _paused_since(campaign, since):
+        if not ids or _stopped_since(campaign, since, version):
             return sent, False
         planned += 1
         in_slice = Q(pk__gte=ids[0], pk__lte=ids[-1])
@@ -207,18 +207,23 @@ def _run(
         )
 
 
-def _paused_since(campaign: Campaign, since: dt.datetime, *, hold: bool = False) -> bool:
-    """Whether a Pause came since `since`. With `hold` (inside a slice's
+def _stopped_since(
+    campaign: Campaign, since: dt.datetime, version: ParameterVersion, *, hold: bool = False
+) -> bool:
+    """Whether a Pause came since `since`, or another parameter version became
+    current (its switch takes this version's queued batches back: planning
+    more of them would only be redone). With `hold` (inside a slice's
     transaction) the campaign's row stays locked until that transaction ends:
-    a Pause then waits for the slice to commit and takes its batches back,
-    instead of landing between this check and the commit and missing them."""
+    a Pause or a switch then waits for the slice to commit and takes its
+    batches back, instead of landing between this check and the commit and
+    missing them."""
     campaigns = Campaign.objects.filter(pk=campaign.pk)
     if hold:
         # FOR NO KEY UPDATE: it waits for, and holds off, campaign_pause's
         # update of the row, but not the inserts whose foreign key names it.
         campaigns = campaigns.select_for_update(no_key=True)
-    paused_at = campaigns.values_list("paused_at", flat=True).get()
-    return paused_at is not None and paused_at >= since
+    paused_at, current = campaigns.values_list("paused_at", "current_version_id").get()
+    return (paused_at is not None and paused_at >= since) or current != version.pk
 
 
 def _plan_and_send(
@@ -237,8 +242,8 @@ def _plan_and_send(
                 group = []
         if group:
             created += _batches_claim(campaign=campaign, version=version, group=group)
-        if _paused_since(campaign, since, hold=True):
-            # Paused while this slice was planned: none of it is queued.
+        if _stopped_since(campaign, since, version, hold=True):
+            # Paused, or the version changed, while this slice was planned: none of it is queued.
             transaction.set_rollback(True)
             return 0
         transaction.on_commit(lambda: batches_enqueue(batch_ids=created))

@@ -23,6 +23,7 @@ from django.db.models import F, Max, Q, QuerySet
 from django.utils import timezone
 
 from campaigns import selectors
+from campaigns.db.row_updates import update_rows
 from campaigns.models import (
     INPUT_ERRORS,
     Attempt,
@@ -47,10 +48,44 @@ _CHUNK = 2000
 
 def switch_to(*, campaign: Campaign, version: ParameterVersion) -> int:
     """After `version` became current: batches of others not started are
-    taken back, and every unit it did not make is pending under it. Returns
-    the units now pending for it."""
+    taken back, and every unit it has no valid output for is pending under
+    it. A version made current again (v1, v2, then v1) takes back its own
+    valid outputs from its attempts instead of making them again. Returns the
+    units now pending for it."""
     _queued_batches_cancel(campaign=campaign, version=version)
-    return units_to_pending(campaign_id=campaign.pk, version_id=version.pk)
+    pending = units_to_pending(campaign_id=campaign.pk, version_id=version.pk)
+    return pending - _outputs_restore(campaign, version)
+
+
+def _outputs_restore(campaign: Campaign, version: ParameterVersion) -> int:
+    """Pending units with a valid output under `version` (its attempts say
+    so) succeed with it again, a chunk at a time; returns how many. Resume's
+    verify checks the files as for any output."""
+    restored, last = 0, 0
+    valid = _latest_attempts(version).order_by("unit_id")
+    while True:
+        rows = list(
+            valid.filter(unit_id__gt=last).values_list(
+                "unit_id", "batch_id", "output_path", "output_size", "output_sha256"
+            )[:_CHUNK]
+        )
+        if not rows:
+            return restored
+        last = rows[-1][0]
+        pending = set(
+            Unit.objects.filter(
+                pk__in=[row[0] for row in rows], state=UnitState.PENDING
+            ).values_list("pk", flat=True)
+        )
+        back = [(pk, UnitState.SUCCEEDED, *rest) for pk, *rest in rows if pk in pending]
+        if back:
+            update_rows(
+                Unit,
+                ("state", "batch", "output_path", "output_size", "output_sha256"),
+                back,
+                also={"updated_at": timezone.now()},
+            )
+            restored += len(back)
 
 
 def units_to_pending(*, campaign_id: int, version_id: int, batch_id: int | None = None) -> int:

@@ -443,7 +443,11 @@ def campaign_resume(request: HttpRequest, name: str) -> HttpResponse:
     # Only classes the campaign has failures of: a tampered value retries nothing.
     failing = selectors.campaign_counts(campaign=campaign).by_error
     classes = [c for c in request.POST.getlist("retry") if c in failing]
-    report, retried, batches = control.campaign_resume(campaign=campaign, retry_failed=classes)
+    try:
+        report, retried, batches = control.campaign_resume(campaign=campaign, retry_failed=classes)
+    except ValidationError as exc:  # a failed checkpoint holds the campaign where it is
+        messages.error(request, "Nothing resumed: " + "; ".join(exc.messages))
+        return redirect("campaign_detail", name=campaign.name)
     messages.info(
         request,
         f"Resumed: verify found {report.counts['valid']} valid outputs; "

@@ -218,3 +218,98 @@ def test_an_unreadable_output_is_a_nan_row_and_the_rest_goes_on(
     lost = np.isnan(matrix).all(axis=1)
     assert 0 < lost.sum() < len(matrix)
     assert np.isfinite(matrix[~lost]).all()
+
+
+@pytest.mark.django_db
+def test_a_version_made_current_again_takes_back_its_own_outputs(
+    make_campaign, output_root, run_here
+):
+    campaign = make_campaign("back", batch_size=4)
+    campaign.checkpoint_after = 0
+    campaign.save(update_fields=["checkpoint_after"])
+    run_here(campaign)
+    first = campaign.current_version
+    done = _valid_units(campaign)
+    setup.version_create(campaign=campaign, params={**first.params, "pooling": "cls"})
+    campaign.refresh_from_db()
+    run_here(campaign)
+    batches = Batch.objects.filter(campaign=campaign).count()
+
+    again = setup.version_create(campaign=campaign, params=first.params)
+    assert again.pk == first.pk
+    campaign.refresh_from_db()
+    # v1's outputs are still valid: nothing to make again.
+    assert not Unit.objects.filter(campaign=campaign, state=UnitState.PENDING).exists()
+    assert _valid_units(campaign) == done
+    assert all(
+        f"/{first.label}/" in path
+        for path in Unit.objects.filter(campaign=campaign, state=UnitState.SUCCEEDED).values_list(
+            "output_path", flat=True
+        )
+    )
+    run_here(campaign)
+    assert Batch.objects.filter(campaign=campaign).count() == batches
+    assert versions.outputs_count(campaign=campaign, version=first) == len(done)
+
+
+@pytest.mark.django_db
+def test_a_run_being_planned_stops_when_the_version_changes(make_campaign, monkeypatch):
+    campaign = make_campaign("planning", batch_size=2)
+    campaign.checkpoint_after = 0
+    campaign.save(update_fields=["checkpoint_after"])
+    first = campaign.current_version
+    monkeypatch.setattr(start, "FIRST_SLICE_UNITS", 4)
+    monkeypatch.setattr(start, "RUN_SLICE_UNITS", 4)
+    plan = start._plan_and_send
+    slices = []
+
+    def plan_then_switch(**kwargs):
+        sent = plan(**kwargs)
+        if not slices:  # the parameters change after the first slice went out
+            setup.version_create(campaign=campaign, params={**first.params, "pooling": "cls"})
+        slices.append(sent)
+        return sent
+
+    monkeypatch.setattr(start, "_plan_and_send", plan_then_switch)
+    with mock.patch.object(start.celery_app, "send_task"):
+        start.campaign_run(campaign=campaign)
+    assert len(slices) == 1
+    # The first slice's batches were taken back; nothing of v1 waits to run.
+    assert not Batch.objects.filter(
+        campaign=campaign, version=first, state=Batch.State.QUEUED
+    ).exists()
+
+
+@pytest.mark.django_db
+def test_resume_after_a_failed_checkpoint_says_why_instead_of_failing(
+    make_campaign, client, owner
+):
+    from tests.conftest import waiting_at_checkpoint
+
+    campaign = make_campaign("failed-checkpoint")
+    checkpoint = waiting_at_checkpoint(campaign)
+    checkpoint_decide(checkpoint=checkpoint, passed=False, user=owner, reason="blurred outputs")
+    client.force_login(owner)
+    response = client.post(reverse("campaign_resume", args=[campaign.name]), follow=True)
+    assert response.status_code == 200
+    text = response.content.decode()
+    assert "Nothing resumed: checkpoint failed: blurred outputs" in text
+
+
+@pytest.mark.django_db
+def test_run_wait_names_a_pause(make_campaign):
+    from campaigns.runs import control
+
+    campaign = make_campaign("paused-wait")
+    control.campaign_pause(campaign=campaign)
+    out = io.StringIO()
+    call_command("campaign", "run", campaign.name, "--wait", stdout=out, stderr=io.StringIO())
+    # Run clears an earlier Pause: pause again, then wait for what is there.
+    control.campaign_pause(campaign=campaign)
+    from campaigns.management.commands.campaign import Command
+
+    command = Command(stdout=out, stderr=io.StringIO())
+    out.truncate(0)
+    command._wait(campaign, timeout=None)
+    assert "stopped: Paused: since" in out.getvalue()
+    assert "held by review" not in out.getvalue()

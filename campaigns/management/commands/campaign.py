@@ -321,10 +321,14 @@ class Command(version_cli.VersionCommands, BaseCommand):
             f"{campaign.name}: {counts.succeeded} succeeded, {counts.failed} failed, "
             f"{counts.needs_review} need review, {counts.pending} pending"
         )
-        if held := start.pending_held(campaign=campaign):
-            at_checkpoint = held.checkpoint_version is not None
-            hint = f" (campaign checkpoint {campaign.name} pass|fail)" if at_checkpoint else ""
-            self.stdout.write(f"stopped: {held}{hint}")
+        if not counts.pending:
+            return
+        # What holds the pending units, in the words of the page's header.
+        state = selectors.campaign_run_state(campaign_id=campaign.pk, counts=counts)
+        if state.key == "checkpoint" and (held := start.pending_held(campaign=campaign)):
+            self.stdout.write(f"stopped: {held} (campaign checkpoint {campaign.name} pass|fail)")
+        else:
+            self.stdout.write(f"stopped: {state.label}: {state.detail}")
 
     def _verify(self, *, name, json: bool, deep: bool, **_):
         report = campaign_verify(campaign=self._campaign(name), deep=deep)

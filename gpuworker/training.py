@@ -198,17 +198,19 @@ class Trainer(ABC):
         resume: bool = True,
         stop: Callable[[int], bool] | None = None,
         on_checkpoint: Callable[[Progress], None] | None = None,
+        accept: Callable[[Path, dict], list[str]] | None = None,
     ) -> Outcome:
         """Train to the end (or until `stop(step)` says so), checkpointing as it goes.
 
-        With resume, the last whole checkpoint under `root` is the start: its
-        weights, its optimizer state and its step.
+        With resume, the last whole checkpoint under `root` that `accept`
+        (folder, sidecar -> what contradicts it) finds nothing against is the
+        start: its weights, its optimizer state and its step.
         """
         if not examples:
             raise ValueError("no training examples (all held out, or none imported)")
         n_total = total_steps(len(examples), self.params)
         start = 0
-        found = checkpoints.latest_whole(root) if resume else None
+        found = checkpoints.latest_whole(root, accept) if resume else None
         if found is not None:
             folder, sidecar = found
             self.load(folder)

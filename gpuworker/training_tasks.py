@@ -196,6 +196,9 @@ def _train(training: Training, heartbeat: Heartbeat) -> str:
         base_metrics=base_metrics,
     )
     linkage = {
+        # The training that wrote a checkpoint: one with no row is resumed
+        # from only by this training (adaptation.checkpoint_contradictions).
+        "training": training.pk,
         "campaign": campaign.name,
         "version": version.number,
         "version_fingerprint": version.fingerprint,
@@ -212,18 +215,23 @@ def _train(training: Training, heartbeat: Heartbeat) -> str:
     relroot = adaptation.checkpoint_relroot(training)
 
     def on_checkpoint(progress: Progress) -> None:
-        sidecar = checkpoints.read_sidecar(progress.folder)
+        folder = progress.folder
+        assert folder is not None  # Trainer.run calls back once it is written
+        sidecar = checkpoints.read_sidecar(folder)
         ModelCheckpoint.objects.update_or_create(
             training=training,
             step=progress.step,
             defaults={
-                "path": f"{relroot}/{progress.folder.name}",
+                "path": f"{relroot}/{folder.name}",
                 "weights_sha256": sidecar["weights_sha256"],
                 "train_loss": progress.train_loss,
                 "heldout_loss": progress.heldout.get("heldout_loss"),
                 "heldout_accuracy": progress.heldout.get("heldout_accuracy"),
                 "linkage": {
                     **{k: v for k, v in sidecar.items() if k != "files"},
+                    # Its bytes as written: a changed digit anywhere in it (a
+                    # step, a checksum) contradicts the record at verify and resume.
+                    "sidecar_sha256": checkpoints.sha256_file(folder / checkpoints.SIDECAR),
                     # What the next training estimate of this campaign measures
                     # from (campaigns/adaptation/estimate.py).
                     "timings": {
@@ -233,6 +241,7 @@ def _train(training: Training, heartbeat: Heartbeat) -> str:
                     },
                 },
                 "state": ModelCheckpoint.State.KEPT,
+                "problem": "",  # a damaged one of this step, written again
                 "seconds": progress.seconds,
             },
         )
@@ -251,8 +260,20 @@ def _train(training: Training, heartbeat: Heartbeat) -> str:
         return Training.objects.filter(pk=training.pk, state=Training.State.STOPPING).exists()
 
     Training.objects.filter(pk=training.pk).update(total_steps=total_steps(len(train), params))
+
+    def accept(folder: Path, sidecar: dict) -> list[str]:
+        return adaptation.checkpoint_contradictions(
+            training=training, linkage=linkage, folder=folder, sidecar=sidecar
+        )
+
     outcome = trainer.run(
-        train, heldout, root=root, linkage=linkage, stop=stop, on_checkpoint=on_checkpoint
+        train,
+        heldout,
+        root=root,
+        linkage=linkage,
+        stop=stop,
+        on_checkpoint=on_checkpoint,
+        accept=accept,
     )
     final = Training.State.STOPPED if outcome.stopped else Training.State.DONE
     Training.objects.filter(pk=training.pk).update(

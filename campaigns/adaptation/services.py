@@ -114,6 +114,52 @@ def trainings_requeue_stale(*, now=None) -> list[int]:
     return resent
 
 
+# --- resuming from a checkpoint --------------------------------------------------------
+
+#: The linkage a checkpoint with no row must share with the training resuming:
+#: written under this very training, from the same data, version and base.
+_SAME_TRAINING = ("training", "data_sha256", "version_fingerprint", "base_weights_sha256")
+
+
+def checkpoint_contradictions(
+    *, training: Training, linkage: dict, folder: Path, sidecar: dict
+) -> list[str]:
+    """Why a whole checkpoint under the training's folder must not be resumed
+    from; empty when nothing contradicts it.
+
+    With a row for its step, the row decides: it must be kept (not damaged,
+    not pruned) and its sidecar and weights as recorded. With none (the worker
+    died between writing and recording it), its sidecar must name this
+    training and what it trains on now (`linkage`, the running training's):
+    a checkpoint left by another training — a campaign of the same name made
+    again — or from other data is never taken for this one's.
+    """
+    from campaigns.storage.checkpoint_files import against_record
+
+    step = sidecar.get("step")
+    if not isinstance(step, int):
+        return [f"{folder.name}: its sidecar names no step"]
+    row = ModelCheckpoint.objects.filter(training=training, step=step).first()
+    if row is not None:
+        if row.state != ModelCheckpoint.State.KEPT:
+            found = [f"{folder.name}: recorded as {row.get_state_display().lower()}"]
+        else:
+            found = against_record(
+                folder,
+                weights_sha256=row.weights_sha256,
+                sidecar_sha256=row.linkage.get("sidecar_sha256", ""),
+            )
+    else:
+        found = [
+            f"{folder.name}: not recorded, and its {key} is not this training's"
+            for key in _SAME_TRAINING
+            if sidecar.get(key) != linkage.get(key)
+        ][:1]
+    if found:
+        log.warning("training %s: not resuming from %s", training.pk, "; ".join(found))
+    return found
+
+
 # --- checkpoints as models of inference campaigns ------------------------------------
 
 

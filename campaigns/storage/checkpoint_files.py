@@ -8,6 +8,12 @@ version, data manifest checksum, step, metrics) plus the sha256 of every file.
 It is built in `step-00000040.partial/` and renamed into place after every file
 and the folder are synced, so a killed worker leaves a `.partial` folder that
 nothing ever loads, never a checkpoint with half its weights.
+
+A whole checkpoint is resumed from only when no record contradicts it: the
+database row of its step (campaigns.models.ModelCheckpoint) records the sha256
+of its sidecar and of its weights (`against_record`), and one with no row (its
+worker died before recording it) must name the very training that resumes
+(campaigns/adaptation/services.py, `checkpoint_contradictions`).
 """
 
 from __future__ import annotations
@@ -101,6 +107,9 @@ def problems(folder: Path) -> list[str]:
     except CheckpointError as exc:
         return [str(exc)]
     found = []
+    named = _NAME.match(folder.name)
+    if named and sidecar.get("step") != int(named.group(1)):
+        found.append(f"{folder.name}: {SIDECAR} names step {sidecar.get('step')!r}")
     for name, expected in sorted(sidecar.get("files", {}).items()):
         path = folder / name
         if not path.is_file():
@@ -109,6 +118,27 @@ def problems(folder: Path) -> list[str]:
             found.append(f"{folder.name}/{name}: sha256 differs from the one recorded")
     if not sidecar.get("files"):
         found.append(f"{folder.name}: {SIDECAR} lists no files")
+    return found
+
+
+def against_record(folder: Path, *, weights_sha256: str, sidecar_sha256: str = "") -> list[str]:
+    """Why this checkpoint is not the one its row records: its sidecar's bytes
+    (a digit of a step or a checksum changed, which its own file list cannot
+    see) or its weights' checksum differ; empty when they agree."""
+    found = []
+    if sidecar_sha256:
+        try:
+            if sha256_file(folder / SIDECAR) != sidecar_sha256:
+                found.append(f"{folder.name}/{SIDECAR}: sha256 differs from the one recorded")
+        except OSError as exc:
+            found.append(f"{folder.name}/{SIDECAR}: unreadable: {exc}")
+    if weights_sha256:
+        try:
+            recorded = read_sidecar(folder).get("weights_sha256")
+        except CheckpointError as exc:
+            return [*found, str(exc)]
+        if recorded != weights_sha256:
+            found.append(f"{folder.name}: weights sha256 differs from the one recorded")
     return found
 
 
@@ -128,13 +158,19 @@ def listing(root: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def latest_whole(root: Path) -> tuple[Path, dict] | None:
-    """The last checkpoint that verifies; a damaged later one is skipped, not loaded."""
+def latest_whole(
+    root: Path, accept: Callable[[Path, dict], list[str]] | None = None
+) -> tuple[Path, dict] | None:
+    """The last checkpoint that verifies and that `accept` (folder, sidecar ->
+    what contradicts it) finds nothing against; a damaged or contradicted later
+    one is skipped, not loaded."""
     for folder in reversed(listing(root)):
         try:
-            return folder, verified(folder)
+            sidecar = verified(folder)
         except CheckpointError:
             continue
+        if accept is None or not accept(folder, sidecar):
+            return folder, sidecar
     return None
 
 

@@ -98,5 +98,35 @@ def shard_folder(*, campaign: str, version_label: str, batch_id: int) -> PurePos
 
 
 def shard_prefix(batch_id: int) -> str:
-    """The start of every shard name a batch's claims write: 'b<id>-'."""
+    """The start of every shard name (and lease record name) a batch's claims write: 'b<id>-'."""
     return f"b{batch_id}-"
+
+
+#: Folders of a version's output folder that hold no unit's output: what a
+#: batch's claims wrote (campaigns/storage/lease_records.py) and what verify
+#: set aside as damaged. Dot-names never collide with a shard folder.
+LEASES_FOLDER = ".leases"
+DAMAGED_FOLDER = ".damaged"
+
+
+def lease_folder(*, campaign: str, version_label: str) -> PurePosixPath:
+    """Where the lease records of a version's batches go, relative to OUTPUT_ROOT."""
+    return PurePosixPath(campaign, version_label, LEASES_FOLDER)
+
+
+def lease_record_relpath(
+    *, campaign: str, version_label: str, batch_id: int, token: str
+) -> PurePosixPath:
+    """One claim's lease record: named like its batch's shards, by batch and token."""
+    folder = lease_folder(campaign=campaign, version_label=version_label)
+    return folder / f"{shard_prefix(batch_id)}{token[:12]}.json"
+
+
+def damaged_relpath(rel: str) -> str | None:
+    """Where verify sets a damaged output aside: the same path with DAMAGED_FOLDER
+    after the version folder ('c/v1/ab/x.png' -> 'c/v1/.damaged/ab/x.png');
+    None for a path outside the '<campaign>/<version>/…' layout."""
+    parts = rel.split("/")
+    if len(parts) < 3 or any(p in ("", ".", "..") for p in parts):
+        return None
+    return "/".join([*parts[:2], DAMAGED_FOLDER, *parts[2:]])

@@ -1,11 +1,13 @@
 """A batch's vectors in one file: the shard format, its checks and its reading.
 
 A shard is an uncompressed .npz (numpy's zip of .npy arrays, readable anywhere
-numpy is) holding `vectors`, float32 (n, dim), and `ids`, the n unit ids in
-the same order. One file a batch instead of one a unit: a batch's outputs cost
-one create, one write and one flush to disk, and are read back for their
-check in one go (bench/RESULTS.md, "A shard a batch instead of a file a unit
-(2026-12-01)").
+numpy is) holding `vectors`, float32 (n, dim), `ids`, the n unit ids in
+the same order, and `inputs`, uint8 (n, 32): the sha256 of the input bytes each
+row was made from (shards written before it have none). The zip's CRC of each
+array makes a flipped byte an unreadable shard, never a different vector.
+One file a batch instead of one a unit: a batch's outputs cost one create,
+one write and one flush to disk, and are read back for their check in one go
+(bench/RESULTS.md, "A shard a batch instead of a file a unit (2026-12-01)").
 
 A unit's output path names its row: '<campaign>/<version>/shards/…/b12-…npz#7'.
 Every reader goes through `split_member` and `VectorReader`, so per-unit .npy
@@ -48,9 +50,17 @@ def split_member(rel: str) -> tuple[str, int | None]:
     return rel, None
 
 
-def shard_bytes(ids: list[str], vectors: np.ndarray) -> bytes:
+def shard_bytes(ids: list[str], vectors: np.ndarray, inputs: list[str] | None = None) -> bytes:
+    """The shard of these rows; `inputs`, each row's input sha256 (hex)."""
     buf = io.BytesIO()
-    np.savez(buf, vectors=np.ascontiguousarray(vectors, dtype="<f4"), ids=np.array(ids, dtype=str))
+    rows = np.ascontiguousarray(vectors, dtype="<f4")
+    names = np.array(ids, dtype=str)
+    if inputs is None:
+        np.savez(buf, vectors=rows, ids=names)
+    else:
+        digests = b"".join(bytes.fromhex(sha) for sha in inputs)
+        made_from = np.frombuffer(digests, dtype=np.uint8).reshape(len(inputs), 32)
+        np.savez(buf, vectors=rows, ids=names, inputs=made_from)
     return buf.getvalue()
 
 
@@ -70,6 +80,11 @@ ROW_BYTES_PER_VALUE = 4
 class Shard:
     ids: np.ndarray
     vectors: np.ndarray
+    inputs: np.ndarray | None = None  # uint8 (n, 32), or None in an older shard
+
+    def input_sha256(self, row: int) -> str:
+        """The sha256 of the input a row was made from; "" where the shard does not say."""
+        return "" if self.inputs is None else bytes(self.inputs[row]).hex()
 
 
 def load_shard(path: Path | str, *, dimension: int | None = None) -> Shard:
@@ -79,9 +94,9 @@ def load_shard(path: Path | str, *, dimension: int | None = None) -> Shard:
         members = load_npy_or_npz(path)
     except (ValueError, zipfile.BadZipFile, EOFError, SyntaxError) as exc:
         raise InvalidOutput(f"not a readable vector shard: {exc}") from exc
-    if not isinstance(members, dict) or set(members) != {"vectors", "ids"}:
+    if not isinstance(members, dict) or set(members) - {"inputs"} != {"vectors", "ids"}:
         raise InvalidOutput("not a vector shard: expected arrays 'vectors' and 'ids'", WRONG_OUTPUT)
-    vectors, ids = members["vectors"], members["ids"]
+    vectors, ids, inputs = members["vectors"], members["ids"], members.get("inputs")
     if vectors.dtype != np.float32 or vectors.ndim != 2:
         raise InvalidOutput(
             f"shard vectors {vectors.shape} {vectors.dtype}, expected (n, dim) float32",
@@ -89,11 +104,13 @@ def load_shard(path: Path | str, *, dimension: int | None = None) -> Shard:
         )
     if ids.ndim != 1 or ids.dtype.kind != "U" or len(ids) != len(vectors):
         raise InvalidOutput(f"shard ids {ids.shape} do not name its {len(vectors)} rows")
+    if inputs is not None and (inputs.dtype != np.uint8 or inputs.shape != (len(vectors), 32)):
+        raise InvalidOutput(f"shard inputs {inputs.shape} {inputs.dtype}, expected (n, 32) uint8")
     if dimension is not None and vectors.shape[1] != dimension:
         raise InvalidOutput(
             f"shard vectors of dimension {vectors.shape[1]}, expected {dimension}", WRONG_OUTPUT
         )
-    return Shard(ids=ids, vectors=vectors)
+    return Shard(ids=ids, vectors=vectors, inputs=inputs)
 
 
 class VectorReader:
@@ -145,6 +162,11 @@ class ShardChecker:
     def __init__(self, root: Path | str):
         self.root = Path(root)
         self._facts: dict[str, _ShardFacts | BaseException] = {}
+
+    def damaged_whole(self, rel: str) -> bool:
+        """Whether the shard, as checked, cannot be read as a shard at all (a
+        flipped byte fails its CRC): every row of it is damaged."""
+        return isinstance(self._facts.get(rel), InvalidOutput)
 
     def check(
         self,

@@ -3,11 +3,13 @@
 The deliverable of a campaign is this procedure, not a folder that happens to
 hold outputs: a file counts only if it is where the unit says, whole, and (with
 --deep) has the recorded checksum and content; a missing *input* is never
-confused with a missing *output*.
+confused with a missing *output*. A damaged output is set aside (moved under
+the version's `.damaged/` folder), so no later run can mistake it for a result.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections import Counter, defaultdict
@@ -29,9 +31,18 @@ from campaigns.models import (
     UnitState,
 )
 from campaigns.specs.processors import get_spec
+from campaigns.storage.lease_records import batch_of
 from campaigns.storage.outputs import InvalidOutput, file_sha256, is_temp_file
-from campaigns.storage.paths import InputLocator, output_name
+from campaigns.storage.paths import (
+    DAMAGED_FOLDER,
+    LEASES_FOLDER,
+    InputLocator,
+    damaged_relpath,
+    output_name,
+)
 from campaigns.storage.vector_shards import MARK, DeepRowCheck, ShardChecker, split_member
+
+log = logging.getLogger(__name__)
 
 
 class Verdict:
@@ -75,6 +86,7 @@ class VerifyReport:
     orphans: int = 0
     orphan_samples: list[str] = field(default_factory=list)
     stale_temp_removed: int = 0
+    damaged_set_aside: int = 0
     corrected: int = 0
     seconds: float = 0.0
     checkpoints: int = 0
@@ -96,6 +108,7 @@ class VerifyReport:
             **{v: self.counts[v] for v in Verdict.ALL},
             "orphan_outputs": self.orphans,
             "stale_temp_files_removed": self.stale_temp_removed,
+            "damaged_set_aside": self.damaged_set_aside,
             "corrected": self.corrected,
             "deep": self.deep,
             "seconds": round(self.seconds, 3),
@@ -135,6 +148,7 @@ def campaign_verify(*, campaign: Campaign, deep: bool = False) -> VerifyReport:
     # '<shard>/<name>' of every unit: any other file in a version folder is an orphan.
     claimed: set[str] = set()
     shards = ShardChecker(output_root)
+    damaged_shards: set[str] = set()
 
     last_pk = 0
     while True:
@@ -151,11 +165,15 @@ def campaign_verify(*, campaign: Campaign, deep: bool = False) -> VerifyReport:
             for suffix in suffixes:
                 claimed.add(output_name(unit["uid"], suffix))
             verdict, reason = _judge(unit, spec, versions, locate, shards, deep)
+            if verdict == Verdict.OUTPUT_INCOMPLETE:
+                reason = _set_aside(unit, reason, versions, shards, report, damaged_shards)
             report.note(verdict, unit["uid"], reason)
             fix = _correction(unit, verdict, reason)
             if fix is not None:
                 fixes[fix].append(unit["pk"])
     report.corrected = _apply(campaign, fixes)
+    for rel in sorted(damaged_shards):
+        report.damaged_set_aside += _move_aside(Path(output_root), rel) is not None
     claimed.update(_shards_in_use(campaign))
     report.orphans, report.orphan_samples, report.stale_temp_removed = _scan_output_folder(
         campaign, Path(output_root), claimed
@@ -174,17 +192,25 @@ def campaign_verify(*, campaign: Campaign, deep: bool = False) -> VerifyReport:
 
 
 def verify_checkpoints(campaign: Campaign) -> tuple[int, list[dict]]:
-    """Every kept checkpoint against its sidecar's checksums; a damaged one is marked
-    and never loaded again (a version using it fails its batches, saying why)."""
+    """Every kept checkpoint against its sidecar's checksums and its row's record
+    of them; a damaged one is marked and never loaded again (a training resumes
+    from an earlier one, a version using it fails its batches, saying why). It
+    stays in place: a version's model may name its folder, and its batches then
+    fail with the reason rather than with a missing folder."""
     from campaigns.models import ModelCheckpoint
-    from campaigns.storage.checkpoint_files import problems
+    from campaigns.storage.checkpoint_files import against_record, problems
 
     checked, damaged = 0, []
     for checkpoint in ModelCheckpoint.objects.filter(
         training__campaign=campaign, state=ModelCheckpoint.State.KEPT
     ):
         checked += 1
-        found = problems(Path(settings.OUTPUT_ROOT) / checkpoint.path)
+        folder = Path(settings.OUTPUT_ROOT) / checkpoint.path
+        found = problems(folder) or against_record(
+            folder,
+            weights_sha256=checkpoint.weights_sha256,
+            sidecar_sha256=checkpoint.linkage.get("sidecar_sha256", ""),
+        )
         if found:
             message = "; ".join(found)
             ModelCheckpoint.objects.filter(pk=checkpoint.pk).update(
@@ -271,6 +297,48 @@ def _judge_row(unit, spec, params, shards: ShardChecker, file_rel: str, row: int
     return Verdict.VALID, ""
 
 
+def _set_aside(unit, reason, versions, shards: ShardChecker, report, damaged_shards) -> str:
+    """A damaged output is nobody's result once verify corrects its unit: it is
+    moved aside, where no later run adopts it and a person can still look at it.
+    Returns the verdict's reason, saying where it went.
+
+    A unit's own file moves now, while its unit is still recorded as succeeded
+    and so in no batch. A shard moves once every unit is judged, and only when
+    it cannot be read at all: a shard that reads holds other units' valid rows,
+    and its damaged row is never adopted (only the batch that wrote a shard
+    adopts from it, check.adoption_for)."""
+    file_rel, row = split_member(unit["output_path"])
+    parts = file_rel.split("/")
+    if len(parts) < 3 or parts[1] not in versions:
+        return reason  # not in a version folder of this campaign: left where it is
+    if row is not None:
+        if not shards.damaged_whole(file_rel):
+            return reason
+        damaged_shards.add(file_rel)
+        return f"{reason}; the shard is set aside as {damaged_relpath(file_rel)}"
+    aside = _move_aside(Path(shards.root), file_rel)
+    if aside is None:
+        return reason
+    report.damaged_set_aside += 1
+    return f"{reason}; set aside as {aside}"
+
+
+def _move_aside(output_root: Path, rel: str) -> str | None:
+    """Move a damaged output under its version's DAMAGED_FOLDER, keeping the
+    rest of its path (a newer damaged copy replaces an older one); returns
+    where, or None when it could not move (it stays: adoption refuses it anyway)."""
+    aside = damaged_relpath(rel)
+    if aside is None:
+        return None
+    try:
+        (output_root / aside).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(output_root / rel, output_root / aside)
+    except OSError as exc:
+        log.warning("cannot set the damaged output %s aside: %s", rel, exc)
+        return None
+    return aside
+
+
 def _check_input(unit, locate: InputLocator, deep: bool) -> tuple[str, str] | None:
     if not unit["source_path"]:
         return None
@@ -346,10 +414,18 @@ def _scan_output_folder(
     samples: list[str] = []
     now = time.time()
     cut = len(str(output_root)) + 1
+    live: set[int] | None = None
     for dirpath, dirs, files in os.walk(folder):
         if dirpath == str(folder):
             # An adaptation campaign's checkpoints: checked by checksum below, not units' outputs.
             dirs[:] = [d for d in dirs if d != CHECKPOINTS_FOLDER]
+        elif LEASES_FOLDER in dirs or DAMAGED_FOLDER in dirs:
+            # Set aside, or a claim's record of what it wrote: no unit's output.
+            if LEASES_FOLDER in dirs:
+                if live is None:
+                    live = _live_batches(campaign)
+                removed += _remove_finished_records(Path(dirpath) / LEASES_FOLDER, live)
+            dirs[:] = [d for d in dirs if d not in (LEASES_FOLDER, DAMAGED_FOLDER)]
         for name in files:
             path = os.path.join(dirpath, name)
             if is_temp_file(name):
@@ -369,3 +445,26 @@ def _scan_output_folder(
                 if len(samples) < SAMPLES_PER_VERDICT:
                     samples.append(rel)
     return orphans, samples, removed
+
+
+def _live_batches(campaign: Campaign) -> set[int]:
+    return set(
+        Batch.objects.filter(
+            campaign=campaign, state__in=(Batch.State.QUEUED, Batch.State.RUNNING)
+        ).values_list("pk", flat=True)
+    )
+
+
+def _remove_finished_records(folder: Path, live: set[int]) -> int:
+    """Lease records of batches no longer queued or running: recorded (their
+    worker could not remove them) or given up; no claim will adopt from them."""
+    removed = 0
+    for entry in os.scandir(folder):
+        batch_id = batch_of(entry.name)
+        if batch_id is not None and batch_id not in live:
+            try:
+                os.unlink(entry.path)
+                removed += 1
+            except FileNotFoundError:
+                pass
+    return removed

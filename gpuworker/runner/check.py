@@ -1,6 +1,7 @@
 """Outputs checked before they count: a written file loaded back, a refused
 one sent to review, and what an earlier claim of the batch wrote adopted
-instead of recomputed (a worker died after writing, before recording)."""
+instead of recomputed (a worker died after writing, before recording) — only
+what that claim's own record vouches for (`adoption_for`)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,22 @@ import hashlib
 import logging
 import os
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 from django.conf import settings
 
 from campaigns.models import Batch, ErrorClass
+from campaigns.storage.lease_records import Vouched, read_records
 from campaigns.storage.outputs import InvalidOutput, WrittenFile
-from campaigns.storage.paths import shard_folder, shard_prefix
-from campaigns.storage.vector_shards import load_shard, member_path
+from campaigns.storage.paths import lease_folder, shard_folder, shard_prefix
+from campaigns.storage.vector_shards import (
+    ROW_BYTES_PER_VALUE,
+    load_shard,
+    member_path,
+    row_sha256,
+)
+from gpuworker.processors import sharded
 from gpuworker.processors.base import Processor, ShardedProcessor
 from gpuworker.runner.claim import Outcome
 
@@ -50,25 +59,95 @@ def refuse(outcome: Outcome, exc: InvalidOutput) -> None:
     outcome.flags.append((exc.reason, str(exc)))
 
 
-def adopt_file(processor: Processor, outcome: Outcome) -> bool:
-    """A valid output already at the unit's path (a worker died after writing it,
-    before recording it) is recorded, not recomputed."""
-    path = outcome.path
-    if path is None or not path.is_file():
+class Adoption(Protocol):
+    """What a claim may take back instead of recomputing (`adoption_for`)."""
+
+    def adopt(self, outcome: Outcome) -> bool:
+        """Record the unit's output an earlier claim wrote; False: recompute it."""
+        ...
+
+
+class _Nothing:
+    def adopt(self, outcome: Outcome) -> bool:
         return False
-    try:
-        processor.validate(path)
-    except InvalidOutput:
-        return False  # a partial or bad file: recomputed and atomically replaced
-    data = path.read_bytes()
-    outcome.metrics = {"adopted": True}  # counted by run.compute
-    outcome.succeed(outcome.target, len(data), hashlib.sha256(data).hexdigest())
-    return True
 
 
-def adoptable_rows(batch: Batch, processor: ShardedProcessor) -> dict[str, tuple[str, np.ndarray]]:
-    """uid -> (output path, vector) of every whole, valid row in the shards an
-    earlier claim of this batch wrote; a damaged shard is recomputed instead."""
+NOTHING: Adoption = _Nothing()
+
+
+def adoption_for(batch: Batch, processor: Processor) -> Adoption:
+    """What this claim of the batch may adopt: only what an earlier claim of the
+    same batch wrote and vouched for, made from the input the unit reads now.
+
+    An output at a unit's path that no record of this batch vouches for — a
+    file verify judged damaged, a byte flipped since it was written, a leftover
+    of another batch (a retry, a Pause and Resume) or of an input that changed
+    since — is recomputed and atomically replaced, never taken back.
+    """
+    if not batch.deliveries:
+        return NOTHING  # its first claim: no earlier claim wrote anything of it
+    if sharded(processor):
+        return ShardRows(adoptable_rows(batch, processor))
+    folder = Path(settings.OUTPUT_ROOT) / lease_folder(
+        campaign=batch.campaign.name, version_label=batch.version.label
+    )
+    return VouchedFiles(processor, read_records(folder, batch.pk))
+
+
+class VouchedFiles:
+    """A file-a-unit processor's outputs, as the lease records of the batch's
+    earlier claims name them (campaigns/storage/lease_records.py)."""
+
+    def __init__(self, processor: Processor, vouched: dict[str, list[Vouched]]):
+        self.processor, self.vouched = processor, vouched
+
+    def adopt(self, outcome: Outcome) -> bool:
+        path = outcome.path
+        made_here = [
+            v
+            for v in self.vouched.get(outcome.unit.uid, ())
+            if v.output == outcome.target and v.input_sha256 == outcome.input_sha256
+        ]
+        if path is None or not made_here:
+            return False
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return False  # gone (or unreadable): recomputed
+        sha256 = hashlib.sha256(data).hexdigest()
+        if not any(v.sha256 == sha256 for v in made_here):
+            return False  # not the bytes the claim wrote: recomputed and replaced
+        try:
+            self.processor.validate(path)
+        except (InvalidOutput, OSError):
+            return False
+        outcome.metrics = {"adopted": True}  # counted by run.compute
+        outcome.succeed(outcome.target, len(data), sha256)
+        return True
+
+
+class ShardRows:
+    """A sharded processor's rows in the shards an earlier claim of the batch wrote."""
+
+    def __init__(self, rows: dict[str, list[tuple[str, np.ndarray, str]]]):
+        self.rows = rows
+
+    def adopt(self, outcome: Outcome) -> bool:
+        for rel, vector, input_sha256 in self.rows.get(outcome.unit.uid, ()):
+            # A shard that does not say what its row was made from (one from
+            # before shards carried it) proves nothing: the row is recomputed.
+            if input_sha256 and input_sha256 == outcome.input_sha256:
+                outcome.metrics = {"adopted": True}  # counted by run.compute
+                outcome.succeed(rel, vector.size * ROW_BYTES_PER_VALUE, row_sha256(vector))
+                return True
+        return False
+
+
+def adoptable_rows(
+    batch: Batch, processor: ShardedProcessor
+) -> dict[str, list[tuple[str, np.ndarray, str]]]:
+    """uid -> (output path, vector, input sha256) of every whole, valid row in the
+    shards an earlier claim of this batch wrote; a damaged shard is recomputed instead."""
     folder_rel = shard_folder(
         campaign=batch.campaign.name, version_label=batch.version.label, batch_id=batch.pk
     )
@@ -81,7 +160,7 @@ def adoptable_rows(batch: Batch, processor: ShardedProcessor) -> dict[str, tuple
         )
     except FileNotFoundError:
         return {}
-    rows: dict[str, tuple[str, np.ndarray]] = {}
+    rows: dict[str, list[tuple[str, np.ndarray, str]]] = {}
     for name in names:
         rel = f"{folder_rel}/{name}"
         try:
@@ -92,5 +171,6 @@ def adoptable_rows(batch: Batch, processor: ShardedProcessor) -> dict[str, tuple
         problems = processor.check_rows(shard.vectors)
         for row, uid in enumerate(shard.ids.tolist()):
             if problems[row] is None:
-                rows[uid] = (member_path(rel, row), shard.vectors[row])
+                found = (member_path(rel, row), shard.vectors[row], shard.input_sha256(row))
+                rows.setdefault(uid, []).append(found)
     return rows

@@ -24,12 +24,12 @@ from campaigns.review.queue import after_batch
 from campaigns.runs.recording import batch_record
 from common.log_context import bound
 from gpuworker.memory import at_failure, runtime_facts
-from gpuworker.processors import get_processor
+from gpuworker.processors import get_processor, sharded
 from gpuworker.processors.base import Processor
 from gpuworker.runner.claim import Outcome, worker_name
 from gpuworker.runner.lease import LeaseKeeper
 from gpuworker.runner.run import Part, compute
-from gpuworker.runner.write import complete
+from gpuworker.runner.write import complete, drop_lease_records
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,11 @@ class BatchRun:
         finally:
             self.lease.stop()
         if recorded:
+            if self.processor is not None and not sharded(self.processor):
+                try:
+                    drop_lease_records(self.batch)
+                except OSError:  # left for verify, which removes those of finished batches
+                    log.warning("batch %s: could not remove its lease records", self.batch.pk)
             try:
                 after_batch(campaign=self.batch.campaign, version=self.batch.version)
             except Exception:  # the batch is recorded; the next batch or resume tries again

@@ -8,13 +8,10 @@ import hashlib
 import threading
 from pathlib import Path
 
-import numpy as np
-
 from campaigns.intake.inputs import InputError, read_bytes
 from campaigns.models import ErrorClass
-from campaigns.storage.vector_shards import ROW_BYTES_PER_VALUE, row_sha256
 from gpuworker.processors.base import Processor
-from gpuworker.runner.check import adopt_file
+from gpuworker.runner.check import NOTHING, Adoption
 from gpuworker.runner.claim import Outcome
 from gpuworker.runner.prefetch import Prepared
 from gpuworker.runner.threads import in_threads
@@ -29,15 +26,16 @@ def prepare_unit(
     root: Path,
     real_root: str | None,
     outcome: Outcome,
-    adoptable: dict[str, tuple[str, np.ndarray]] | None = None,
+    adoption: Adoption = NOTHING,
     ahead: Prepared | None = None,
 ) -> object:
     """The unit's model input, or SKIP when it failed or its output was adopted.
 
-    `adoptable`: a sharded processor's rows an earlier claim wrote (None: the
-    processor writes a file a unit, adopted from the unit's path). `ahead`:
-    the unit's input as the prefetch prepared it while the last batch ran; it
-    goes through the same hash check and adoption as one read here.
+    `adoption`: what an earlier claim of the batch wrote and vouched for
+    (check.adoption_for), taken back only once the input read here is the
+    unit's. `ahead`: the unit's input as the prefetch prepared it while the
+    last batch ran; it goes through the same hash check and adoption as one
+    read here.
     """
     unit = outcome.unit
     try:
@@ -58,13 +56,7 @@ def prepare_unit(
                 "input changed since import (sha256 differs); "
                 "resume --retry-failed processes the new content",
             )
-        if adoptable is not None:
-            if outcome.unit.uid in adoptable:
-                rel, vector = adoptable[outcome.unit.uid]
-                outcome.metrics = {"adopted": True}  # counted by run.compute
-                outcome.succeed(rel, vector.size * ROW_BYTES_PER_VALUE, row_sha256(vector))
-                return SKIP
-        elif adopt_file(processor, outcome):
+        if adoption.adopt(outcome):
             return SKIP
         if made is _NOT_PREPARED:
             return processor.prepare(data)

@@ -7,7 +7,6 @@ import functools
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from django.conf import settings
 
@@ -18,7 +17,7 @@ from campaigns.storage.paths import output_relpath
 from gpuworker.memory import at_failure
 from gpuworker.processors import sharded
 from gpuworker.processors.base import Processor
-from gpuworker.runner.check import adoptable_rows
+from gpuworker.runner.check import adoption_for
 from gpuworker.runner.claim import Outcome
 from gpuworker.runner.prefetch import prefetch
 from gpuworker.runner.read import SKIP, prepare_ahead, prepare_unit
@@ -39,12 +38,7 @@ def compute(
     ahead = prefetch.take(batch.pk)  # what was prepared while the last batch ran
     root = Path(batch.campaign.input_root)
     output_root = Path(settings.OUTPUT_ROOT)
-    adoptable: dict[str, tuple[str, np.ndarray]] | None = None
-    if sharded(processor):
-        # A batch's first claim finds no shard of its own to adopt: only a
-        # batch delivered again (its worker died before recording) looks.
-        adoptable = adoptable_rows(batch, processor) if batch.deliveries else {}
-    else:
+    if not sharded(processor):
         for outcome in outcomes:
             outcome.target = str(
                 output_relpath(
@@ -55,11 +49,13 @@ def compute(
                 )
             )
             outcome.path = output_root / outcome.target
+    # Only a batch delivered again (its worker died before recording) looks.
+    adoption = adoption_for(batch, processor)
     # Reading and decoding in threads: file I/O and image decoding release
     # the GIL, so a slow disk or a large image does not serialise the batch.
     real_root = corpus_real_path(root)  # once a batch, not once an input
     prepared = in_threads(
-        lambda o: prepare_unit(processor, root, real_root, o, adoptable, ahead.get(o.unit.pk)),
+        lambda o: prepare_unit(processor, root, real_root, o, adoption, ahead.get(o.unit.pk)),
         outcomes,
     )
     ready = [(o, item) for o, item in zip(outcomes, prepared, strict=True) if item is not SKIP]

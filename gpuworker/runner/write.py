@@ -1,9 +1,11 @@
 """A batch's outputs after its model ran: each unit's metrics and review
 flags, then its output written atomically (one vector shard a batch, or a
-file a unit) and checked (gpuworker/runner/check.py)."""
+file a unit beside the claim's lease record) and checked
+(gpuworker/runner/check.py)."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any, cast
 
@@ -12,8 +14,9 @@ from django.conf import settings
 
 from campaigns.models import Batch, ErrorClass
 from campaigns.runs.recording import outcomes_flag_drift, outcomes_flag_duplicates
+from campaigns.storage.lease_records import Vouched, record_bytes, remove_records
 from campaigns.storage.outputs import InvalidOutput, write_atomic, write_atomic_group
-from campaigns.storage.paths import shard_relpath
+from campaigns.storage.paths import lease_folder, lease_record_relpath, shard_relpath
 from campaigns.storage.vector_shards import (
     ROW_BYTES_PER_VALUE,
     load_shard,
@@ -45,14 +48,47 @@ def complete(batch: Batch, processor: Processor, parts: list[Part], token: str) 
     if sharded(processor):
         write_shard(batch, processor, jobs, token)
         return merge_batch_metrics([processor.batch_metrics(result) for _, result in parts])
-    # Every unit of a file-a-unit processor has its path (run.compute).
-    written = write_atomic_group((cast(Path, o.path), data) for o, data in jobs)
+    # Every unit of a file-a-unit processor has its path (run.compute). The
+    # claim's lease record goes first, in the same group: one flush to disk
+    # for all, and a later claim adopts only what it vouches for.
+    record = (lease_record_path(batch, token), lease_record(batch, token, jobs))
+    written = write_atomic_group([record, *((cast(Path, o.path), data) for o, data in jobs)])[1:]
     # Checks in threads: each reads its file back and decodes it.
     in_threads(
         lambda job: check_written(processor, *job),
         [(o, w) for (o, _), w in zip(jobs, written, strict=True)],
     )
     return merge_batch_metrics([processor.batch_metrics(result) for _, result in parts])
+
+
+def lease_record_path(batch: Batch, token: str) -> Path:
+    rel = lease_record_relpath(
+        campaign=batch.campaign.name,
+        version_label=batch.version.label,
+        batch_id=batch.pk,
+        token=token,
+    )
+    return Path(settings.OUTPUT_ROOT) / rel
+
+
+def lease_record(batch: Batch, token: str, jobs: list[tuple[Outcome, Any]]) -> bytes:
+    """What this claim writes: each unit's output path, its bytes' sha256 and its input's."""
+    return record_bytes(
+        batch_id=batch.pk,
+        token=token,
+        outputs=(
+            (o.unit.uid, Vouched(o.target, hashlib.sha256(data).hexdigest(), o.input_sha256))
+            for o, data in jobs
+        ),
+    )
+
+
+def drop_lease_records(batch: Batch) -> None:
+    """The batch is recorded: its claims' records vouch for nothing any more."""
+    folder = Path(settings.OUTPUT_ROOT) / lease_folder(
+        campaign=batch.campaign.name, version_label=batch.version.label
+    )
+    remove_records(folder, batch.pk)
 
 
 def write_shard(
@@ -72,7 +108,11 @@ def write_shard(
     outcomes = [o for o, _ in jobs]
     vectors = np.stack([np.asarray(v, dtype=np.float32).ravel() for _, v in jobs])
     try:
-        write_atomic(path, shard_bytes([o.unit.uid for o in outcomes], vectors))
+        # Each row with the input it was made from: a later claim of the
+        # batch adopts a row only for the input its unit reads then.
+        inputs = [o.input_sha256 for o in outcomes]
+        data = shard_bytes([o.unit.uid for o in outcomes], vectors, inputs if all(inputs) else None)
+        write_atomic(path, data)
         shard = load_shard(path, dimension=vectors.shape[1])
     except InvalidOutput as exc:
         for outcome in outcomes:

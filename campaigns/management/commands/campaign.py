@@ -354,6 +354,8 @@ class Command(version_cli.VersionCommands, BaseCommand):
         for rel in data["orphan_samples"][:5]:
             self.stdout.write(f"      {rel}")
         self.stdout.write(f"  {'stale temp removed':<18} {data['stale_temp_files_removed']:>9}")
+        if data["damaged_set_aside"]:
+            self.stdout.write(f"  {'damaged set aside':<18} {data['damaged_set_aside']:>9}")
         self.stdout.write(f"  {'states corrected':<18} {data['corrected']:>9}")
 
     def _resume(self, *, name, retry_failed: bool, wait: bool, timeout, **_):

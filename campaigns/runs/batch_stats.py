@@ -180,7 +180,8 @@ def _policy_rows(campaign: Campaign) -> list[PolicyRow]:
             batches=r["batches"],
             items=r["items"] or 0,
             real_tokens=r["real"] or 0,
-            padded_tokens=r["padded"] or 0,
+            # None where no batch reported padded tokens: "—", not 0, as each batch shows.
+            padded_tokens=r["padded"],
             seconds=r["seconds"] or 0.0,
         )
         for r in rows

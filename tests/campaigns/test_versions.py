@@ -16,8 +16,14 @@ from django.urls import reverse
 
 from campaigns.exports.inventory import export
 from campaigns.models import Attempt, Batch, Checkpoint, Unit, UnitState
+from campaigns.review import compare
 from campaigns.review.queue import checkpoint_decide
 from campaigns.runs import setup, start, versions
+from tests.gpuworker.test_image_classification import (  # noqa: F401 (fixtures)
+    classifier_params,
+    shapes,
+    user_model,
+)
 
 
 def _finish(campaign, run_here, owner):
@@ -281,9 +287,7 @@ def test_a_run_being_planned_stops_when_the_version_changes(make_campaign, monke
 
 
 @pytest.mark.django_db
-def test_resume_after_a_failed_checkpoint_says_why_instead_of_failing(
-    make_campaign, client, owner
-):
+def test_resume_after_a_failed_checkpoint_says_why_instead_of_failing(make_campaign, client, owner):
     from tests.conftest import waiting_at_checkpoint
 
     campaign = make_campaign("failed-checkpoint")
@@ -313,3 +317,65 @@ def test_run_wait_names_a_pause(make_campaign):
     command._wait(campaign, timeout=None)
     assert "stopped: Paused: since" in out.getvalue()
     assert "held by review" not in out.getvalue()
+
+
+def test_a_classifiers_versions_compare_their_top_labels_unit_by_unit(
+    user_model,  # noqa: F811 (the imported fixture)
+    shapes,  # noqa: F811 (the imported fixture)
+    project,
+    output_root,
+    run_here,
+    tmp_path,
+    client,
+    owner,
+):
+    # given: v1 names the tiny model's classes circle, square, triangle; v2 is the
+    # same model with square and triangle swapped in its labels file, so a unit
+    # keeps its top label under v2 exactly when v1 called it a circle
+    campaign, _ = setup.campaign_create(
+        name="shapes",
+        processor="image-classification",
+        project=project,
+        input_folder=shapes,
+        params=classifier_params(user_model, batch_size=8, top_k=3),
+        holdout_share=0,
+    )
+    campaign.checkpoint_after = 0
+    campaign.save(update_fields=["checkpoint_after"])
+    run_here(campaign)
+    first = campaign.current_version
+    top_v1 = {}
+    for uid, path in Unit.objects.filter(campaign=campaign, state=UnitState.SUCCEEDED).values_list(
+        "uid", "output_path"
+    ):
+        with np.load(output_root / path) as data:
+            top_v1[uid] = str(data["top_labels"][0])
+    swapped = tmp_path / "swapped.txt"
+    swapped.write_text("circle\ntriangle\nsquare\n")
+    second = setup.version_create(
+        campaign=campaign, params={**first.params, "labels": str(swapped)}
+    )
+    campaign.refresh_from_db()
+    run_here(campaign)
+    assert _valid_units(campaign) == set(top_v1)
+    kept = sum(label == "circle" for label in top_v1.values())
+    moved = {
+        ("square", "triangle"): sum(label == "square" for label in top_v1.values()),
+        ("triangle", "square"): sum(label == "triangle" for label in top_v1.values()),
+    }
+    assert 0 < kept < len(top_v1) and all(moved.values())  # the model tells the shapes apart
+
+    # when
+    report = compare.compare_versions(campaign=campaign, a=first, b=second)
+
+    # then: every unit compared, the features unchanged, the labels agree on the circles
+    assert report["kind"] == "features"
+    assert report["both"] == report["compared"] == report["labelled"] == len(top_v1) == 30
+    assert report["label_agreement"] == kept / len(top_v1)
+    assert {(c["from"], c["to"]): c["units"] for c in report["label_changes"]} == moved
+    assert report["mean_cosine"] == pytest.approx(1.0)
+    # and the versions page says so
+    client.force_login(owner)
+    page = client.get(reverse("campaign_versions", args=[campaign.name]), {"a": 1, "b": 2})
+    agreement = f"{kept / len(top_v1):.3f}"
+    assert f"<strong data-label-agreement>{agreement}</strong> of 30 units" in page.content.decode()

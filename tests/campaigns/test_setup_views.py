@@ -228,7 +228,7 @@ def test_changing_parameters_after_a_run_makes_a_new_version_and_says_so(
     client.force_login(owner)
     url = reverse("campaign_params", args=[campaign.name])
     warning = client.get(url).content.decode().split('id="new-version-warning"')[1]
-    assert "holdout units run again" in warning.split("</p>")[0]
+    assert "Every unit runs again under it, through its own checkpoint" in warning.split("</p>")[0]
     params = {f"param_{k}": v for k, v in campaign.current_version.params.items()}
     same = client.post(url, params, follow=True).content.decode()
     assert "Nothing changed" in same

@@ -12,6 +12,7 @@ in constant memory.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +21,7 @@ import numpy as np
 
 from campaigns.exports.matrices import RowReader, chunks, kind_of
 from campaigns.models import Campaign, ParameterVersion
-from campaigns.runs.versions import VersionOutput, outputs_of
+from campaigns.runs.versions import VersionOutput, outputs_count, outputs_of
 
 #: Units listed as those that moved most (lowest cosine) or disagree.
 WORST = 10
@@ -28,12 +29,12 @@ _BINS = 200  # cosine histogram over [-1, 1]: percentiles to 0.01
 
 
 def _pairs(
-    campaign: Campaign, a: ParameterVersion, b: ParameterVersion
+    campaign: Campaign, a: ParameterVersion, b: ParameterVersion, every: int
 ) -> Iterator[tuple[VersionOutput, VersionOutput]]:
     """Units with a valid output under both, in unit order (a merge of two
     walks in unit order)."""
-    left = outputs_of(campaign=campaign, version=a)
-    right = outputs_of(campaign=campaign, version=b)
+    left = outputs_of(campaign=campaign, version=a, every=every)
+    right = outputs_of(campaign=campaign, version=b, every=every)
     x, y = next(left, None), next(right, None)
     while x is not None and y is not None:
         if x.unit_id == y.unit_id:
@@ -54,10 +55,22 @@ def _unit_length(vector: np.ndarray | None) -> np.ndarray | None:
 
 
 def compare_versions(
-    *, campaign: Campaign, a: ParameterVersion, b: ParameterVersion
+    *,
+    campaign: Campaign,
+    a: ParameterVersion,
+    b: ParameterVersion,
+    at_most: int | None = None,
 ) -> dict[str, Any]:
-    """What changed from version `a` to version `b`, as plain data."""
+    """What changed from version `a` to version `b`, as plain data.
+
+    `at_most`: compare about that many units, one in `every` by id across the
+    whole corpus, rather than all (the page answers within its request; the
+    command compares all)."""
     kind = kind_of(campaign)
+    every = 1
+    if at_most:
+        smaller = min(outputs_count(campaign=campaign, version=v) for v in (a, b))
+        every = max(1, math.ceil(smaller / at_most))
     report: dict[str, Any] = {
         "a": a.label,
         "b": b.label,
@@ -65,8 +78,14 @@ def compare_versions(
         "both": 0,
         "compared": 0,
         "unreadable": 0,
+        "every": every,
         "notes": [],
     }
+    if every > 1:
+        report["notes"].append(
+            f"a sample: one unit in {every} by id, across the corpus "
+            f"(campaign compare {campaign.name} {a.number} {b.number} compares every unit)"
+        )
     if kind is None:
         report["notes"].append(
             f"{campaign.processor}: outputs are not vectors; only counts compare"
@@ -77,7 +96,7 @@ def compare_versions(
     worst: list[tuple[float, str]] = []  # a max-heap of -cosine: the lowest cosines
     agree = labelled = 0
     changes: Counter[tuple[str, str]] = Counter()
-    for chunk in chunks(p for pair in _pairs(campaign, a, b) for p in pair):
+    for chunk in chunks(p for pair in _pairs(campaign, a, b, every) for p in pair):
         report["both"] += len(chunk) // 2
         if kind is None:
             continue

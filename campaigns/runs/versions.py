@@ -186,14 +186,18 @@ def outputs_count(*, campaign: Campaign, version: ParameterVersion) -> int:
     return _latest_attempts(version).count()
 
 
-def outputs_of(*, campaign: Campaign, version: ParameterVersion) -> Iterator[VersionOutput]:
+def outputs_of(
+    *, campaign: Campaign, version: ParameterVersion, every: int = 1
+) -> Iterator[VersionOutput]:
     """Each unit's valid output under `version`, in unit (import) order, read
-    a chunk of units at a time: a million units in constant memory."""
+    a chunk of units at a time: a million units in constant memory.
+    `every`: only units whose id is a multiple of it (a sample spread over
+    the whole corpus, the same for every version)."""
     if version.pk == campaign.current_version_id:
-        yield from _current_outputs(campaign, version)
+        yield from _current_outputs(campaign, version, every)
         return
     last = 0
-    units = Unit.objects.filter(campaign=campaign).order_by("pk")
+    units = _every(Unit.objects.filter(campaign=campaign), every).order_by("pk")
     while True:
         rows = list(
             units.filter(pk__gt=last).values_list("pk", "uid", "source_path", "category", "sha256")[
@@ -233,9 +237,17 @@ def _current(campaign: Campaign, version: ParameterVersion) -> QuerySet[Unit]:
     )
 
 
-def _current_outputs(campaign: Campaign, version: ParameterVersion) -> Iterator[VersionOutput]:
+def _every(units: QuerySet[Unit], every: int) -> QuerySet[Unit]:
+    if every <= 1:
+        return units
+    return units.annotate(_sampled=F("pk") % every).filter(_sampled=0)
+
+
+def _current_outputs(
+    campaign: Campaign, version: ParameterVersion, every: int = 1
+) -> Iterator[VersionOutput]:
     last = 0
-    done = _current(campaign, version).order_by("pk")
+    done = _every(_current(campaign, version), every).order_by("pk")
     while True:
         rows = list(
             done.filter(pk__gt=last).values_list(

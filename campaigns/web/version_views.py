@@ -18,6 +18,11 @@ from campaigns.review.compare import compare_versions
 from campaigns.runs import versions
 from campaigns.web.access import campaign_for_user_or_404
 
+#: Units the page compares at most (a sample spread over the corpus beyond):
+#: 200,000 units take ~31 s on 2 cores, 20,000 about 3 s, within a request
+#: (bench/RESULTS.md, "Parameter versions at scale — `bench/versions_scale.py`").
+PAGE_COMPARE_UNITS = 20_000
+
 #: What a version offers for download, by the kind of matrix its outputs form.
 DOWNLOADS = {
     "vectors": ("vectors.npy", "rows.csv"),
@@ -36,7 +41,9 @@ def campaign_versions(request: HttpRequest, name: str) -> HttpResponse:
     a, b = request.GET.get("a"), request.GET.get("b")
     if a and b:
         first, second = _version(campaign, a), _version(campaign, b)
-        context["comparison"] = compare_versions(campaign=campaign, a=first, b=second)
+        context["comparison"] = compare_versions(
+            campaign=campaign, a=first, b=second, at_most=PAGE_COMPARE_UNITS
+        )
     template = "campaigns/versions.html"
     if request.headers.get("HX-Request"):
         template += "#versions-panel"

@@ -379,3 +379,34 @@ def test_a_classifiers_versions_compare_their_top_labels_unit_by_unit(
     page = client.get(reverse("campaign_versions", args=[campaign.name]), {"a": 1, "b": 2})
     agreement = f"{kept / len(top_v1):.3f}"
     assert f"<strong data-label-agreement>{agreement}</strong> of 30 units" in page.content.decode()
+
+
+@pytest.mark.django_db
+def test_the_page_compares_a_sample_spread_over_the_corpus_beyond_its_limit(
+    make_campaign, output_root, run_here, client, owner, monkeypatch
+):
+    from campaigns.review.compare import compare_versions
+    from campaigns.web import version_views
+
+    campaign = make_campaign("sampled", batch_size=4)
+    campaign.checkpoint_after = 0
+    campaign.save(update_fields=["checkpoint_after"])
+    run_here(campaign)
+    first = campaign.current_version
+    second = setup.version_create(campaign=campaign, params={**first.params, "pooling": "cls"})
+    campaign.refresh_from_db()
+    run_here(campaign)
+    done = len(_valid_units(campaign))
+
+    whole = compare_versions(campaign=campaign, a=first, b=second)
+    assert whole["both"] == done and whole["every"] == 1
+    sample = compare_versions(campaign=campaign, a=first, b=second, at_most=5)
+    assert sample["every"] > 1 and 0 < sample["both"] < done
+    pks = Unit.objects.filter(campaign=campaign, uid__in=[r["unit"] for r in sample["lowest"]])
+    assert all(pk % sample["every"] == 0 for pk in pks.values_list("pk", flat=True))
+
+    monkeypatch.setattr(version_views, "PAGE_COMPARE_UNITS", 5)
+    client.force_login(owner)
+    page = client.get(reverse("campaign_versions", args=[campaign.name]), {"a": 1, "b": 2})
+    assert f"a sample: one unit in {sample['every']} by id" in page.content.decode()
+    assert f"campaign compare {campaign.name} 1 2 compares every unit" in page.content.decode()

@@ -227,12 +227,11 @@ def _matrix_rows(campaign: Campaign, version, matrix: np.ndarray, count: int) ->
     row = 0
     for chunk in chunks(outputs):
         for out, read in zip(chunk, reader.read_chunk(chunk), strict=True):
+            # An unreadable output stays NaN (the matrix starts so), its reason in `error`.
             error = read.error
-            if read.vector is None:
-                pass  # unreadable: NaN, the reason in `error`
-            elif read.vector.shape == matrix.shape[1:]:
+            if read.vector is not None and read.vector.shape == matrix.shape[1:]:
                 matrix[row] = read.vector
-            else:
+            elif read.vector is not None:
                 error = f"a vector of {len(read.vector)} values, expected {matrix.shape[1]}"
             yield [row, out.uid, out.source_path, out.output_path, error]
             row += 1

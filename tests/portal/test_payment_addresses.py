@@ -171,17 +171,18 @@ def test_an_unusable_key_refuses_btc_quotes_readably(xpub, make_order):
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_quotes_never_share_an_index(xpub, catalog, fresh_rates):
-    """Quotes from several threads at once (their own database connections) get
-    distinct, consecutive indexes: the chain's counter is read and advanced under a lock."""
-    GpuModel.objects.filter(name="A40").update(stock=20)
-    start = threading.Barrier(4)
+    """Quotes from several threads at once (their own database connections), each
+    for another card so the card's row lock does not serialise them, get distinct,
+    consecutive indexes: the key's counter is read and advanced under its own lock."""
+    cards = ["L4", "RTX 4090", "A40", "RTX A6000"]  # 3 or more in stock each
+    start = threading.Barrier(len(cards))
     made: list[int] = []
     errors: list[BaseException] = []
 
-    def quote() -> None:
+    def quote(card: str) -> None:
         try:
             plan = svc.Plan(
-                gpu=GpuModel.objects.get(name="A40"),
+                gpu=GpuModel.objects.get(name=card),
                 quantity=1,
                 days=7,
                 environment=Environment.objects.first(),
@@ -198,7 +199,7 @@ def test_concurrent_quotes_never_share_an_index(xpub, catalog, fresh_rates):
         finally:
             connections.close_all()
 
-    threads = [threading.Thread(target=quote) for _ in range(4)]
+    threads = [threading.Thread(target=quote, args=(card,)) for card in cards]
     for thread in threads:
         thread.start()
     for thread in threads:

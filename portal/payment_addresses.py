@@ -314,21 +314,28 @@ def _derived_source(currency: CryptoCurrency, key: WatchKey) -> SourceStatus:
     text = (
         f"Derived from extended public key {key.fingerprint} ({key.script}, "
         f"{'mainnet' if key.network == 'main' else 'testnet'}): next receive index "
-        f"{next_index}; {gaps.given} given to quotes, {gaps.paid} paid; "
+        f"{next_index} ({_next_address(key, next_index)}); {gaps.given} given to quotes, "
+        f"{gaps.paid} paid; "
         f"{gaps.tip} unpaid since the last paid one, at most {gaps.largest} unpaid in a row "
         "between paid ones."
     )
     warning = ""
     limit = settings.WALLET_GAP_LIMIT
-    if max(gaps.tip, gaps.largest) >= limit:
+    run = max(gaps.tip, gaps.largest)
+    if run >= limit:
         warning = (
-            f"{max(gaps.tip, gaps.largest)} unpaid addresses in a row: a wallet with a gap "
-            f"limit of {limit} or less does not see a payment after them. Raise the wallet's "
-            "gap limit (docs/ordering.md) and WALLET_GAP_LIMIT with it."
+            f"{run} unpaid addresses in a row: a wallet whose gap limit is {run} or less "
+            "does not see a payment after them. Raise the wallet's gap limit "
+            "(docs/ordering.md) and WALLET_GAP_LIMIT with it."
         )
     if key.depth != 3:
         warning = " ".join(filter(None, [warning, _depth_warning(key.depth)]))
     return SourceStatus(currency=currency.code, text=text, warning=warning)
+
+
+def _next_address(key: WatchKey, index: int) -> str:
+    # What staff compare with the wallet's receive address of the same index.
+    return key.address(index) if index <= _LAST_INDEX else "none left"
 
 
 def _depth_warning(depth: int) -> str:

@@ -162,11 +162,15 @@ def test_a_refused_quote_gives_its_index_back(xpub, make_order):
     assert make_order().payment_address.address == BIP84_RECEIVE[0]
 
 
-def test_an_unusable_key_refuses_btc_quotes_readably(xpub, make_order):
+def test_an_unusable_key_refuses_btc_quotes_readably(xpub, make_order, client, staff):
     xpub.BTC_XPUB = BIP84_ZPRV
     with pytest.raises(QuoteRefused, match="BTC payments cannot be quoted right now"):
         make_order()
     assert not Order.objects.exists()
+    client.force_login(staff)
+    html = client.get("/order/staff/").content.decode()
+    assert "BTC_XPUB holds a PRIVATE key" in html
+    assert BIP84_ZPRV[:20] not in html
 
 
 @pytest.mark.django_db(transaction=True)
@@ -262,9 +266,9 @@ def test_staff_queue_shows_the_key_index_and_unpaid_runs(client, staff, xpub, ma
     html = client.get("/order/staff/").content.decode()
     key = payment_addresses.parse_watch_key(BIP84_ZPUB)
     assert f"Derived from extended public key {key.fingerprint} (p2wpkh, mainnet)" in html
-    assert "next receive index 5; 5 given to quotes, 1 paid" in html
+    assert f"next receive index 5 ({key.address(5)}); 5 given to quotes, 1 paid" in html
     assert "3 unpaid since the last paid one, at most 1 unpaid in a row" in html
-    assert "3 unpaid addresses in a row: a wallet with a gap limit of 3" in html
+    assert "3 unpaid addresses in a row: a wallet whose gap limit is 3 or less" in html
 
 
 def test_unpaid_runs_count_gaps_between_paid_addresses(xpub, make_order):

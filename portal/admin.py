@@ -59,9 +59,10 @@ class PaymentAddressAdmin(admin.ModelAdmin):
     """Staff load and fix free addresses; an assigned one is part of an order's
     record (its customer was told to pay there), so it is neither edited nor deleted."""
 
-    list_display = ("address", "currency", "order", "assigned_at")
+    list_display = ("address", "currency", "order", "assigned_at", "derivation_index")
     list_filter = ("currency", ("order", admin.EmptyFieldListFilter))
-    readonly_fields = ("order", "assigned_at")
+    # A derived address is written by the quote that derived it, never by hand.
+    readonly_fields = ("order", "assigned_at", "chain", "derivation_index")
 
     def get_readonly_fields(self, request, obj=None):
         if obj is not None and obj.order_id is not None:

@@ -230,3 +230,40 @@ def redis_broker_problems(config: dict[str, str] | None) -> list[Warning | Error
             )
         )
     return problems
+
+
+@register()
+def check_watch_key(app_configs, **kwargs):
+    return watch_key_problems(key=settings.BTC_XPUB, script=settings.BTC_XPUB_SCRIPT)
+
+
+def watch_key_problems(*, key: str, script: str) -> list[Error | Warning]:
+    """BTC_XPUB must be a watch-only account key: a private key, a typo or an
+    unknown script type would refuse every BTC quote (docs/ordering.md)."""
+    if not key:
+        return []
+    from portal.payment_addresses import KeyRefused, parse_watch_key
+
+    try:
+        parsed = parse_watch_key(key, script)
+    except KeyRefused as exc:
+        return [
+            Error(
+                f"BTC_XPUB {exc}. Every BTC quote is refused.",
+                hint="Set the account's extended public key (xpub/ypub/zpub) from the "
+                "wallet's details, and BTC_XPUB_SCRIPT empty or p2wpkh, p2sh-p2wpkh, p2pkh "
+                "(docs/ordering.md, 'Payment addresses').",
+                id="portal.E007",
+            )
+        ]
+    if parsed.depth != 3:
+        return [
+            Warning(
+                f"BTC_XPUB is a key at depth {parsed.depth}, not an account key (depth 3, "
+                "such as m/84'/0'/0'): addresses are derived at <key>/0/<index>.",
+                hint="Check that the staff queue's first address is the wallet's first "
+                "receive address (docs/ordering.md).",
+                id="portal.W007",
+            )
+        ]
+    return []

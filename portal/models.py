@@ -98,8 +98,28 @@ class ExchangeRate(models.Model):
         return f"1 {self.currency.code} = {self.fiat_per_unit} {settings.FIAT_CURRENCY}"
 
 
+class DerivationChain(models.Model):
+    """The receive addresses of one watch-only extended public key, and the next
+    index to derive: one row per key, so each index is given once (docs/ordering.md)."""
+
+    currency = models.ForeignKey(CryptoCurrency, on_delete=models.PROTECT, related_name="+")
+    # A hash of what fixes the addresses (network, script type, public key and
+    # chain code), never the key itself: the same wallet account under another
+    # prefix (xpub or zpub) continues the same chain.
+    key_id = models.CharField(max_length=64, unique=True)
+    # The key's own BIP-32 fingerprint and depth: what staff compare with their wallet.
+    fingerprint = models.CharField(max_length=8)
+    script = models.CharField(max_length=20)
+    next_index = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.currency.code} key {self.fingerprint}, next index {self.next_index}"
+
+
 class PaymentAddress(models.Model):
-    """One address of the pool; given to one order only, ever."""
+    """One address of the pool, derived from a key, or a BTCPay invoice's; given
+    to one order only, ever."""
 
     currency = models.ForeignKey(CryptoCurrency, on_delete=models.PROTECT, related_name="addresses")
     address = models.CharField(max_length=200, unique=True)
@@ -108,11 +128,22 @@ class PaymentAddress(models.Model):
     )
     assigned_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Set for an address derived from the merchant's extended public key.
+    chain = models.ForeignKey(
+        DerivationChain, on_delete=models.PROTECT, null=True, blank=True, related_name="addresses"
+    )
+    derivation_index = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         verbose_name_plural = "payment addresses"
         # Serves "a free address of this currency" at every quote.
         indexes = [models.Index(fields=["currency", "order"])]
+        constraints = [
+            # Also the index the staff page's "last paid index" reads.
+            models.UniqueConstraint(
+                fields=["chain", "derivation_index"], name="one_address_per_derivation_index"
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.currency.code} {self.address}"

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from portal import btcpay_client, emails
+from portal import btcpay_client, emails, payment_addresses
 from portal.models import (
     CryptoCurrency,
     Environment,
@@ -68,8 +68,9 @@ def order_create(
 ) -> Order:
     """The order with its locked quote and an address of its own, or QuoteRefused.
 
-    Without BTCPay the address comes from the pool and the amount from the
-    staff's rate; with BTCPay configured both come from a new BTCPay invoice
+    Without BTCPay the address is derived from the merchant's extended public
+    key or taken from the pool (portal/payment_addresses.py) and the amount
+    comes from the staff's rate; with BTCPay configured both come from a new BTCPay invoice
     (docs/btcpay.md), and a BTCPay failure refuses the quote, creating nothing.
     """
     now = now or timezone.now()
@@ -124,7 +125,7 @@ def order_create(
             **quote,
         )
         if processor is None:
-            _assign_address(order=order, now=now)
+            payment_addresses.assign(order=order, now=now)
             _quote_locked(order=order, note="")
     if processor is not None:
         order = _quote_from_btcpay(order=order, client=processor, now=now)
@@ -217,29 +218,6 @@ def _quote_locked(*, order: Order, note: str) -> None:
         f"for {order.fiat_total} {order.fiat_currency}{note}",
     )
     transaction.on_commit(lambda: emails.send_order_email(order_id=order.pk, kind="created"))
-
-
-def _assign_address(*, order: Order, now: datetime) -> None:
-    # Claim by update: the row is taken only if still free, so two concurrent
-    # orders never get the same address (SQLite and PostgreSQL alike).
-    for _ in range(5):
-        candidate = (
-            PaymentAddress.objects.filter(currency=order.currency, order__isnull=True)
-            .order_by("pk")
-            .values_list("pk", flat=True)
-            .first()
-        )
-        if candidate is None:
-            log.error("payment address pool for %s is empty", order.currency.code)
-            raise QuoteRefused(
-                f"No {order.currency.code} payment address is free right now. "
-                "Choose another currency or try again later."
-            )
-        if PaymentAddress.objects.filter(pk=candidate, order__isnull=True).update(
-            order=order, assigned_at=now
-        ):
-            return
-    raise QuoteRefused("Payment addresses are busy; please submit again.")
 
 
 # Where a payment that arrives on an expired quote can take the order: it is

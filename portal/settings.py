@@ -241,6 +241,27 @@ BTCPAY_STORE_ID = env.str("BTCPAY_STORE_ID", default="")
 BTCPAY_API_KEY = env.str("BTCPAY_API_KEY", default="")
 # A quote waits this long for BTCPay, then is refused: the customer is waiting.
 BTCPAY_TIMEOUT_SECONDS = env.float("BTCPAY_TIMEOUT_SECONDS", default=10.0)
+# Without BTCPay, each BTC quote gets the next receive address derived from this
+# watch-only extended public key of the merchant's wallet account (xpub, ypub or
+# zpub; tpub, upub or vpub on testnet), never a private key: check portal.E007
+# refuses one (docs/ordering.md, "Payment addresses"). Empty: the address pool.
+BTC_XPUB = env.str("BTC_XPUB", default="").strip()
+# The script type of the derived addresses: p2wpkh (bc1q…), p2sh-p2wpkh (3…) or
+# p2pkh (1…). Empty: the key's prefix says (zpub, ypub, xpub).
+BTC_XPUB_SCRIPT = env.str("BTC_XPUB_SCRIPT", default="").strip().lower()
+# The first receive index the portal gives out: above the addresses the wallet
+# already handed out elsewhere, when the account is not the portal's alone.
+BTC_XPUB_FIRST_INDEX = env.int("BTC_XPUB_FIRST_INDEX", default=0)
+if not 0 <= BTC_XPUB_FIRST_INDEX < 2**31:
+    raise ImproperlyConfigured("BTC_XPUB_FIRST_INDEX is a receive index: 0 to 2147483647.")
+# The staff queue warns when this many derived addresses in a row are unpaid:
+# a wallet with a smaller gap limit would not see a payment after them.
+WALLET_GAP_LIMIT = env.int("WALLET_GAP_LIMIT", default=20)
+# The pool's low-water mark: fewer free addresses of a currency than this and
+# the staff queue shows a warning, the log says so, and STAFF_ALERT_EMAILS get
+# one e-mail as the pool falls below it and one when it is empty.
+PAYMENT_ADDRESS_LOW_WATER = env.int("PAYMENT_ADDRESS_LOW_WATER", default=10)
+STAFF_ALERT_EMAILS = env.list("STAFF_ALERT_EMAILS", default=[])
 # Per client address (django-ratelimit rates: count/period).
 ORDER_CREATE_RATE = env.str("ORDER_CREATE_RATE", default="10/h")
 ORDER_NOTICE_RATE = env.str("ORDER_NOTICE_RATE", default="20/h")

@@ -9,7 +9,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from portal import order_services
+from portal import order_services, payment_addresses
 from portal.forms import StaffActionForm
 from portal.models import Order
 from portal.order_states import ALLOWED, Status, TransitionRefused
@@ -59,7 +59,8 @@ def staff_queue(request: HttpRequest) -> HttpResponse:
             .order_by("updated_at"),
         ),
     ]
-    return render(request, "orders/staff_queue.html", {"groups": groups})
+    context = {"groups": groups, "address_sources": payment_addresses.sources()}
+    return render(request, "orders/staff_queue.html", context)
 
 
 @staff_member_required

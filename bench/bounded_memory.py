@@ -48,7 +48,7 @@ def _rss_mb() -> float:
 def child(case: str, args: argparse.Namespace) -> dict:
     from bench import django_env
 
-    work = django_env.setup(f"bench-bounded-{case}-")
+    work = django_env.setup(f"bench-bounded-{case.replace('+', '-')}-")
     from PIL import Image
 
     from campaigns.models import Batch, Unit
@@ -119,7 +119,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--big-mb", type=int, default=50)
     parser.add_argument("--texts", type=int, default=40)
-    parser.add_argument("--images", type=int, default=8)
+    parser.add_argument("--images", type=int, default=4)
     parser.add_argument("--child", default="")
     args = parser.parse_args()
     if args.child:
@@ -131,8 +131,9 @@ def main() -> None:
             [sys.executable, __file__, "--child", case, *sys.argv[1:]],
             capture_output=True,
             text=True,
-            check=True,
         )
+        if out.returncode:
+            sys.exit(f"{case}: {out.stderr[-3000:]}")
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(f"# {os.cpu_count()} cores; peak RSS of the child (ru_maxrss)")
     print("| case | planning s | planning peak MB | RSS before batches MB | peak MB | batch s |")

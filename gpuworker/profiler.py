@@ -80,11 +80,13 @@ class _Sample:
     def __init__(self, profile: Profile, processor):
         root = Path(profile.campaign.input_root)
         units = Unit.objects.filter(pk__in=profile.sample).order_by("pk")
+        # Read as a batch reads them: a text only as far as the model uses it.
+        limits = get_spec(profile.campaign.processor).input_limits(profile.version.params)
         self.items, self.failed = [], []
         for unit in units:
             started = time.perf_counter()
             try:
-                item = processor.prepare(read_bytes(root, unit.source_path))
+                item = processor.prepare(read_bytes(root, unit.source_path, limits=limits))
             except InputError as exc:
                 # A bad input fails cleanly here as in a run; it is reported, not fatal.
                 self.failed.append({"uid": unit.uid, "error": exc.error_class})

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from django.db import connection, transaction
 from django.db.models import Count, Sum
@@ -41,6 +42,9 @@ from campaigns.models import Campaign, ErrorClass, Unit, UnitState
 from campaigns.review.holdout import is_holdout
 from campaigns.storage.outputs import file_sha256
 from campaigns.storage.paths import InputLocator, normalise_uid, resolve_input
+
+if TYPE_CHECKING:
+    from campaigns.intake.inputs import ReadLimits
 
 #: Rows per staging round (one transaction each). PostgreSQL streams them
 #: through COPY, so a chunk costs no Python memory; SQLite's chunk is a list
@@ -537,10 +541,12 @@ def preview(
     show: int = 20,
     check: int = 200,
     folder_categories: bool = True,
+    limits: ReadLimits | None = None,
 ) -> Preview:
     """What an import would make, without writing anything: the first units, and
-    which of the first `check` inputs would fail and why."""
-    from campaigns.intake.inputs import InputError, read_bytes
+    which of the first `check` inputs would fail and why (each read under
+    `limits`, its processor's `ProcessorSpec.input_limits`)."""
+    from campaigns.intake.inputs import WHOLE, InputError, read_bytes
 
     result = Preview()
     rows = (
@@ -560,7 +566,7 @@ def preview(
         reason = row.error_message
         if not reason:
             try:
-                data = read_bytes(root, row.source_path)
+                data = read_bytes(root, row.source_path, limits=limits or WHOLE)
                 if check_input is not None:
                     check_input(data, params)
             except InputError as exc:

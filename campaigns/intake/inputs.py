@@ -1,9 +1,20 @@
-"""Reading a unit's input and classifying what is wrong with it."""
+"""Reading a unit's input and classifying what is wrong with it.
+
+Every reader of a unit's input (planning's costs, the setup page's check, the
+previews, the profiler, the worker) goes through `read_bytes`, under the
+`ReadLimits` of its processor and parameters: a text is read only as far as
+the model can use, the rest of the file counted (and hashed where the worker
+checks its input) but never held; an input over `max_input_bytes` is refused
+before it is read.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from campaigns.models import ErrorClass
 from campaigns.storage.paths import resolve_input
@@ -16,20 +27,114 @@ class InputError(Exception):
         self.message = message
 
 
-def read_bytes(root: Path, source_path: str, real_root: str | None = None) -> bytes:
+@dataclass(frozen=True)
+class ReadLimits:
+    """How much of an input is read.
+
+    `keep`: bytes held in memory at most (None: the whole file); the rest is
+    counted, not loaded. `max_bytes`: a larger input fails `input_invalid`
+    with its size, before it is read (a processor's `max_input_bytes`; None:
+    no limit). `digest`: the whole file's sha256 is taken while reading, the
+    part not kept streamed through it (the worker compares it with the
+    import's); without it a cut read stops at `keep`.
+    """
+
+    keep: int | None = None
+    max_bytes: int | None = None
+    digest: bool = False
+
+
+WHOLE = ReadLimits()
+_CHUNK = 1 << 20
+
+
+class InputBytes(bytes):
+    """An input's bytes as read: all of them, or its first `ReadLimits.keep`.
+
+    `size`: the whole file's size; `cut`: whether bytes were left unread (or
+    only counted). `sha256`: the whole file's digest (None for a cut read
+    made without `digest`).
+    """
+
+    size: int
+    _sha256: str | None
+
+    @property
+    def cut(self) -> bool:
+        return self.size > len(self)
+
+    @property
+    def sha256(self) -> str | None:
+        if self._sha256 is None and not self.cut:
+            self._sha256 = hashlib.sha256(self).hexdigest()
+        return self._sha256
+
+
+def _input_bytes(data: bytes, size: int, sha256: str | None = None) -> InputBytes:
+    made = InputBytes(data)
+    made.size, made._sha256 = max(size, len(data)), sha256
+    return made
+
+
+def read_bytes(
+    root: Path,
+    source_path: str,
+    real_root: str | None = None,
+    limits: ReadLimits = WHOLE,
+) -> InputBytes:
     """A unit's input, read only if its real path is inside the corpus root
-    (no `..` or symlink out of it); anything else is a classified InputError.
+    (no `..` or symlink out of it), and only as far as `limits` say; anything
+    else is a classified InputError.
 
     `real_root`, from `corpus_real_path(root)`, saves finding the root's real
     path again for each of many inputs read at once (a batch's).
     """
     if _PROC_FD:
         try:
-            return _read_checked_by_fd(root, source_path, real_root)
+            return _read_checked_by_fd(root, source_path, real_root, limits)
         except (OSError, ValueError):
             # Missing, unreadable, a NUL in the path: classified the slow way.
-            return _read_resolved(root, source_path)
-    return _read_resolved(root, source_path)
+            return _read_resolved(root, source_path, limits)
+    return _read_resolved(root, source_path, limits)
+
+
+def read_path(path: Path, limits: ReadLimits = WHOLE) -> InputBytes:
+    """A file already resolved (a spec's `cost(path, params)`), read as
+    `read_bytes` reads an input; OSError as open() raises it."""
+    with open(path, "rb") as fh:
+        return _read_limited(fh, limits)
+
+
+def _read_limited(fh: BinaryIO, limits: ReadLimits) -> InputBytes:
+    size = os.fstat(fh.fileno()).st_size
+    _refuse_over(size, limits)
+    if limits.keep is None:
+        # One byte past the cap: a file that grows (or a size fstat does not
+        # know) still cannot make this read unbounded.
+        whole = fh.read() if limits.max_bytes is None else fh.read(limits.max_bytes + 1)
+        _refuse_over(len(whole), limits)
+        return _input_bytes(whole, len(whole))
+    data = fh.read(limits.keep)
+    if len(data) < limits.keep or not (more := fh.read(1)):
+        return _input_bytes(data, len(data))  # the whole file
+    if not limits.digest:
+        return _input_bytes(data, max(size, len(data) + 1))
+    digest = hashlib.sha256(data)
+    digest.update(more)
+    total = len(data) + 1
+    while chunk := fh.read(_CHUNK):
+        digest.update(chunk)
+        total += len(chunk)
+        _refuse_over(total, limits)
+    return _input_bytes(data, total, digest.hexdigest())
+
+
+def _refuse_over(size: int, limits: ReadLimits) -> None:
+    if limits.max_bytes is not None and size > limits.max_bytes:
+        raise InputError(
+            ErrorClass.INPUT_INVALID,
+            f"input of {size:,} bytes, over max_input_bytes {limits.max_bytes:,}",
+        )
 
 
 # Linux names each open file's real path under /proc/self/fd: one readlink of
@@ -65,7 +170,9 @@ def corpus_real_path(root: Path) -> str | None:
     return real_root
 
 
-def _read_checked_by_fd(root: Path, source_path: str, real_root: str | None) -> bytes:
+def _read_checked_by_fd(
+    root: Path, source_path: str, real_root: str | None, limits: ReadLimits
+) -> InputBytes:
     if real_root is None:
         root_fd, real_root = _real_path(str(root), os.O_DIRECTORY)
         os.close(root_fd)
@@ -76,16 +183,16 @@ def _read_checked_by_fd(root: Path, source_path: str, real_root: str | None) -> 
                 ErrorClass.INPUT_INVALID,
                 f"path {source_path!r} leaves the corpus folder {real_root}",
             )
-        return fh.read()
+        return _read_limited(fh, limits)
 
 
-def _read_resolved(root: Path, source_path: str) -> bytes:
+def _read_resolved(root: Path, source_path: str, limits: ReadLimits) -> InputBytes:
     try:
         path = resolve_input(root, source_path)
     except ValueError as exc:
         raise InputError(ErrorClass.INPUT_INVALID, str(exc)) from None
     try:
-        return path.read_bytes()
+        return read_path(path, limits)
     except FileNotFoundError:
         raise InputError(ErrorClass.INPUT_MISSING, f"input file not found: {source_path}") from None
     except IsADirectoryError:
@@ -97,20 +204,41 @@ def _read_resolved(root: Path, source_path: str) -> bytes:
 
 
 def decode_text(data: bytes) -> str:
-    """UTF-8 text with something to embed, or a classified, readable refusal."""
+    """UTF-8 text with something to embed, or a classified, readable refusal.
+
+    Of a cut read (`InputBytes.cut`), the text its bytes hold: a character
+    split by the cut is dropped, and the text ends at its last whitespace, so
+    that no word is cut either (a tokenizer then gives the first tokens of
+    the whole text).
+    """
     if not data:
         raise InputError(ErrorClass.INPUT_INVALID, "empty file")
     if b"\x00" in data[:8192]:
         raise InputError(ErrorClass.INPUT_INVALID, "binary file (contains NUL bytes), not text")
+    cut = bool(getattr(data, "cut", False))
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        bad = data[exc.start : exc.start + 1].hex()
-        raise InputError(
-            ErrorClass.INPUT_INVALID,
-            f"not valid UTF-8: byte 0x{bad} at offset {exc.start} (re-encode the file as UTF-8)",
-        ) from None
+        if cut and exc.start >= len(data) - 3 and exc.reason == "unexpected end of data":
+            text = data[: exc.start].decode("utf-8")
+        else:
+            bad = data[exc.start : exc.start + 1].hex()
+            raise InputError(
+                ErrorClass.INPUT_INVALID,
+                f"not valid UTF-8: byte 0x{bad} at offset {exc.start} "
+                "(re-encode the file as UTF-8)",
+            ) from None
     text = text.removeprefix("\ufeff")
     if not text.strip():
+        if cut:
+            raise InputError(
+                ErrorClass.INPUT_INVALID,
+                f"its first {len(data):,} bytes are whitespace only, nothing to embed",
+            )
         raise InputError(ErrorClass.INPUT_INVALID, "whitespace only, nothing to embed")
+    if cut:
+        # rsplit drops the last whitespace run and what follows it, in C.
+        head = text.rsplit(None, 1)[0]
+        if len(head) > len(text) // 2:
+            text = head
     return text

@@ -19,13 +19,17 @@ import numpy as np
 from django.conf import settings
 
 from campaigns.intake.images import MAX_ASPECT, MAX_PIXELS, decode_image, open_image
-from campaigns.intake.inputs import InputError, decode_text, read_bytes
+from campaigns.intake.inputs import InputError, ReadLimits, decode_text, read_bytes
 from campaigns.models import Attempt, Campaign, Unit
 from campaigns.review import holdout
+from campaigns.specs.limits import output_pixel_bound
 from campaigns.storage.paths import resolve_input
 from campaigns.storage.vector_shards import VectorReader, split_member
 
 EXCERPT_CHARS = 1500
+# A text's excerpt reads no more than this of its file (UTF-8: 4 bytes a
+# character at most).
+EXCERPT_BYTES = EXCERPT_CHARS * 4 + 4
 THUMBNAIL = (256, 256)
 # Read into memory for a preview at most this much: a pixel limit alone would
 # still read a multi-gigabyte file before refusing it.
@@ -70,14 +74,16 @@ def input_preview(*, unit: Unit, campaign: Campaign, params: dict) -> Preview:
     is_image = (
         campaign.processor in IMAGE_PROCESSORS or Path(unit.source_path).suffix in IMAGE_SUFFIXES
     )
+    root = Path(campaign.input_root)
     try:
-        data = _read_limited(Path(campaign.input_root), unit.source_path)
         if is_image:
+            data = _read_limited(root, unit.source_path)
             return Preview("image", thumbnail=_thumbnail(data, params))
+        data = read_bytes(root, unit.source_path, limits=ReadLimits(keep=EXCERPT_BYTES))
         text = decode_text(data)
     except InputError as exc:
         return Preview("error", error=f"{exc.error_class}: {exc.message}")
-    return Preview("text", text=text[:EXCERPT_CHARS], cut=len(text) > EXCERPT_CHARS)
+    return Preview("text", text=text[:EXCERPT_CHARS], cut=data.cut or len(text) > EXCERPT_CHARS)
 
 
 @dataclass
@@ -137,10 +143,17 @@ def output_summary(
 
 def _image_summary(campaign: Campaign, params: dict, data: bytes) -> OutputSummary:
     """The transformed file: a thumbnail, its dimensions and format beside what was asked."""
+    # An output is as large as its parameters allowed (max_output_pixels):
+    # decoded for a thumbnail up to that, never refused as an input would be.
+    cap = output_pixel_bound(params)
     try:
         with open_image(io.BytesIO(data), None) as image:  # the header only: no pixel decoded
             width, height, fmt = image.width, image.height, image.format or "?"
-        thumbnail = _thumbnail(data, {})
+        thumbnail = (
+            _thumbnail(data, {"max_pixels": cap, "max_aspect": max(width, height)})
+            if width * height <= cap
+            else ""  # a version made before the cap: shown, not decoded here
+        )
     except (OSError, ValueError, InputError) as exc:
         return OutputSummary("error", error=f"unreadable image output: {exc}")
     asked = ""

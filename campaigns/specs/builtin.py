@@ -15,9 +15,20 @@ from django.core.exceptions import ValidationError
 from PIL import Image
 
 from campaigns.intake.images import MAX_ASPECT, MAX_PIXELS, decode_image, image_pixels, open_image
-from campaigns.intake.inputs import InputError, decode_text, read_bytes
-from campaigns.models import ErrorClass
+from campaigns.intake.inputs import InputError, ReadLimits, decode_text, read_bytes, read_path
 from campaigns.review import flags as flag_params
+from campaigns.specs.limits import (
+    IMAGE_MAX_INPUT_BYTES,
+    MAX_INPUT_BYTES,
+    MAX_OUTPUT_PIXELS,
+    check_output_pixels,
+    expected_size,
+    input_read_limits,
+    output_pixel_bound,
+    refuse_over_max_tokens,
+    text_read_limits,
+    validate_transform,
+)
 from campaigns.specs.processors import ParamSpec, ProcessorSpec
 from campaigns.storage.outputs import (
     NON_FINITE,
@@ -59,7 +70,7 @@ def _tokenizer(model: str):
 
 def text_token_cost(path: Path, params: dict) -> int:
     """Tokens the model will see (special tokens included, capped at max_tokens)."""
-    text = path.read_bytes().decode("utf-8", errors="replace")
+    text = read_path(path, text_read_limits(params)).decode("utf-8", errors="replace")
     tokens = len(_tokenizer(params["model"]).encode(text).ids)
     return max(1, min(tokens, int(params["max_tokens"])))
 
@@ -82,6 +93,8 @@ def text_token_costs(root: Path, source_paths: list[str], params: dict) -> list[
     tokenizer = _tokenizer(params["model"])
     encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
     cap = int(params["max_tokens"])
+    # Only the part of each text the model can use is read and tokenized.
+    limits = ReadLimits(keep=text_read_limits(params).keep)
 
     def weigh(share: list[str]) -> list[int | None]:
         weights: list[int | None] = [None] * len(share)
@@ -95,7 +108,7 @@ def text_token_costs(root: Path, source_paths: list[str], params: dict) -> list[
 
         for at, source_path in enumerate(share):
             try:
-                data = read_bytes(root, source_path)
+                data = read_bytes(root, source_path, limits=limits)
             except InputError:
                 continue
             held.append((at, data.decode("utf-8", errors="replace")))
@@ -120,11 +133,7 @@ def _check_text_input(data: bytes, params: dict) -> str:
     text = decode_text(data)
     if params["truncation"] == "refuse":
         tokens = len(_tokenizer(params["model"]).encode(text).ids)
-        if tokens > int(params["max_tokens"]):
-            raise InputError(
-                ErrorClass.INPUT_INVALID,
-                f"{tokens} tokens, over max_tokens {params['max_tokens']} (truncation=refuse)",
-            )
+        refuse_over_max_tokens(data, tokens, int(params["max_tokens"]))
     return text
 
 
@@ -222,6 +231,7 @@ TEXT_EMBEDDING = ProcessorSpec(
             maximum=10_000_000,
             help="token_budget policy: padded tokens per batch (texts × longest text)",
         ),
+        "max_input_bytes": MAX_INPUT_BYTES,
         **flag_params.TEXT_EMBEDDING_FLAGS,
     },
     quick_check=_embedding_quick_check,
@@ -232,6 +242,7 @@ TEXT_EMBEDDING = ProcessorSpec(
     cost_params=("model", "max_tokens"),
     check_input=_check_text_input,
     validate=_validate_encoder_folder,
+    read_limits=text_read_limits,
 )
 
 
@@ -249,6 +260,7 @@ IMAGE_INPUT_PARAMS = {
     "max_aspect": ParamSpec(
         MAX_ASPECT, type=int, minimum=1, help="longer side over shorter side above this fails"
     ),
+    "max_input_bytes": IMAGE_MAX_INPUT_BYTES,
 }
 _MAGIC = {"png": (b"\x89PNG\r\n\x1a\n",), "jpeg": (b"\xff\xd8\xff",), "webp": (b"RIFF",)}
 
@@ -257,15 +269,9 @@ def _image_suffix(params: dict) -> str:
     return ".jpg" if params["format"] == "jpeg" else f".{params['format']}"
 
 
-def expected_size(width: int, height: int, params: dict) -> tuple[int, int]:
-    """The dimensions a transformation must produce from a width × height input."""
-    target_w, target_h = int(params["width"]), int(params["height"])
-    if params["operation"] == "resize":
-        return target_w, target_h
-    if params["operation"] == "thumbnail":
-        scale = min(target_w / width, target_h / height, 1.0)
-        return max(1, round(width * scale)), max(1, round(height * scale))
-    return width, height  # convert: same pixels, another format
+def _check_transform_input(data: bytes, params: dict):
+    check_output_pixels(data, params)
+    return _decode_image(data, params)
 
 
 def _check_size_and_magic(
@@ -295,7 +301,11 @@ def check_image_output(path: Path, params: dict, source_size: tuple[int, int] | 
     say: resize's size, thumbnail's box; a conversion's size is its input's.
     """
     # No output of these parameters is larger than this: a bigger file is not one.
-    bound = max(int(params["max_pixels"]), int(params["width"]) * int(params["height"]))
+    bound = max(
+        int(params["max_pixels"]),
+        int(params["width"]) * int(params["height"]),
+        output_pixel_bound(params),
+    )
     try:
         with open_image(path, bound) as image:
             image.load()
@@ -356,6 +366,13 @@ IMAGE_TRANSFORM = ProcessorSpec(
         "format": ParamSpec("png", choices=tuple(IMAGE_FORMATS)),
         "quality": ParamSpec(90, type=int, minimum=1, maximum=100, help="JPEG and WebP"),
         **IMAGE_INPUT_PARAMS,
+        "max_output_pixels": ParamSpec(
+            MAX_OUTPUT_PIXELS,
+            type=int,
+            minimum=1,
+            help="an output larger than this (width × height) is refused: a resize when the "
+            "version is made, another operation per input before it is decoded",
+        ),
         "batch_size": ParamSpec(16, type=int, minimum=1, maximum=4096),
         "batch_policy": ParamSpec("original", choices=("original", "length_grouped")),
         **flag_params.IMAGE_INPUT_FLAGS,
@@ -365,7 +382,9 @@ IMAGE_TRANSFORM = ProcessorSpec(
     cost=image_pixel_cost,
     cost_params=(),  # pixels: the image's own
     cost_unit="pixels",
-    check_input=_decode_image,
+    check_input=_check_transform_input,
+    validate=validate_transform,
+    read_limits=input_read_limits,
 )
 
 
@@ -517,6 +536,7 @@ IMAGE_CLASSIFICATION = ProcessorSpec(
     cost_unit="pixels",
     check_input=_decode_image,
     validate=_validate_classification,
+    read_limits=input_read_limits,
 )
 
 BUILTIN = (TEXT_EMBEDDING, IMAGE_TRANSFORM, IMAGE_CLASSIFICATION)

@@ -23,6 +23,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.utils.module_loading import import_string
 
+from campaigns.intake.inputs import ReadLimits
 from campaigns.storage.paths import resolve_input
 
 # The spec's hooks, named so that a plugin can annotate its functions with them
@@ -45,6 +46,8 @@ CheckInput = Callable[[bytes, dict], object]
 SuffixFor = Callable[[dict], str]
 #: Checks across cleaned parameters: params -> None, or raises ValidationError.
 Validate = Callable[[dict], None]
+#: How much of an input is read, for these parameters: params -> ReadLimits.
+ReadLimitsFor = Callable[[dict], ReadLimits]
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,16 @@ class ProcessorSpec:
     # mistake found here costs the user a form error, not a campaign of
     # failed batches.
     validate: Validate | None = None
+    # How much of an input planning, previews, the profiler and the worker
+    # read (campaigns.intake.inputs.ReadLimits): a text only as far as its
+    # model can use. None: whole, up to a `max_input_bytes` parameter if any.
+    read_limits: ReadLimitsFor | None = None
+
+    def input_limits(self, params: dict) -> ReadLimits:
+        """What `read_bytes` reads of an input under these parameters."""
+        if self.read_limits is not None:
+            return self.read_limits(params)
+        return ReadLimits(max_bytes=int(params.get("max_input_bytes") or 0) or None)
 
     def weigh(self, root: Path, source_paths: list[str], params: dict) -> list[int | None]:
         """The cost of each input under the corpus root, None where it could not

@@ -10,7 +10,7 @@ import io
 import os
 import secrets
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,8 +48,20 @@ def write_atomic(path: Path, data: bytes | Iterable[bytes]) -> WrittenFile:
     return WrittenFile(size=size, sha256=digest.hexdigest())
 
 
-def write_atomic_group(files: Iterable[tuple[Path, bytes]]) -> list[WrittenFile | OSError]:
+#: A file's bytes, or what makes them when the file is written: a batch's
+#: outputs are made one at a time as they are written, never all held at once.
+Content = bytes | Callable[[], bytes]
+
+
+def write_atomic_group(
+    files: Iterable[tuple[Path, Content]],
+    first: Callable[[list[WrittenFile | OSError]], tuple[Path, bytes]] | None = None,
+) -> list[WrittenFile | OSError]:
     """`write_atomic` for a batch's outputs, with one flush to disk for all.
+
+    `first`: a file made from the others' results (a claim's record of what
+    it wrote), written and flushed with them and renamed before them; its
+    result comes first in the answer.
 
     Each file goes to a temp file beside its target; then one `syncfs` of
     their filesystem puts every temp file's data on disk; only then is each
@@ -67,7 +79,7 @@ def write_atomic_group(files: Iterable[tuple[Path, bytes]]) -> list[WrittenFile 
     results: list[WrittenFile | OSError] = []
     pending: list[tuple[int, str, Path]] = []  # (index in results, temp, target)
     try:
-        return _write_group(files, results, pending)
+        return _write_group(files, results, pending, first)
     except BaseException:
         # A time limit or an interrupt mid-group: no temp file stays behind
         # (the renamed ones are whole outputs, adopted on the next run).
@@ -76,10 +88,26 @@ def write_atomic_group(files: Iterable[tuple[Path, bytes]]) -> list[WrittenFile 
         raise
 
 
-def _write_group(files, results: list, pending: list) -> list[WrittenFile | OSError]:
-    for path, data in files:
+def _write_group(files, results: list, pending: list, first=None) -> list[WrittenFile | OSError]:
+    _write_temps(files, results, pending)
+    if first is not None:
+        made = len(results)
+        _write_temps([first(list(results))], results, pending)
+        # Its rename goes first, its result too.
+        results.insert(0, results.pop())
+        pending[:] = [(0, tmp, path) for i, tmp, path in pending if i == made] + [
+            (i + 1, tmp, path) for i, tmp, path in pending if i != made
+        ]
+    return _replace_group(results, pending)
+
+
+def _write_temps(files, results: list, pending: list) -> None:
+    """Each file to a temp file beside its target; its bytes made (when a
+    callable) just before, and let go of once written."""
+    for path, content in files:
         tmp = None
         try:
+            data = content() if callable(content) else content
             fd, tmp = _create_temp(path)
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
@@ -95,6 +123,11 @@ def _write_group(files, results: list, pending: list) -> list[WrittenFile | OSEr
             continue
         pending.append((len(results), tmp, path))
         results.append(WrittenFile(size=len(data), sha256=hashlib.sha256(data).hexdigest()))
+        del data
+
+
+def _replace_group(results: list, pending: list) -> list[WrittenFile | OSError]:
+    """One flush for every temp file, then each renamed into place."""
     folders = {path.parent for _, _, path in pending}
     if _syncfs is not None and pending:
         try:

@@ -366,6 +366,7 @@ def _campaign_new(request: HttpRequest, *, refused_uploads: set[str]) -> HttpRes
             check_input=spec.check_input,
             params=data["params"],
             folder_categories=not data["no_folder_categories"],
+            limits=spec.input_limits(data["params"]) if spec else None,
         )
         return render(
             request,

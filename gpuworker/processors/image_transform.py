@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import threading
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from campaigns.intake.images import decode_image
+from campaigns.intake.images import decode_image, open_image
 from campaigns.review.flags import image_input_flags
 from campaigns.specs.builtin import (
     IMAGE_FORMATS,
@@ -19,12 +20,21 @@ from campaigns.specs.builtin import (
     check_image_output,
     expected_size,
 )
+from campaigns.specs.limits import check_output_pixels
 from gpuworker.memory import MemoryProbe, cpu
+
+#: Outputs over this many pixels are checked one at a time: the runner checks a
+#: batch's outputs in threads, and each check decodes its output whole.
+LARGE_OUTPUT_PIXELS = 16_000_000
+_LARGE_CHECK = threading.Lock()
 
 
 @dataclass
 class TransformBatch:
-    images: list  # PIL images, transformed
+    # The decoded inputs: each is transformed when its output is asked for
+    # (`output`), serialized and written before the next, so a batch never
+    # holds more than one transformed image (docs/processors.md).
+    images: list
     sources: list[tuple[int, int]]
     pixels: int
     seconds: float
@@ -69,6 +79,9 @@ class ImageTransformProcessor:
         self.sources = SourceSizes()
 
     def prepare(self, data: bytes):
+        # Its output's size from the header first: one over max_output_pixels
+        # fails before its input is decoded.
+        check_output_pixels(data, self.params)
         return decode_image(
             data,
             max_pixels=int(self.params["max_pixels"]),
@@ -77,25 +90,24 @@ class ImageTransformProcessor:
         )
 
     def run(self, items: list) -> TransformBatch:
-        started = time.perf_counter()
-        out, sources = [], []
-        for image in items:
-            sources.append(image.size)
-            source_w, source_h = image.size
-            width, height = expected_size(source_w, source_h, self.params)
-            if (width, height) != image.size:
-                image = image.resize((width, height), Image.Resampling.LANCZOS)
-            out.append(image)
+        sources = [image.size for image in items]
         return TransformBatch(
-            images=out,
+            images=list(items),
             sources=sources,
             pixels=sum(w * h for w, h in sources),
-            seconds=time.perf_counter() - started,
+            seconds=0.0,
             memory=self.probe.snapshot(),
         )
 
     def output(self, result: TransformBatch, index: int):
-        return result.images[index], result.sources[index]
+        started = time.perf_counter()
+        image = result.images[index]
+        source_w, source_h = image.size
+        width, height = expected_size(source_w, source_h, self.params)
+        if (width, height) != image.size:
+            image = image.resize((width, height), Image.Resampling.LANCZOS)
+        result.seconds += time.perf_counter() - started
+        return image, result.sources[index]
 
     def serialize(self, output) -> bytes:
         image, source = output
@@ -108,7 +120,14 @@ class ImageTransformProcessor:
         return data
 
     def validate(self, path: Path) -> None:
-        check_image_output(path, self.params, self.sources.of(path.read_bytes()))
+        try:
+            with open_image(path, None) as header:  # the header only
+                pixels = header.size[0] * header.size[1]
+        except (OSError, SyntaxError, ValueError):
+            pixels = 0  # not an image: check_image_output says so
+        large = pixels > LARGE_OUTPUT_PIXELS
+        with _LARGE_CHECK if large else contextlib.nullcontext():
+            check_image_output(path, self.params, self.sources.of(path.read_bytes()))
 
     def unit_metrics(self, result: TransformBatch, index: int) -> dict:
         width, height = result.sources[index]
@@ -119,9 +138,11 @@ class ImageTransformProcessor:
 
     def batch_metrics(self, result: TransformBatch) -> dict:
         # Pixels in the token columns: what the batch weighed, for comparisons.
+        # Asked once the outputs are written: the transformations are done
+        # by then, their time and memory in these figures.
         return {
             "real_tokens": result.pixels,
             "padded_tokens": result.pixels,
             "compute_seconds": round(result.seconds, 4),
-            "memory": result.memory,
+            "memory": self.probe.snapshot(),
         }

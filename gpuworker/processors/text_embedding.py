@@ -11,23 +11,33 @@ from __future__ import annotations
 import functools
 import hashlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
 from tokenizers import Tokenizer
 from transformers import AutoModel, AutoTokenizer
 
-from campaigns.intake.inputs import InputError, decode_text
-from campaigns.models import ErrorClass
+from campaigns.intake.inputs import decode_text
 from campaigns.review.flags import norm_flags, truncation_flags
 from campaigns.specs.builtin import embedding_row_check, resolve_model_path
+from campaigns.specs.limits import refuse_over_max_tokens
 from campaigns.storage import checkpoint_files as checkpoints
 from campaigns.storage.outputs import validate_embedding_file, vector_to_npy
 from gpuworker.memory import MemoryProbe, device_and_dtype
 
 __all__ = ["EmbeddingBatch", "TextEmbeddingProcessor", "resolve_model_path"]
+
+
+class CutText(str):
+    """A text read in part (its file is longer than max_tokens can use): the
+    words that hold its first max_tokens tokens. `tokens`: the whole text's
+    tokens, estimated from the part read; `size`: the file's bytes."""
+
+    tokens: int
+    size: int
 
 
 @dataclass
@@ -39,6 +49,7 @@ class EmbeddingBatch:
     padded_tokens: int
     seconds: float
     memory: dict
+    cut_reads: dict[int, int] = field(default_factory=dict)  # index -> file bytes
 
 
 def folder_stamp(folder: Path) -> tuple:
@@ -94,19 +105,42 @@ class TextEmbeddingProcessor:
         self.counter = Tokenizer.from_str(self.tokenizer.backend_tokenizer.to_str())
         self.counter.no_truncation()
         self.counter.no_padding()
+        self.specials = len(self.counter.encode("").ids)  # [CLS] and [SEP]
 
     # --- the interface the batch runner uses ------------------------------
 
     def prepare(self, data: bytes) -> str:
         text = decode_text(data)
+        size = getattr(data, "size", len(data))
+        if size > len(data):
+            return self._cut(text, data, size)
         if self.params["truncation"] == "refuse":
             tokens = len(self.counter.encode(text).ids)
-            if tokens > self.max_tokens:
-                raise InputError(
-                    ErrorClass.INPUT_INVALID,
-                    f"{tokens} tokens, over max_tokens {self.max_tokens} (truncation=refuse)",
-                )
+            refuse_over_max_tokens(data, tokens, self.max_tokens)
         return text
+
+    def _cut(self, text: str, data: bytes, size: int) -> CutText:
+        """The part read of a longer file (campaigns.specs.limits.text_read_limits),
+        cut again after the word that holds token max_tokens: the tokenizer
+        then gives the whole text's first max_tokens tokens, from a text a
+        few times their length instead of the part read."""
+        encoding = self.counter.encode(text, add_special_tokens=False)
+        tokens = len(encoding.ids)
+        if self.params["truncation"] == "refuse":
+            refuse_over_max_tokens(data, tokens, self.max_tokens)
+        words = encoding.word_ids
+        if tokens > self.max_tokens and words[self.max_tokens] is not None:
+            # The first token of the word holding token max_tokens: the words
+            # before it are tokenized as in the whole text.
+            first = self.max_tokens
+            while first > 0 and words[first - 1] == words[self.max_tokens]:
+                first -= 1
+            if first >= self.max_tokens - self.specials:
+                text = text[: encoding.offsets[first][0]]
+        made = CutText(text)
+        made.size = size
+        made.tokens = round(tokens * size / max(1, len(data))) + self.specials
+        return made
 
     def run(self, items: list[str]) -> EmbeddingBatch:
         return self.embed(items)
@@ -128,7 +162,7 @@ class TextEmbeddingProcessor:
 
     def unit_metrics(self, result: EmbeddingBatch, index: int) -> dict:
         tokens = result.input_tokens[index]
-        return {
+        metrics = {
             "tokens": tokens,
             "truncated": tokens > self.max_tokens,
             "norm": round(float(result.norms[index]), 5),
@@ -137,6 +171,10 @@ class TextEmbeddingProcessor:
                 :16
             ],
         }
+        if index in result.cut_reads:
+            # Read in part: the count is the part's, scaled to the file's size.
+            metrics.update(truncated=True, tokens_estimated=True, bytes=result.cut_reads[index])
+        return metrics
 
     def flags(self, result: EmbeddingBatch, index: int) -> list[tuple[str, str]]:
         return truncation_flags(
@@ -170,7 +208,11 @@ class TextEmbeddingProcessor:
         # shows in the worker's time: bench/RESULTS.md, "The ceiling in every
         # row, four small cuts (2026-11-30)").
         input_tokens = encoded["attention_mask"].sum(dim=1).tolist()
-        cut = [i for i, n in enumerate(input_tokens) if n >= self.max_tokens]
+        # A text read in part brings its estimate: its file is not tokenized whole.
+        cut_reads = {i: t.size for i, t in enumerate(texts) if isinstance(t, CutText)}
+        for i in cut_reads:
+            input_tokens[i] = max(cast(CutText, texts[i]).tokens, self.max_tokens + 1)
+        cut = [i for i, n in enumerate(input_tokens) if n >= self.max_tokens and i not in cut_reads]
         if cut:
             whole = self.tokenizer(
                 [texts[i] for i in cut], add_special_tokens=True, truncation=False, verbose=False
@@ -195,6 +237,7 @@ class TextEmbeddingProcessor:
             padded_tokens=int(encoded["input_ids"].numel()),
             seconds=time.perf_counter() - started,
             memory=memory,
+            cut_reads=cut_reads,
         )
 
     def _pool(self, hidden: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:

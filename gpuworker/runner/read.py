@@ -8,7 +8,7 @@ import hashlib
 import threading
 from pathlib import Path
 
-from campaigns.intake.inputs import InputError, read_bytes
+from campaigns.intake.inputs import WHOLE, InputError, ReadLimits, read_bytes
 from campaigns.models import ErrorClass
 from gpuworker.processors.base import Processor
 from gpuworker.runner.check import NOTHING, Adoption
@@ -28,6 +28,7 @@ def prepare_unit(
     outcome: Outcome,
     adoption: Adoption = NOTHING,
     ahead: Prepared | None = None,
+    limits: ReadLimits = WHOLE,
 ) -> object:
     """The unit's model input, or SKIP when it failed or its output was adopted.
 
@@ -35,7 +36,8 @@ def prepare_unit(
     (check.adoption_for), taken back only once the input read here is the
     unit's. `ahead`: the unit's input as the prefetch prepared it while the
     last batch ran; it goes through the same hash check and adoption as one
-    read here.
+    read here. `limits`: how much of the input is read (the version's
+    `ProcessorSpec.input_limits`, with the whole file's digest).
     """
     unit = outcome.unit
     try:
@@ -48,8 +50,8 @@ def prepare_unit(
             outcome.input_sha256, made = ahead.sha256, ahead.item
             outcome.prefetched = True
         else:
-            data = read_bytes(root, unit.source_path, real_root)
-            outcome.input_sha256, made = hashlib.sha256(data).hexdigest(), _NOT_PREPARED
+            data = read_bytes(root, unit.source_path, real_root, limits)
+            outcome.input_sha256, made = _digest(data), _NOT_PREPARED
         if unit.sha256 and outcome.input_sha256 != unit.sha256:
             raise InputError(
                 ErrorClass.INPUT_CHANGED,
@@ -74,6 +76,7 @@ def prepare_ahead(
     real_root: str | None,
     units: list[tuple[int, str]],
     stop: threading.Event,
+    limits: ReadLimits = WHOLE,
 ) -> dict[int, Prepared]:
     """The prefetch's reader: the units' inputs read, hashed and prepared
     as `prepare_unit` does, without a claim. An input that cannot be read is
@@ -84,7 +87,7 @@ def prepare_ahead(
         if stop.is_set():
             return None
         try:
-            data = read_bytes(root, source_path, real_root)
+            data = read_bytes(root, source_path, real_root, limits)
         except InputError:
             return None
         try:
@@ -93,6 +96,11 @@ def prepare_ahead(
             made = exc  # refused now as it would be then: the same bytes
         except Exception:
             return None  # the batch's own prepare raises it, where it is handled
-        return pk, Prepared(source_path, hashlib.sha256(data).hexdigest(), made)
+        return pk, Prepared(source_path, _digest(data), made)
 
     return dict(found for found in in_threads(one, units) if found is not None)
+
+
+def _digest(data: bytes) -> str:
+    """The whole input's sha256: a cut read's was taken as the rest streamed by."""
+    return getattr(data, "sha256", None) or hashlib.sha256(data).hexdigest()

@@ -3,6 +3,7 @@ split in halves while the device runs out of memory."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from django.conf import settings
 from campaigns.intake.inputs import corpus_real_path
 from campaigns.models import Batch, ErrorClass
 from campaigns.runs.memory_errors import alone_message
+from campaigns.specs.processors import get_spec
 from campaigns.storage.paths import output_relpath
 from gpuworker.memory import at_failure
 from gpuworker.processors import sharded
@@ -54,15 +56,23 @@ def compute(
     # Reading and decoding in threads: file I/O and image decoding release
     # the GIL, so a slow disk or a large image does not serialise the batch.
     real_root = corpus_real_path(root)  # once a batch, not once an input
+    # A text only as far as the model uses it, the rest hashed as it streams by.
+    limits = dataclasses.replace(
+        get_spec(batch.campaign.processor).input_limits(batch.version.params), digest=True
+    )
     prepared = in_threads(
-        lambda o: prepare_unit(processor, root, real_root, o, adoption, ahead.get(o.unit.pk)),
+        lambda o: prepare_unit(
+            processor, root, real_root, o, adoption, ahead.get(o.unit.pk), limits
+        ),
         outcomes,
     )
     ready = [(o, item) for o, item in zip(outcomes, prepared, strict=True) if item is not SKIP]
     adopted = sum(1 for o in outcomes if o.metrics.get("adopted"))
     splits: list[int] = []
     if prefetch_next:
-        prefetch.start(batch, functools.partial(prepare_ahead, processor, root, real_root))
+        prefetch.start(
+            batch, functools.partial(prepare_ahead, processor, root, real_root, limits=limits)
+        )
     parts = run_splitting(processor, ready, splits) if ready else []
     return parts, adopted, splits
 

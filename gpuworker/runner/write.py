@@ -5,7 +5,7 @@ file a unit beside the claim's lease record) and checked
 
 from __future__ import annotations
 
-import hashlib
+import functools
 from pathlib import Path
 from typing import Any, cast
 
@@ -15,7 +15,12 @@ from django.conf import settings
 from campaigns.models import Batch, ErrorClass
 from campaigns.runs.recording import outcomes_flag_drift, outcomes_flag_duplicates
 from campaigns.storage.lease_records import Vouched, record_bytes, remove_records
-from campaigns.storage.outputs import InvalidOutput, write_atomic, write_atomic_group
+from campaigns.storage.outputs import (
+    InvalidOutput,
+    WrittenFile,
+    write_atomic,
+    write_atomic_group,
+)
 from campaigns.storage.paths import lease_folder, lease_record_relpath, shard_relpath
 from campaigns.storage.vector_shards import (
     ROW_BYTES_PER_VALUE,
@@ -34,29 +39,40 @@ from gpuworker.runner.threads import in_threads
 
 def complete(batch: Batch, processor: Processor, parts: list[Part], token: str) -> dict[str, Any]:
     """Each output's metrics and flags, then its write and check; the batch's measurements."""
-    jobs: list[tuple[Outcome, Any]] = []
+    jobs: list[tuple[Outcome, Any, int]] = []  # (outcome, its part's result, index in it)
     flag = review_flags(processor)
-    shards = sharded(processor)
     for part, result in parts:
         for index, (outcome, _) in enumerate(part):
             outcome.metrics = processor.unit_metrics(result, index)
             outcome.flags = list(flag(result, index)) if flag else []
-            output = processor.output(result, index)
-            jobs.append((outcome, output if shards else processor.serialize(output)))
-    outcomes_flag_duplicates(batch=batch, outcomes=[o for o, _ in jobs])
-    outcomes_flag_drift(batch=batch, outcomes=[o for o, _ in jobs])
+            jobs.append((outcome, result, index))
+    outcomes = [o for o, _, _ in jobs]
+    outcomes_flag_duplicates(batch=batch, outcomes=outcomes)
+    outcomes_flag_drift(batch=batch, outcomes=outcomes)
     if sharded(processor):
-        write_shard(batch, processor, jobs, token)
+        vectors = [(o, processor.output(result, index)) for o, result, index in jobs]
+        write_shard(batch, processor, vectors, token)
         return merge_batch_metrics([processor.batch_metrics(result) for _, result in parts])
-    # Every unit of a file-a-unit processor has its path (run.compute). The
-    # claim's lease record goes first, in the same group: one flush to disk
-    # for all, and a later claim adopts only what it vouches for.
-    record = (lease_record_path(batch, token), lease_record(batch, token, jobs))
-    written = write_atomic_group([record, *((cast(Path, o.path), data) for o, data in jobs)])[1:]
+
+    # A file a unit: each output made (`output`, `serialize`) as it is written
+    # and let go of before the next, so a batch of large images holds one at
+    # a time. The claim's lease record goes first, in the same group, made
+    # from what was written: one flush to disk for all, and a later claim
+    # adopts only what it vouches for.
+    def made(result: Any, index: int) -> bytes:
+        return processor.serialize(processor.output(result, index))
+
+    written = write_atomic_group(
+        ((cast(Path, o.path), functools.partial(made, result, index)) for o, result, index in jobs),
+        first=lambda results: (
+            lease_record_path(batch, token),
+            lease_record(batch, token, outcomes, results),
+        ),
+    )[1:]
     # Checks in threads: each reads its file back and decodes it.
     in_threads(
         lambda job: check_written(processor, *job),
-        [(o, w) for (o, _), w in zip(jobs, written, strict=True)],
+        list(zip(outcomes, written, strict=True)),
     )
     return merge_batch_metrics([processor.batch_metrics(result) for _, result in parts])
 
@@ -71,14 +87,18 @@ def lease_record_path(batch: Batch, token: str) -> Path:
     return Path(settings.OUTPUT_ROOT) / rel
 
 
-def lease_record(batch: Batch, token: str, jobs: list[tuple[Outcome, Any]]) -> bytes:
-    """What this claim writes: each unit's output path, its bytes' sha256 and its input's."""
+def lease_record(
+    batch: Batch, token: str, outcomes: list[Outcome], written: list[WrittenFile | OSError]
+) -> bytes:
+    """What this claim writes: each unit's output path, its bytes' sha256 and its input's
+    (an output whose write failed is vouched for by no one)."""
     return record_bytes(
         batch_id=batch.pk,
         token=token,
         outputs=(
-            (o.unit.uid, Vouched(o.target, hashlib.sha256(data).hexdigest(), o.input_sha256))
-            for o, data in jobs
+            (o.unit.uid, Vouched(o.target, w.sha256, o.input_sha256))
+            for o, w in zip(outcomes, written, strict=True)
+            if isinstance(w, WrittenFile)
         ),
     )
 

@@ -1,0 +1,151 @@
+"""Worker peak memory on one huge input or output, against the same corpus without it.
+
+    DEBUG=0 .venv/bin/python bench/bounded_memory.py [--big-mb 50] [--texts 40]
+
+Each case runs in a child process of its own, through the real path: a
+campaign made by `setup.campaign_create`, planned by `campaign_run` (costs
+weighed, batches made) and every batch run by gpuworker.runner.batch.run_batch
+(claim, read, model, write, check, record). The child reports its peak RSS
+(resource.getrusage, ru_maxrss), its RSS before the first batch, and each
+batch's wall time with how many small units it held. Cases:
+
+- text: `--texts` short texts; and the same plus one `--big-mb` MB text
+  (text-embedding, max_tokens 256, batch_size 16, original order so the big
+  text shares a batch with small ones).
+- image: `--images` small PNGs thumbnailed; and the same with a resize to
+  max_output_pixels (the default cap) instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+# Words of the generated texts (a sentence split, kept as text to stay short).
+SENTENCE = (
+    "the harbour reopened on monday after three weeks of repairs while the council "
+    "debated a new budget for schools roads and the library extension"
+)
+WORDS = SENTENCE.split(" ")
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def child(case: str, args: argparse.Namespace) -> dict:
+    from bench import django_env
+
+    work = django_env.setup(f"bench-bounded-{case.replace('+', '-')}-")
+    from PIL import Image
+
+    from campaigns.models import Batch, Unit
+    from campaigns.runs import setup, start
+    from campaigns.specs.limits import MAX_OUTPUT_PIXELS
+    from gpuworker.runner.batch import run_batch
+
+    corpus = work / "corpus"
+    corpus.mkdir()
+    rng = random.Random(7)
+    if case.startswith("text"):
+        for i in range(args.texts):
+            words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 120)))
+            (corpus / f"t{i:04d}.txt").write_text(words)
+        if case == "text+big":
+            with open(corpus / "t0003-big.txt", "w") as fh:  # shares the first batch
+                chunk = " ".join(rng.choice(WORDS) for _ in range(20000)) + "\n"
+                while fh.tell() < args.big_mb * 2**20:
+                    fh.write(chunk)
+        processor = "text-embedding"
+        params = {"batch_size": 16, "batch_policy": "original"}
+    else:
+        for i in range(args.images):
+            Image.new("RGB", (64 + i, 48), (i * 7 % 255, 90, 160)).save(corpus / f"i{i:03d}.png")
+        processor = "image-transform"
+        side = int(MAX_OUTPUT_PIXELS**0.5)
+        params = (
+            {"operation": "resize", "width": side, "height": side, "batch_size": 4}
+            if case == "image+cap"
+            else {"operation": "thumbnail", "width": 32, "height": 32, "batch_size": 4}
+        )
+    project = setup.project_for_user(name="bench")
+    campaign, _ = setup.campaign_create(
+        name=case.replace("+", "-"),
+        processor=processor,
+        project=project,
+        input_folder=corpus,
+        params=params,
+    )
+    started = time.perf_counter()
+    with mock.patch.object(start.celery_app, "send_task"):
+        start.campaign_run(campaign=campaign)
+    planning_s = time.perf_counter() - started
+    planning_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    before = _rss_mb()
+    batches = []
+    for batch in Batch.objects.filter(campaign=campaign).order_by("pk"):
+        t0 = time.perf_counter()
+        assert run_batch(batch.pk) == "done"
+        batches.append(round(time.perf_counter() - t0, 2))
+    states = dict(
+        Unit.objects.filter(campaign=campaign)
+        .values_list("state")
+        .annotate(n=__import__("django.db.models", fromlist=["Count"]).Count("pk"))
+    )
+    return {
+        "case": case,
+        "planning_s": round(planning_s, 2),
+        "planning_peak_mb": round(planning_peak),
+        "rss_before_batches_mb": round(before),
+        "peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "batch_seconds": batches,
+        "units": states,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--big-mb", type=int, default=50)
+    parser.add_argument("--texts", type=int, default=40)
+    parser.add_argument("--images", type=int, default=4)
+    parser.add_argument("--child", default="")
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args)))
+        return
+    rows = []
+    for case in ("text", "text+big", "image", "image+cap"):
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", case, *sys.argv[1:]],
+            capture_output=True,
+            text=True,
+        )
+        if out.returncode:
+            sys.exit(f"{case}: {out.stderr[-3000:]}")
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print(f"# {os.cpu_count()} cores; peak RSS of the child (ru_maxrss)")
+    print("| case | planning s | planning peak MB | RSS before batches MB | peak MB | batch s |")
+    print("|---|---:|---:|---:|---:|---|")
+    for r in rows:
+        print(
+            f"| {r['case']} | {r['planning_s']} | {r['planning_peak_mb']} | "
+            f"{r['rss_before_batches_mb']} | {r['peak_mb']} | "
+            f"{', '.join(map(str, r['batch_seconds']))} |"
+        )
+    print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()

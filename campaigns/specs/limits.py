@@ -1,0 +1,128 @@
+"""How much of an input a processor reads, and how large an output it may make.
+
+Both sides use these: planning, the setup page and the previews (without
+torch), the worker and the profiler. docs/processors.md, "Long inputs and
+large outputs", says what a user sees of them.
+"""
+
+from __future__ import annotations
+
+import io
+
+from django.core.exceptions import ValidationError
+
+from campaigns.intake.images import MAX_PIXELS, open_image
+from campaigns.intake.inputs import InputError, ReadLimits
+from campaigns.models import ErrorClass
+from campaigns.specs.processors import ParamSpec
+
+#: Bytes of a text read for each token the model sees. A token of ordinary
+#: text is a few bytes (a word over 100 characters is one [UNK]): past
+#: max_tokens × this, nothing more of a text reaches the model, and the rest of
+#: the file is counted, not loaded (docs/processors.md, "Long inputs").
+TEXT_BYTES_PER_TOKEN = 256
+
+
+def max_input_bytes(params: dict) -> int | None:
+    """The version's max_input_bytes; None for no limit (0, or a version made
+    before the parameter)."""
+    return int(params.get("max_input_bytes") or 0) or None
+
+
+def text_read_limits(params: dict) -> ReadLimits:
+    """How much of a text planning, previews, the profiler and the worker read."""
+    return ReadLimits(
+        keep=int(params["max_tokens"]) * TEXT_BYTES_PER_TOKEN, max_bytes=max_input_bytes(params)
+    )
+
+
+def input_read_limits(params: dict) -> ReadLimits:
+    """An image or other input: read whole, up to max_input_bytes."""
+    return ReadLimits(max_bytes=max_input_bytes(params))
+
+
+MAX_INPUT_BYTES = ParamSpec(
+    0,
+    type=int,
+    minimum=0,
+    help="inputs larger than this many bytes fail as input_invalid before they are read; "
+    "0: no limit",
+)
+
+
+# An image is read whole before its header says what it is: this bounds
+# that read. No image under max_pixels needs more (64 Mpx of 16-bit RGBA
+# uncompressed is 512 MiB).
+IMAGE_MAX_INPUT_BYTES = ParamSpec(
+    1 << 30,
+    type=int,
+    minimum=0,
+    help="inputs larger than this many bytes fail as input_invalid before they are read; "
+    "0: no limit",
+)
+
+#: A transformation's largest output by default: as large as an input may be.
+MAX_OUTPUT_PIXELS = MAX_PIXELS
+
+
+def refuse_over_max_tokens(data: bytes, tokens: int, max_tokens: int) -> None:
+    """truncation=refuse: a text over max_tokens fails input_invalid. Of a text
+    read in part (InputBytes.cut), `tokens` counts the part read."""
+    size = getattr(data, "size", len(data))
+    if size > len(data):
+        raise InputError(
+            ErrorClass.INPUT_INVALID,
+            f"{size:,} bytes, over max_tokens {max_tokens} ({tokens} tokens in its first "
+            f"{len(data):,} bytes; truncation=refuse)",
+        )
+    if tokens > max_tokens:
+        raise InputError(
+            ErrorClass.INPUT_INVALID,
+            f"{tokens} tokens, over max_tokens {max_tokens} (truncation=refuse)",
+        )
+
+
+def expected_size(width: int, height: int, params: dict) -> tuple[int, int]:
+    """The dimensions a transformation must produce from a width × height input."""
+    target_w, target_h = int(params["width"]), int(params["height"])
+    if params["operation"] == "resize":
+        return target_w, target_h
+    if params["operation"] == "thumbnail":
+        scale = min(target_w / width, target_h / height, 1.0)
+        return max(1, round(width * scale)), max(1, round(height * scale))
+    return width, height  # convert: same pixels, another format
+
+
+def output_pixel_bound(params: dict) -> int:
+    """No output of a transformation's parameters is larger than this."""
+    return int(params.get("max_output_pixels") or MAX_OUTPUT_PIXELS)
+
+
+def validate_transform(params: dict) -> None:
+    """A resize over max_output_pixels is refused before a version is made:
+    every output of it would fail, each after costing its full size in memory."""
+    width, height = int(params["width"]), int(params["height"])
+    cap = output_pixel_bound(params)
+    if params["operation"] == "resize" and width * height > cap:
+        raise ValidationError(
+            f"resize to {width}×{height} makes {width * height:,}-pixel outputs, over "
+            f"max_output_pixels {cap:,}; ask for a smaller size or raise max_output_pixels"
+        )
+
+
+def check_output_pixels(data: bytes, params: dict) -> None:
+    """An input whose output would be over max_output_pixels fails input_invalid,
+    from its header alone: before it is decoded and its output made."""
+    try:
+        with open_image(io.BytesIO(data), None) as image:  # the header only
+            width, height = image.size
+    except Exception:
+        return  # not an image: decoding says why, classified
+    out_w, out_h = expected_size(width, height, params)
+    cap = output_pixel_bound(params)
+    if out_w * out_h > cap:
+        raise InputError(
+            ErrorClass.INPUT_INVALID,
+            f"its output would be {out_w}×{out_h} = {out_w * out_h:,} pixels, over "
+            f"max_output_pixels {cap:,}",
+        )

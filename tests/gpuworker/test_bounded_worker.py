@@ -1,0 +1,166 @@
+"""A worker's memory stays bounded on large inputs and outputs: a long text is
+read only as far as the model uses it, an input over max_input_bytes fails
+alone, an image output over max_output_pixels is refused before it is made,
+and a batch's outputs are made and written one at a time."""
+
+from __future__ import annotations
+
+import weakref
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+import pytest
+from django.core.exceptions import ValidationError
+from PIL import Image
+
+from campaigns.models import ErrorClass, Unit, UnitState
+from campaigns.runs import setup
+from campaigns.specs.builtin import IMAGE_TRANSFORM, TEXT_EMBEDDING
+from campaigns.specs.limits import TEXT_BYTES_PER_TOKEN
+from campaigns.storage.vector_shards import VectorReader
+from gpuworker.processors import get_processor
+from gpuworker.processors.image_transform import ImageTransformProcessor
+from gpuworker.runner import read as runner_read
+
+pytestmark = pytest.mark.django_db
+
+# Done: written and checked (a checkpoint may put some in the review queue).
+DONE = (UnitState.SUCCEEDED, UnitState.NEEDS_REVIEW)
+WORDS = "the harbour reopened on monday after three weeks of repairs café 港 naïve "
+
+
+def _campaign(name, processor, project, root, run_here, **params) -> dict[str, Unit]:
+    campaign, _ = setup.campaign_create(
+        name=name, processor=processor, project=project, input_folder=root, params=params
+    )
+    run_here(campaign)
+    return {u.uid: u for u in Unit.objects.filter(campaign=campaign)}
+
+
+@pytest.fixture
+def texts(tmp_path) -> Path:
+    root = tmp_path / "texts"
+    root.mkdir()
+    (root / "big.txt").write_text(WORDS * 8000)  # ~600 kB
+    for i in range(3):
+        (root / f"small{i}.txt").write_text(f"a short note, number {i}")
+    return root
+
+
+def test_a_long_text_is_read_only_as_far_as_the_model_uses_and_embeds_as_its_prefix(
+    texts, project, output_root, run_here
+):
+    seen: list[bytes] = []
+    real = runner_read.read_bytes
+
+    def spy(*args, **kwargs):
+        seen.append(real(*args, **kwargs))
+        return seen[-1]
+
+    with mock.patch.object(runner_read, "read_bytes", spy):
+        units = _campaign(
+            "long", "text-embedding", project, texts, run_here, max_tokens=16, batch_size=8
+        )
+    assert all(u.state in DONE for u in units.values()), [u.error_message for u in units.values()]
+    assert max(len(data) for data in seen) <= 16 * TEXT_BYTES_PER_TOKEN
+    big = units["big.txt"]
+    metrics = big.attempts.latest("pk").metrics
+    assert metrics["truncated"] is True and metrics["tokens_estimated"] is True
+    assert metrics["bytes"] == (texts / "big.txt").stat().st_size
+    assert metrics["tokens"] > 16 * 100  # the whole text's, estimated: far over the cap
+    # The vector is the whole text's, cut at max_tokens as the model cuts it.
+    processor = get_processor("text-embedding", TEXT_EMBEDDING.clean({"max_tokens": 16}))
+    whole = processor.embed([(texts / "big.txt").read_text()]).vectors[0]
+    reader = VectorReader(str(output_root))
+    stored = reader.vector(big.output_path)
+    assert np.array_equal(stored, whole)
+
+
+def test_an_input_over_max_input_bytes_fails_alone_with_its_size(
+    texts, project, output_root, run_here
+):
+    size = (texts / "big.txt").stat().st_size
+    units = _campaign("capped", "text-embedding", project, texts, run_here, max_input_bytes=10_000)
+    big = units["big.txt"]
+    assert big.state == UnitState.FAILED and big.error_class == ErrorClass.INPUT_INVALID
+    assert f"{size:,} bytes, over max_input_bytes 10,000" in big.error_message
+    assert all(units[f"small{i}.txt"].state in DONE for i in range(3))
+
+
+def test_a_resize_over_max_output_pixels_is_refused_before_a_version_is_made():
+    with pytest.raises(ValidationError, match="over max_output_pixels"):
+        IMAGE_TRANSFORM.clean({"operation": "resize", "width": 20000, "height": 20000})
+    cleaned = IMAGE_TRANSFORM.clean(
+        {"operation": "resize", "width": 2000, "height": 2000, "max_output_pixels": 5_000_000}
+    )
+    assert cleaned["max_output_pixels"] == 5_000_000
+
+
+@pytest.fixture
+def images(tmp_path) -> Path:
+    root = tmp_path / "images"
+    root.mkdir()
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(root / "large.png")
+    Image.new("RGB", (20, 15), (10, 200, 10)).save(root / "small.png")
+    return root
+
+
+def test_an_input_whose_output_is_over_max_output_pixels_fails_before_decoding(
+    images, project, output_root, run_here
+):
+    with mock.patch(
+        "gpuworker.processors.image_transform.decode_image",
+        wraps=__import__("campaigns.intake.images", fromlist=["x"]).decode_image,
+    ) as decoded:
+        units = _campaign(
+            "cap",
+            "image-transform",
+            project,
+            images,
+            run_here,
+            operation="convert",
+            max_output_pixels=1000,
+        )
+    large = units["large.png"]
+    assert large.state == UnitState.FAILED and large.error_class == ErrorClass.INPUT_INVALID
+    assert "40×30 = 1,200 pixels, over max_output_pixels 1,000" in large.error_message
+    assert units["small.png"].state in DONE
+    assert decoded.call_count == 1  # the small one only
+
+
+def test_a_batch_makes_and_writes_one_output_at_a_time(tmp_path, project, output_root, run_here):
+    root = tmp_path / "many"
+    root.mkdir()
+    for i in range(6):
+        Image.new("RGB", (20 + i, 15), (i * 40, 0, 0)).save(root / f"{i}.png")
+    made_images: list[weakref.ref] = []
+    most = []
+    output, serialize = ImageTransformProcessor.output, ImageTransformProcessor.serialize
+
+    def tracked_output(self, result, index):
+        made = output(self, result, index)
+        made_images.append(weakref.ref(made[0]))
+        return made
+
+    def tracked_serialize(self, made):
+        most.append(sum(1 for ref in made_images if ref() is not None))
+        return serialize(self, made)
+
+    with (
+        mock.patch.object(ImageTransformProcessor, "output", tracked_output),
+        mock.patch.object(ImageTransformProcessor, "serialize", tracked_serialize),
+    ):
+        units = _campaign(
+            "one-at-a-time",
+            "image-transform",
+            project,
+            root,
+            run_here,
+            operation="resize",
+            width=64,
+            height=48,
+            batch_size=6,
+        )
+    assert all(u.state in DONE for u in units.values())
+    assert len(most) == 6 and max(most) == 1

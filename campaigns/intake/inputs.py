@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
+from campaigns.intake.rows import special_kind
 from campaigns.models import ErrorClass
 from campaigns.storage.paths import resolve_input
 
@@ -75,6 +77,13 @@ def _read_checked_by_fd(root: Path, source_path: str, real_root: str | None) -> 
             raise InputError(
                 ErrorClass.INPUT_INVALID,
                 f"path {source_path!r} leaves the corpus folder {real_root}",
+            )
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+            # Opened without blocking, a FIFO would read as empty: say what it is.
+            raise InputError(
+                ErrorClass.INPUT_INVALID,
+                f"input is not a regular file but {special_kind(mode)}: {source_path}",
             )
         return fh.read()
 

@@ -305,3 +305,53 @@ def test_the_setup_preview_lists_a_linked_folder(client, owner, tmp_path, settin
     html = response.content.decode()
     assert "Folders not read" in html, html[:3000]
     assert "mirror/ skipped" in html
+
+
+def test_a_create_whose_clean_up_fails_says_how_to_continue(project, tmp_path, monkeypatch):
+    from django.db import DatabaseError
+
+    def broken(campaign):
+        raise DatabaseError("database is locked")
+
+    monkeypatch.setattr(setup, "_discard", broken)
+    root = _folder(tmp_path)
+    manifest = root / "m.csv"
+    manifest.write_bytes("id,path\ncafé,a.txt\n".encode("latin-1"))
+    with pytest.raises(importing.ManifestError) as caught:
+        _create(project, manifest=manifest)
+    message = str(caught.value)
+    assert "not UTF-8" in message
+    assert "add its units with `campaign import hostile`" in message
+
+
+def test_the_setup_page_refuses_a_bad_manifest_and_takes_the_corrected_one(
+    client, owner, tmp_path, settings
+):
+    from unittest import mock
+
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from campaigns.runs import start
+    from campaigns.specs.builtin import TEXT_EMBEDDING
+
+    settings.CORPUS_ROOTS = [str(tmp_path)]
+    root = _folder(tmp_path)
+    form = {"project": "acme", "name": "web-made", "processor": "text-embedding"}
+    form.update({f"param_{k}": v for k, v in TEXT_EMBEDDING.clean({}).items()})
+    form.update({"folder": str(root), "action": "create"})
+    client.force_login(owner)
+    latin1 = "id,path\ncafé,a.txt\n".encode("latin-1")
+    refused = client.post(
+        reverse("campaign_new"), {**form, "manifest": SimpleUploadedFile("m.csv", latin1)}
+    )
+    assert refused.status_code == 400
+    assert "not UTF-8" in refused.content.decode()
+    assert not Campaign.objects.filter(name="web-made").exists()
+
+    fixed = b"\xef\xbb\xbf" + "id,path\ncafé,a.txt\n".encode()
+    with mock.patch.object(start.celery_app, "send_task"):
+        created = client.post(
+            reverse("campaign_new"), {**form, "manifest": SimpleUploadedFile("m.csv", fixed)}
+        )
+    assert created.status_code == 302
+    assert list(Unit.objects.values_list("uid", flat=True)) == ["café"]

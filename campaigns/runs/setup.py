@@ -138,11 +138,16 @@ def campaign_create(
         # name would refuse the corrected command.
         try:
             _discard(campaign)
-        except Exception:
-            exc.add_note(
-                f"campaign {name!r} was created before this error and could not be removed; "
-                f"add its units with `campaign import {name}`"
+        except Exception as cleanup:
+            left = (
+                f"campaign {name!r} was created before this error and could not be removed "
+                f"({cleanup}); add its units with `campaign import {name}`"
             )
+            if not isinstance(exc, Exception):
+                exc.add_note(left)
+                raise
+            messages = getattr(exc, "messages", [str(exc)])
+            raise ManifestError("; ".join([*messages, left])) from exc
         raise
     return campaign, report
 

@@ -23,10 +23,8 @@ import contextvars
 import csv
 import itertools
 import json
-import os
 import queue
 import re
-import stat
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing, contextmanager
@@ -38,9 +36,18 @@ from django.db import connection, transaction
 from django.db.models import Count, Sum
 
 from campaigns.db.import_staging import Staging
+from campaigns.intake.rows import (
+    CATEGORY_MAX,
+    PATH_MAX,
+    UID_MAX,
+    NotARegularFile,
+    Row,
+    file_identity,
+    top_folder,
+    walk_folder,
+)
 from campaigns.models import Campaign, ErrorClass, Unit, UnitState
 from campaigns.review.holdout import is_holdout
-from campaigns.storage.outputs import file_sha256
 from campaigns.storage.paths import InputLocator, normalise_uid, resolve_input
 
 if TYPE_CHECKING:
@@ -68,9 +75,6 @@ IDENTICAL_IDS_SHOWN = 3
 _COLUMNS = frozenset({"id", "path", "category", "size", "sha256"})
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 _BIGINT_MAX = 2**63 - 1
-_UID_MAX = Unit._meta.get_field("uid").max_length
-_PATH_MAX = Unit._meta.get_field("source_path").max_length
-_CATEGORY_MAX = Unit._meta.get_field("category").max_length
 
 Progress = Callable[[int], object]
 # For callers that reach the importer through services (the CLI's progress
@@ -99,6 +103,15 @@ class ImportReport:
     identical_groups: int = 0
     identical_units: int = 0
     identical_examples: list[list[str]] = field(default_factory=list)
+    # Sub-folders a folder import did not read, each with the reason (the
+    # first PROBLEMS_KEPT; `skipped_count` counts them all). They are no units.
+    skipped: list[str] = field(default_factory=list)
+    skipped_count: int = 0
+
+    def skip(self, line: str) -> None:
+        if len(self.skipped) < PROBLEMS_KEPT:
+            self.skipped.append(line)
+        self.skipped_count += 1
 
     def room(self) -> int:
         return max(0, PROBLEMS_KEPT - len(self.problems))
@@ -128,7 +141,21 @@ class ImportReport:
             "identical_groups": self.identical_groups,
             "identical_units": self.identical_units,
             "identical_examples": self.identical_examples,
+            "skipped_count": self.skipped_count,
+            "skipped": self.skipped,
         }
+
+    def skipped_lines(self, shown: int = 20) -> list[str]:
+        """The sub-folders not read, for the command line and the page: a
+        heading, up to `shown` lines, and how many more; [] when none."""
+        if not self.skipped_count:
+            return []
+        n = self.skipped_count
+        lines = [f"{n} sub-folder{'s' if n != 1 else ''} not read (no unit made from them):"]
+        lines += self.skipped[:shown]
+        if n > shown:
+            lines.append(f"… and {n - shown} more")
+        return lines
 
     def identical_summary(self) -> str:
         """The identical inputs in a sentence, for the command line and the page;
@@ -159,73 +186,32 @@ def reporting_progress(callback: Progress):
         _progress.reset(token)
 
 
-def file_identity(path: Path) -> tuple[int, int, str]:
-    """Size, mtime (ns) and sha256 of an input file."""
-    st = path.stat()
-    if not stat.S_ISREG(st.st_mode):
-        raise IsADirectoryError(str(path))
-    return st.st_size, st.st_mtime_ns, file_sha256(path)
+# A JSON escape of half a surrogate pair ("\udce9"): json.loads makes it a
+# lone surrogate, which no database column and no UTF-8 text can hold.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
-@dataclass(slots=True)
-class _Row:
-    line: int
-    uid: str
-    source_path: str
-    category: str = ""
-    metadata: dict | None = None
-    # Given by the manifest (a trusted row); otherwise measured on import.
-    size: int | None = None
-    sha256: str = ""
-    error_class: str = ""
-    error_message: str = ""
-
-    def fail(self, message: str, error_class: str = ErrorClass.INPUT_INVALID) -> _Row:
-        self.error_class, self.error_message = error_class, message
-        return self
-
-
-def top_folder(path: str) -> str:
-    """The first folder of a path relative to the input root: a folder
-    import's category. "" for a file at the top level, or a path that leaves
-    the root (the worker refuses it anyway). Cut to the category column's size."""
-    first, sep, _rest = normalise_uid(path).partition("/")
-    if not sep or first == ".." or path.startswith(("/", "\\")):
-        return ""
-    return first[:_CATEGORY_MAX]
-
-
-def _walk_folder(root: Path, *, folder_categories: bool = True) -> Iterator[_Row]:
-    number = 0
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        # Hidden files and folders (.git, .DS_Store) are not part of a corpus.
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        for name in sorted(filenames):
-            if name.startswith("."):
-                continue
-            number += 1
-            rel = os.path.relpath(os.path.join(dirpath, name), root)
-            uid = normalise_uid(rel)
-            if len(uid) > _UID_MAX:
-                yield _Row(number, f"file-{number}", uid[:_PATH_MAX]).fail(
-                    f"path longer than {_UID_MAX} characters, too long for an id: {uid[:80]}…"
-                )
-                continue
-            yield _Row(number, uid, uid, top_folder(uid) if folder_categories else "")
+def _lone_surrogate(record: dict) -> bool:
+    try:
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _manifest_records(manifest: Path) -> Iterator[tuple[int, dict]]:
     suffix = manifest.suffix.lower()
+    # utf-8-sig: a spreadsheet's "CSV UTF-8" starts with a byte-order mark,
+    # which plain utf-8 would make part of the first column's name.
     try:
         if suffix == ".csv":
-            with manifest.open(newline="", encoding="utf-8") as fh:
+            with manifest.open(newline="", encoding="utf-8-sig") as fh:
                 reader = csv.DictReader(fh)
                 if not reader.fieldnames or "path" not in reader.fieldnames:
                     raise ManifestError(f"{manifest.name}: a CSV manifest needs a 'path' column")
                 yield from enumerate(reader, start=2)
         elif suffix in (".jsonl", ".ndjson"):
-            with manifest.open(encoding="utf-8") as fh:
+            with manifest.open(encoding="utf-8-sig") as fh:
                 for lineno, line in enumerate(fh, start=1):
                     if not line.strip():
                         continue
@@ -236,6 +222,15 @@ def _manifest_records(manifest: Path) -> Iterator[tuple[int, dict]]:
                         continue
                     if not isinstance(record, dict):
                         yield lineno, {"__error__": f"line {lineno} is not a JSON object"}
+                        continue
+                    if "\\u" in line and _SURROGATE_ESCAPE.search(line) and _lone_surrogate(record):
+                        yield (
+                            lineno,
+                            {
+                                "__error__": f"line {lineno} holds half a surrogate pair "
+                                "(a \\udXXX escape alone), which is no character"
+                            },
+                        )
                         continue
                     yield lineno, record
         else:
@@ -248,7 +243,7 @@ def _given(value) -> bool:
     return value is not None and value != ""
 
 
-def _trusted_identity(row: _Row, size, sha256) -> None:
+def _trusted_identity(row: Row, size, sha256) -> None:
     """Record a manifest's size and sha256 on the row, or fail it with the reason."""
     line = row.line
     if not (_given(size) and _given(sha256)):
@@ -273,35 +268,34 @@ def _text(value) -> str:
     return value if type(value) is str else str(value or "")
 
 
-def _manifest_row(lineno: int, record: dict) -> _Row:
+def _manifest_row(lineno: int, record: dict) -> Row:
     if "__error__" in record:
-        return _Row(lineno, f"manifest-line-{lineno}", "").fail(record["__error__"])
+        return Row(lineno, f"manifest-line-{lineno}", "").fail(record["__error__"])
     path = _text(record.get("path")).strip()
     uid = _text(record.get("id")).strip() or (normalise_uid(path) if path else "")
     if not uid:
-        return _Row(lineno, f"manifest-line-{lineno}", "").fail(
+        return Row(lineno, f"manifest-line-{lineno}", "").fail(
             f"line {lineno} has neither id nor path"
         )
-    if len(uid) > _UID_MAX or "\x00" in uid:
-        return _Row(lineno, f"manifest-line-{lineno}", path[:_PATH_MAX]).fail(
-            f"line {lineno}: the id is longer than {_UID_MAX} characters or holds a NUL character"
+    if len(uid) > UID_MAX or "\x00" in uid:
+        return Row(lineno, f"manifest-line-{lineno}", path[:PATH_MAX]).fail(
+            f"line {lineno}: the id is longer than {UID_MAX} characters or holds a NUL character"
         )
-    row = _Row(lineno, uid, path, _text(record.get("category")))
+    row = Row(lineno, uid, path, _text(record.get("category")))
     if not _COLUMNS.issuperset(record):
         row.metadata = {k: v for k, v in record.items() if k not in _COLUMNS}
     if not path:
         return row.fail(f"line {lineno} has no path")
     # The columns' sizes; PostgreSQL refuses longer text, and NUL in any text.
-    if len(path) > _PATH_MAX or "\x00" in path:
-        row.source_path = path[:_PATH_MAX].replace("\x00", "")
+    if len(path) > PATH_MAX or "\x00" in path:
+        row.source_path = path[:PATH_MAX].replace("\x00", "")
         return row.fail(
-            f"line {lineno}: the path is longer than {_PATH_MAX} characters "
-            "or holds a NUL character"
+            f"line {lineno}: the path is longer than {PATH_MAX} characters or holds a NUL character"
         )
-    if len(row.category) > _CATEGORY_MAX or "\x00" in row.category:
+    if len(row.category) > CATEGORY_MAX or "\x00" in row.category:
         row.category = ""
         return row.fail(
-            f"line {lineno}: the category is longer than {_CATEGORY_MAX} characters "
+            f"line {lineno}: the category is longer than {CATEGORY_MAX} characters "
             "or holds a NUL character"
         )
     size, sha256 = record.get("size"), record.get("sha256")
@@ -310,7 +304,7 @@ def _manifest_row(lineno: int, record: dict) -> _Row:
     return row
 
 
-def _manifest_rows(manifest: Path, *, folder_categories: bool = True) -> Iterator[_Row]:
+def _manifest_rows(manifest: Path, *, folder_categories: bool = True) -> Iterator[Row]:
     for lineno, record in _manifest_records(manifest):
         row = _manifest_row(lineno, record)
         # The manifest's category wins; a row without one takes its top folder.
@@ -319,7 +313,7 @@ def _manifest_rows(manifest: Path, *, folder_categories: bool = True) -> Iterato
         yield row
 
 
-def _hash_input(root: Path, row: _Row) -> int | None:
+def _hash_input(root: Path, row: Row) -> int | None:
     """Size and sha256 measured on the file (its mtime is returned), or the row failed."""
     try:
         path = resolve_input(root, row.source_path)
@@ -331,12 +325,14 @@ def _hash_input(root: Path, row: _Row) -> int | None:
         row.fail(f"input file not found: {row.source_path}", ErrorClass.INPUT_MISSING)
     except IsADirectoryError:
         row.fail(f"input is a folder, not a file: {row.source_path}")
+    except NotARegularFile as exc:
+        row.fail(f"input is not a regular file but {exc}: {row.source_path}")
     except OSError as exc:
         row.fail(f"cannot read input: {exc.strerror or exc}", ErrorClass.INPUT_UNREADABLE)
     return None
 
 
-def _staged_rows(campaign: Campaign, rows: Iterable[_Row]) -> Iterator[tuple]:
+def _staged_rows(campaign: Campaign, rows: Iterable[Row]) -> Iterator[tuple]:
     """Each row as the staging table's tuple, in import_staging.STAGED's order."""
     root = Path(campaign.input_root)
     # Lexical, no syscall: a trusted row's file is not touched at import. The
@@ -442,9 +438,12 @@ def _read_ahead(rows: Iterator[tuple], *, batch: int, batches: int) -> Iterator[
 
 
 def _import_rows(
-    campaign: Campaign, rows: Iterable[_Row], progress: Progress | None
+    campaign: Campaign,
+    rows: Iterable[Row],
+    progress: Progress | None,
+    report: ImportReport | None = None,
 ) -> ImportReport:
-    report = ImportReport()
+    report = report or ImportReport()
     staged = _read_ahead(_staged_rows(campaign, rows), batch=READ_AHEAD[0], batches=READ_AHEAD[1])
     counted = _counted(staged, progress or _progress.get())
     streams = connection.vendor == "postgresql"
@@ -505,8 +504,9 @@ def import_folder(
     root = Path(campaign.input_root)
     if not root.is_dir():
         raise ManifestError(f"input folder not found: {root}")
-    rows = _walk_folder(root, folder_categories=folder_categories)
-    return _import_rows(campaign, rows, progress)
+    report = ImportReport()
+    rows = walk_folder(root, folder_categories=folder_categories, skipped=report.skip)
+    return _import_rows(campaign, rows, progress, report)
 
 
 def import_manifest(
@@ -530,6 +530,8 @@ class Preview:
     first: list[dict] = field(default_factory=list)
     failing: list[dict] = field(default_factory=list)
     checked: int = 0
+    # Sub-folders the import would not read, with the reason (the first `show`).
+    skipped: list[str] = field(default_factory=list)
 
 
 def preview(
@@ -549,10 +551,19 @@ def preview(
     from campaigns.intake.inputs import WHOLE, InputError, read_bytes
 
     result = Preview()
+
+    def skip(line: str) -> None:
+        if len(result.skipped) < show:
+            result.skipped.append(line)
+
     rows = (
         _manifest_rows(manifest, folder_categories=folder_categories)
         if manifest is not None
-        else _walk_folder(root, folder_categories=folder_categories)
+        else walk_folder(
+            root,
+            folder_categories=folder_categories,
+            skipped=skip,
+        )
     )
     for row in rows:
         result.total += 1

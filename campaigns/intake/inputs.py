@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from campaigns.intake.rows import special_kind
 from campaigns.models import ErrorClass
 from campaigns.storage.paths import resolve_input
 
@@ -182,6 +184,13 @@ def _read_checked_by_fd(
             raise InputError(
                 ErrorClass.INPUT_INVALID,
                 f"path {source_path!r} leaves the corpus folder {real_root}",
+            )
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+            # Opened without blocking, a FIFO would read as empty: say what it is.
+            raise InputError(
+                ErrorClass.INPUT_INVALID,
+                f"input is not a regular file but {special_kind(mode)}: {source_path}",
             )
         return _read_limited(fh, limits)
 

@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from campaigns.intake.importing import file_identity
+from campaigns.intake.rows import file_identity
 from campaigns.models import Batch, Campaign, ErrorClass, Unit, UnitState
 from campaigns.review.queue import units_reviewed_out
 from campaigns.runs.leases import batches_requeue_expired

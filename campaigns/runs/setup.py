@@ -9,15 +9,21 @@ from pathlib import Path
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Max
 from django.utils.text import slugify
 
-from campaigns.intake.importing import ImportReport, import_folder, import_manifest
+from campaigns.intake.importing import (
+    ImportReport,
+    ManifestError,
+    import_folder,
+    import_manifest,
+)
 from campaigns.models import (
     Campaign,
     ParameterVersion,
     Project,
+    Unit,
 )
 from campaigns.runs import versions
 from campaigns.specs import model_files
@@ -96,7 +102,10 @@ def campaign_create(
     if name in RESERVED_NAMES:
         raise ValidationError(f"{name!r} is a reserved word; choose another name")
     if Campaign.objects.filter(name=name).exists():
-        raise ValidationError(f"a campaign named {name!r} exists already")
+        raise ValidationError(
+            f"a campaign named {name!r} exists already: choose another name, or add "
+            f"units to it with `campaign import {name}`"
+        )
     if (input_folder is None) == (manifest is None):
         raise ValidationError("give either an input folder or a manifest")
     if not 0 <= holdout_share < 1:
@@ -108,6 +117,8 @@ def campaign_create(
         root = (input_root or manifest.parent).resolve()
     else:
         root = input_folder.resolve()
+        if not root.is_dir():
+            raise ManifestError(f"input folder not found: {root}")
     campaign = Campaign.objects.create(
         project=project,
         name=name,
@@ -116,11 +127,40 @@ def campaign_create(
         checkpoint_after=checkpoint_after,
         holdout_share=holdout_share,
     )
-    version_create(campaign=campaign, params=params)
-    report = campaign_import(
-        campaign=campaign, manifest=manifest, folder_categories=folder_categories
-    )
+    try:
+        version_create(campaign=campaign, params=params)
+        report = campaign_import(
+            campaign=campaign, manifest=manifest, folder_categories=folder_categories
+        )
+    except BaseException as exc:
+        # A create is all or nothing: a manifest refused halfway (not UTF-8
+        # on line 900,000), an interrupt or a crash leaves no campaign whose
+        # name would refuse the corrected command.
+        try:
+            _discard(campaign)
+        except Exception as cleanup:
+            left = (
+                f"campaign {name!r} was created before this error and could not be removed "
+                f"({cleanup}); add its units with `campaign import {name}`"
+            )
+            if not isinstance(exc, Exception):
+                exc.add_note(left)
+                raise
+            messages = getattr(exc, "messages", [str(exc)])
+            raise ManifestError("; ".join([*messages, left])) from exc
+        raise
     return campaign, report
+
+
+def _discard(campaign: Campaign) -> None:
+    """A campaign whose create failed, with its units and version: nothing ran on it yet."""
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            # One statement, not the ORM's cascade, which would load every unit it deletes.
+            cursor.execute(
+                f"DELETE FROM {Unit._meta.db_table} WHERE campaign_id = %s", [campaign.pk]
+            )
+        Campaign.objects.filter(pk=campaign.pk).delete()
 
 
 def campaign_import(

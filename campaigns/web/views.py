@@ -400,7 +400,7 @@ def _campaign_new(request: HttpRequest, *, refused_uploads: set[str]) -> HttpRes
             f"Created {campaign.name}: {report.created} examples "
             f"({report.failed} failed at import).",
         )
-        _say_identical(request, report)
+        _say_report(request, report)
         return training_views.training_start(request, campaign.name)
     batches, more = start.campaign_start(campaign=campaign)
     messages.success(
@@ -408,13 +408,15 @@ def _campaign_new(request: HttpRequest, *, refused_uploads: set[str]) -> HttpRes
         f"Created {campaign.name}: {report.created} units ({report.failed} failed at import), "
         f"{batches} batch{'es' if batches != 1 else ''} queued.{_PLANNING_ON if more else ''}",
     )
-    _say_identical(request, report)
+    _say_report(request, report)
     return redirect("campaign_detail", name=campaign.name)
 
 
-def _say_identical(request: HttpRequest, report: importing.ImportReport) -> None:
+def _say_report(request: HttpRequest, report: importing.ImportReport) -> None:
     if identical := report.identical_summary():
         messages.info(request, identical)
+    if skipped := report.skipped_lines(shown=5):
+        messages.warning(request, " ".join(skipped))
 
 
 def _project_for(request: HttpRequest, name: str):

@@ -185,9 +185,9 @@ def test_a_trusted_manifest_records_size_and_sha256_without_opening_the_files(
     project, tmp_path, monkeypatch
 ):
     # given: files that do not exist, and hashing that would fail the test
-    from campaigns.intake import importing
+    from campaigns.intake import rows
 
-    monkeypatch.setattr(importing, "file_sha256", lambda path: pytest.fail(f"hashed {path}"))
+    monkeypatch.setattr(rows, "file_sha256", lambda path: pytest.fail(f"hashed {path}"))
     sha = _sha("one")
     manifest = _jsonl(
         tmp_path / "manifest.jsonl",

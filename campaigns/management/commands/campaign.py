@@ -278,6 +278,8 @@ class Command(version_cli.VersionCommands, BaseCommand):
     def _print_problems(self, report, shown: int = 20) -> None:
         if identical := report.identical_summary():
             self.stdout.write(identical)
+        for line in report.skipped_lines():
+            self.stdout.write(line if line.endswith(":") else f"  {line}")
         for problem in report.problems[:shown]:
             self.stdout.write(f"  {problem}")
         if report.problem_count > shown:

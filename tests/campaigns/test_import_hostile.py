@@ -1,0 +1,357 @@
+"""Imports fail per row, never per campaign: names that are not UTF-8, manifests
+with a byte-order mark, special files, linked folders, and a create that fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.urls import reverse
+
+from campaigns.intake import importing
+from campaigns.intake.inputs import InputError, read_bytes
+from campaigns.models import Campaign, ErrorClass, ParameterVersion, Unit, UnitState
+from campaigns.runs import setup
+
+LATIN1_NAME = b"caf\xe9.txt"
+
+
+def _create(project, name="hostile", **kwargs):
+    return setup.campaign_create(name=name, processor="text-embedding", project=project, **kwargs)
+
+
+def _units(campaign) -> dict[str, Unit]:
+    return {u.uid: u for u in Unit.objects.filter(campaign=campaign)}
+
+
+def _folder(tmp_path: Path) -> Path:
+    root = tmp_path / "corpus"
+    (root / "letters").mkdir(parents=True)
+    (root / "a.txt").write_text("a first text", encoding="utf-8")
+    (root / "letters" / "b.txt").write_text("a second text", encoding="utf-8")
+    return root
+
+
+def _call(*args) -> str:
+    out = StringIO()
+    call_command("campaign", *args, stdout=out, stderr=StringIO())
+    return out.getvalue()
+
+
+# Names that are not UTF-8
+
+
+def test_a_file_name_that_is_not_utf8_fails_its_unit_and_the_folder_imports(
+    project, tmp_path, client, owner
+):
+    root = _folder(tmp_path)
+    with open(os.path.join(os.fsencode(root / "letters"), LATIN1_NAME), "wb") as fh:
+        fh.write(b"une lettre")
+    campaign, report = _create(project, input_folder=root)
+
+    units = _units(campaign)
+    assert set(units) == {"a.txt", "letters/b.txt", "letters/caf\\xe9.txt"}
+    bad = units["letters/caf\\xe9.txt"]
+    assert bad.state == UnitState.FAILED
+    assert bad.error_class == ErrorClass.INPUT_UNREADABLE
+    assert "not valid UTF-8" in bad.error_message and "caf\\xe9.txt" in bad.error_message
+    assert bad.category == "letters"
+    assert units["a.txt"].state == UnitState.PENDING
+    assert (report.created, report.failed) == (3, 1)
+
+    # The page and the exports show the escaped name.
+    client.force_login(owner)
+    page = client.get(reverse("campaign_detail", args=[campaign.name]), {"state": "failed"})
+    assert page.status_code == 200
+    assert "caf\\xe9.txt" in page.content.decode()
+    for export in ("manifest.csv", "errors.csv"):
+        response = client.get(reverse("campaign_export", args=[campaign.name, export]))
+        assert response.status_code == 200
+        body = b"".join(response.streaming_content).decode("utf-8")
+        assert "caf\\xe9.txt" in body
+
+
+def test_a_folder_name_that_is_not_utf8_fails_each_file_in_it(project, tmp_path):
+    root = _folder(tmp_path)
+    folder = os.path.join(os.fsencode(root), b"d\xe9j\xe0")
+    os.mkdir(folder)
+    for name in (b"one.txt", b"two.txt"):
+        with open(os.path.join(folder, name), "wb") as fh:
+            fh.write(b"text")
+    campaign, report = _create(project, input_folder=root)
+    failed = Unit.objects.filter(campaign=campaign, state=UnitState.FAILED)
+    assert sorted(failed.values_list("uid", flat=True)) == [
+        "d\\xe9j\\xe0/one.txt",
+        "d\\xe9j\\xe0/two.txt",
+    ]
+    assert report.created == 4
+
+
+def test_a_lone_surrogate_escape_in_a_jsonl_manifest_fails_its_row_only(project, tmp_path):
+    root = _folder(tmp_path)
+    manifest = root / "m.jsonl"
+    manifest.write_text(
+        '{"id": "ok", "path": "a.txt"}\n'
+        '{"id": "caf\\udce9", "path": "letters/b.txt"}\n'
+        '{"id": "pair-\\ud83d\\ude00", "path": "letters/b.txt", "note": "x\\udc80"}\n'
+        '{"id": "emoji-\\ud83d\\ude00", "path": "letters/b.txt"}\n',
+        encoding="utf-8",
+    )
+    campaign, report = _create(project, manifest=manifest)
+    units = _units(campaign)
+    assert units["ok"].state == UnitState.PENDING
+    assert units["emoji-\U0001f600"].state == UnitState.PENDING
+    for line in (2, 3):
+        failed = units[f"manifest-line-{line}"]
+        assert failed.error_class == ErrorClass.INPUT_INVALID
+        assert "surrogate" in failed.error_message
+    assert report.failed == 2
+
+
+# Manifests with a byte-order mark ("CSV UTF-8" from a spreadsheet)
+
+
+@pytest.mark.parametrize("header", ["id,path", "path,id"])
+def test_a_csv_manifest_with_a_byte_order_mark_keeps_its_ids(project, tmp_path, header):
+    root = _folder(tmp_path)
+    manifest = root / "m.csv"
+    rows = {"doc-1": "a.txt", "doc-2": "letters/b.txt"}
+    lines = [header] + [
+        f"{uid},{path}" if header == "id,path" else f"{path},{uid}" for uid, path in rows.items()
+    ]
+    manifest.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode("utf-8") + b"\r\n")
+    campaign, report = _create(project, manifest=manifest)
+    units = _units(campaign)
+    assert set(units) == {"doc-1", "doc-2"}
+    assert units["doc-2"].source_path == "letters/b.txt"
+    assert units["doc-2"].state == UnitState.PENDING
+    assert report.failed == 0
+
+
+def test_a_jsonl_manifest_with_a_byte_order_mark_reads_its_first_line(project, tmp_path):
+    root = _folder(tmp_path)
+    manifest = root / "m.jsonl"
+    manifest.write_bytes(
+        b"\xef\xbb\xbf"
+        + json.dumps({"id": "doc-1", "path": "a.txt"}).encode()
+        + b"\n"
+        + json.dumps({"id": "doc-2", "path": "letters/b.txt"}).encode()
+        + b"\n"
+    )
+    campaign, report = _create(project, manifest=manifest)
+    assert {u.uid: u.state for u in Unit.objects.filter(campaign=campaign)} == {
+        "doc-1": UnitState.PENDING,
+        "doc-2": UnitState.PENDING,
+    }
+    assert report.failed == 0
+
+
+# A create that fails leaves nothing behind
+
+
+def _refused_manifests(root: Path) -> dict[str, tuple[Path, str]]:
+    latin1 = root / "latin1.csv"
+    latin1.write_bytes("id,path\ncafé,a.txt\n".encode("latin-1"))
+    empty = root / "empty.csv"
+    empty.write_bytes(b"")
+    no_path = root / "nopath.csv"
+    no_path.write_text("id,file\ndoc-1,a.txt\n", encoding="utf-8")
+    return {
+        "latin1": (latin1, "not UTF-8"),
+        "empty": (empty, "needs a 'path' column"),
+        "no-path": (no_path, "needs a 'path' column"),
+    }
+
+
+def test_a_refused_create_leaves_no_campaign_and_the_corrected_one_works(project, tmp_path):
+    root = _folder(tmp_path)
+    for what, (manifest, message) in _refused_manifests(root).items():
+        with pytest.raises(importing.ManifestError, match=message):
+            _create(project, manifest=manifest)
+        assert not Campaign.objects.filter(name="hostile").exists(), what
+    with pytest.raises(importing.ManifestError, match="input folder not found"):
+        _create(project, input_folder=tmp_path / "nowhere")
+    assert not Campaign.objects.exists()
+    assert not ParameterVersion.objects.exists()
+
+    campaign, report = _create(project, input_folder=root)
+    assert report.created == 5  # the two texts and the three manifests
+
+
+def test_a_manifest_refused_after_chunks_were_written_leaves_no_unit(
+    project, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(importing, "CHUNK_ROWS_DEFAULT", 3)
+    monkeypatch.setattr(importing, "READ_AHEAD", (2, 2))
+    root = _folder(tmp_path)
+    manifest = root / "late.csv"
+    good = "".join(f"doc-{i},a.txt\n" for i in range(20))
+    manifest.write_bytes(("id,path\n" + good).encode() + "café,a.txt\n".encode("latin-1"))
+    with pytest.raises(importing.ManifestError, match="not UTF-8"):
+        _create(project, manifest=manifest)
+    assert not Campaign.objects.exists()
+    assert not Unit.objects.exists()
+
+
+def test_the_command_refuses_a_bad_create_then_takes_the_corrected_one(tmp_path, db):
+    root = _folder(tmp_path)
+    manifest = root / "m.csv"
+    manifest.write_bytes("id,path\ncafé,a.txt\n".encode("latin-1"))
+    args = ("create", "letters", "--processor", "text-embedding", "--project", "acme")
+    with pytest.raises(CommandError, match="not UTF-8"):
+        _call(*args, "--manifest", str(manifest))
+    manifest.write_text("id,path\ncafé,a.txt\n", encoding="utf-8")
+    assert "created campaign letters" in _call(*args, "--manifest", str(manifest))
+    assert Unit.objects.get(uid="café").state == UnitState.PENDING
+
+
+def test_creating_a_name_that_exists_says_how_to_add_units(project, tmp_path):
+    root = _folder(tmp_path)
+    _create(project, input_folder=root)
+    with pytest.raises(Exception, match="campaign import hostile"):
+        _create(project, input_folder=root)
+
+
+# Special files and linked folders
+
+
+def test_a_fifo_or_a_socket_is_not_a_regular_file_not_a_folder(project, tmp_path):
+    root = _folder(tmp_path)
+    os.mkfifo(root / "pipe")
+    (root / "folder.txt").mkdir()
+    server = socket.socket(socket.AF_UNIX)
+    try:
+        server.bind(str(root / "sock"))
+        campaign, report = _create(project, input_folder=root)
+    finally:
+        server.close()
+    units = _units(campaign)
+    pipe, sock = units["pipe"], units["sock"]
+    assert pipe.error_class == ErrorClass.INPUT_INVALID
+    assert pipe.error_message == "input is not a regular file but a FIFO (named pipe): pipe"
+    assert sock.error_message == "input is not a regular file but a socket: sock"
+    assert "folder" not in pipe.error_message
+    assert units["a.txt"].state == UnitState.PENDING
+    assert report.failed == 2
+
+
+def test_the_worker_refuses_a_fifo_instead_of_reading_it_as_empty(tmp_path):
+    root = _folder(tmp_path)
+    os.mkfifo(root / "pipe")
+    with pytest.raises(InputError) as caught:
+        read_bytes(root, "pipe")
+    assert caught.value.error_class == ErrorClass.INPUT_INVALID
+    assert "not a regular file" in caught.value.message
+
+
+def test_a_linked_sub_folder_is_reported_skipped_and_a_link_out_stays_refused(project, tmp_path):
+    root = _folder(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("not part of the corpus", encoding="utf-8")
+    os.symlink(root / "letters", root / "mirror")
+    os.symlink(outside, root / "elsewhere")
+    os.symlink(outside / "secret.txt", root / "secret.txt")
+
+    campaign, report = _create(project, input_folder=root)
+    assert set(_units(campaign)) == {"a.txt", "letters/b.txt", "secret.txt"}
+    assert report.skipped_count == 2
+    assert report.skipped[0] == (
+        "elsewhere/ skipped: a symbolic link to "
+        f"{os.path.realpath(outside)}, outside the corpus folder; "
+        "files outside it are never imported"
+    )
+    assert report.skipped[1].startswith(
+        "mirror/ skipped: a symbolic link to the folder letters/ of this corpus"
+    )
+    assert report.as_dict()["skipped"] == report.skipped
+    secret = Unit.objects.get(campaign=campaign, uid="secret.txt")
+    assert secret.state == UnitState.FAILED
+    assert "leaves the corpus folder" in secret.error_message
+
+
+def test_the_import_command_prints_the_folders_it_did_not_read(tmp_path, db):
+    root = _folder(tmp_path)
+    os.symlink(root / "letters", root / "mirror")
+    out = _call(
+        "create", "linked", "--processor", "text-embedding", "--input", str(root), "--project", "a"
+    )
+    assert "1 sub-folder not read (no unit made from them):" in out
+    assert "  mirror/ skipped: a symbolic link to the folder letters/" in out
+    report = json.loads(_call("import", "linked", "--json"))
+    assert report["skipped_count"] == 1
+
+
+def test_the_setup_preview_lists_a_linked_folder(client, owner, tmp_path, settings):
+    settings.CORPUS_ROOTS = [str(tmp_path)]
+    root = _folder(tmp_path)
+    os.symlink(root / "letters", root / "mirror")
+    client.force_login(owner)
+    response = client.post(
+        reverse("campaign_new"),
+        {
+            "name": "linked",
+            "project": "acme",
+            "processor": "text-embedding",
+            "folder": str(root),
+            "action": "preview",
+        },
+    )
+    html = response.content.decode()
+    assert "Folders not read" in html, html[:3000]
+    assert "mirror/ skipped" in html
+
+
+def test_a_create_whose_clean_up_fails_says_how_to_continue(project, tmp_path, monkeypatch):
+    from django.db import DatabaseError
+
+    def broken(campaign):
+        raise DatabaseError("database is locked")
+
+    monkeypatch.setattr(setup, "_discard", broken)
+    root = _folder(tmp_path)
+    manifest = root / "m.csv"
+    manifest.write_bytes("id,path\ncafé,a.txt\n".encode("latin-1"))
+    with pytest.raises(importing.ManifestError) as caught:
+        _create(project, manifest=manifest)
+    message = str(caught.value)
+    assert "not UTF-8" in message
+    assert "add its units with `campaign import hostile`" in message
+
+
+def test_the_setup_page_refuses_a_bad_manifest_and_takes_the_corrected_one(
+    client, owner, tmp_path, settings
+):
+    from unittest import mock
+
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from campaigns.runs import start
+    from campaigns.specs.builtin import TEXT_EMBEDDING
+
+    settings.CORPUS_ROOTS = [str(tmp_path)]
+    root = _folder(tmp_path)
+    form = {"project": "acme", "name": "web-made", "processor": "text-embedding"}
+    form.update({f"param_{k}": v for k, v in TEXT_EMBEDDING.clean({}).items()})
+    form.update({"folder": str(root), "action": "create"})
+    client.force_login(owner)
+    latin1 = "id,path\ncafé,a.txt\n".encode("latin-1")
+    refused = client.post(
+        reverse("campaign_new"), {**form, "manifest": SimpleUploadedFile("m.csv", latin1)}
+    )
+    assert refused.status_code == 400
+    assert "not UTF-8" in refused.content.decode()
+    assert not Campaign.objects.filter(name="web-made").exists()
+
+    fixed = b"\xef\xbb\xbf" + "id,path\ncafé,a.txt\n".encode()
+    with mock.patch.object(start.celery_app, "send_task"):
+        created = client.post(
+            reverse("campaign_new"), {**form, "manifest": SimpleUploadedFile("m.csv", fixed)}
+        )
+    assert created.status_code == 302
+    assert list(Unit.objects.values_list("uid", flat=True)) == ["café"]

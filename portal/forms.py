@@ -10,6 +10,22 @@ from portal.pricing import cards_available
 MAX_CARDS = 16
 
 
+def quantity_refusal(*, gpu: GpuModel, quantity: int, free: int) -> tuple[str, str] | None:
+    """Why `quantity` cards of `gpu` cannot be ordered now, as (field, message), or None.
+
+    The live total and the submitted form both say it, with the same words.
+    """
+    if quantity < 1:
+        return "quantity", "Choose at least one card."
+    if free == 0:
+        return "gpu", f"{gpu.name} is out of stock. Choose another card."
+    if quantity > free:
+        return "quantity", f"Only {free} {gpu.name} card(s) are free; choose {free} or fewer."
+    if quantity > MAX_CARDS:
+        return "quantity", f"At most {MAX_CARDS} cards per order; choose {MAX_CARDS} or fewer."
+    return None
+
+
 class GpuChoiceField(forms.ModelChoiceField):
     def label_from_instance(self, gpu: GpuModel) -> str:
         free = getattr(gpu, "free", None)
@@ -65,13 +81,9 @@ class OrderForm(forms.Form):
         cleaned = super().clean()
         gpu, quantity = cleaned.get("gpu"), cleaned.get("quantity")
         if gpu is not None and quantity is not None:
-            free = self.free.get(gpu.pk, 0)
-            if free == 0:
-                self.add_error("gpu", f"{gpu.name} is out of stock. Choose another card.")
-            elif quantity > free:
-                self.add_error(
-                    "quantity", f"Only {free} {gpu.name} card(s) are free; choose {free} or fewer."
-                )
+            refusal = quantity_refusal(gpu=gpu, quantity=quantity, free=self.free.get(gpu.pk, 0))
+            if refusal is not None:
+                self.add_error(*refusal)
         return cleaned
 
 

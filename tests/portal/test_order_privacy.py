@@ -1,0 +1,50 @@
+"""Privacy and abuse on the ordering pages: what travels, what counts, what is mailed."""
+
+from __future__ import annotations
+
+from portal.models import GpuModel, Order
+from tests.portal.test_order_views import _post_data
+
+
+def test_invalid_submissions_do_not_use_up_the_order_limit(
+    client, fresh_rates, address_pool, settings
+):
+    settings.ORDER_CREATE_RATE = "2/m"
+    # a customer who gets the form wrong five times...
+    for _ in range(5):
+        response = client.post("/order/", _post_data(email="not-an-address"))
+        assert response.status_code == 200
+        assert "Enter a valid email address" in response.content.decode()
+    # ...still places their orders, and the limit still holds after them
+    assert client.post("/order/", _post_data(quantity=1)).status_code == 302
+    assert client.post("/order/", _post_data(quantity=1)).status_code == 302
+    assert client.post("/order/", _post_data(quantity=1)).status_code == 429
+    assert Order.objects.count() == 2
+
+
+def test_the_live_total_refuses_more_cards_than_are_free(client, catalog):
+    l40s = GpuModel.objects.get(name="L40S")
+    l40s.stock = 4
+    l40s.save(update_fields=["stock"])
+    html = client.get("/order/price/", {**_plan(), "quantity": 30}).content.decode()
+    assert "Only 4 L40S card(s) are free; choose 4 or fewer." in html
+    assert 'id="total"' not in html
+    html = client.get("/order/price/", {**_plan(), "quantity": 4}).content.decode()
+    assert "672.00 EUR" in html  # 24.00 × 4 × 7: the quantity typed, not another
+
+
+def test_update_price_without_javascript_orders_nothing_and_counts_nothing(
+    client, fresh_rates, address_pool, settings
+):
+    settings.ORDER_CREATE_RATE = "1/m"
+    for _ in range(3):
+        response = client.post("/order/", {**_post_data(), "update_price": "1"})
+        assert response.status_code == 200
+        assert "336.00 EUR" in response.content.decode()  # 24.00 × 2 × 7
+    assert Order.objects.count() == 0
+    assert client.post("/order/", _post_data()).status_code == 302
+
+
+def _plan() -> dict:
+    data = _post_data()
+    return {k: data[k] for k in ("gpu", "quantity", "duration", "environment")}

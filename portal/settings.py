@@ -7,6 +7,7 @@ CELERY_BROKER_URL and OUTPUT_ROOT for the distributed setup (docs/deployment.md)
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import environ
@@ -45,6 +46,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "django_ratelimit",
+    "axes",
     "portal",
     "campaigns",
 ]
@@ -63,6 +65,15 @@ MIDDLEWARE = [
     # A database outage answers a readable 503, not a traceback.
     "portal.health.DatabaseUnavailableMiddleware",
     "csp.middleware.CSPMiddleware",
+    # Answers a locked-out login (site or admin) with AXES_LOCKOUT_TEMPLATE; last, as axes asks.
+    "axes.middleware.AxesMiddleware",
+]
+
+# django-axes first: it refuses a locked-out username and address before the
+# password is even checked, then the ordinary model backend.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 
 # Content Security Policy, in development too so a violation shows up before
@@ -269,6 +280,26 @@ RATELIMIT_IP_META_KEY = _ip_meta_key(env.str("RATELIMIT_IP_META_KEY", default=""
 RATELIMIT_TRUSTED_PROXIES = env.int("RATELIMIT_TRUSTED_PROXIES", default=1)
 if RATELIMIT_TRUSTED_PROXIES < 1:
     raise ImproperlyConfigured("RATELIMIT_TRUSTED_PROXIES counts proxies: 1 or more.")
+
+# --- Login throttling (django-axes), on the site's and the admin's login ------
+# LOGIN_FAILURE_LIMIT wrong passwords for one username from one client address
+# lock that pair out for LOGIN_COOLOFF_MINUTES (the right password included);
+# another address, or another username, is not affected. Failures are kept in
+# the database (AccessAttempt); `manage.py axes_reset` lifts every lockout.
+AXES_FAILURE_LIMIT = env.int("LOGIN_FAILURE_LIMIT", default=5)
+LOGIN_COOLOFF_MINUTES = env.int("LOGIN_COOLOFF_MINUTES", default=30)
+AXES_COOLOFF_TIME = timedelta(minutes=LOGIN_COOLOFF_MINUTES)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+# The same client address as the rate limits (RATELIMIT_IP_META_KEY above).
+AXES_CLIENT_IP_CALLABLE = "portal.client_ip.client_ip"
+# Log lines name the username, address and path of a failure (what locks), not
+# the user agent, and no start-up banner in every process's log.
+AXES_VERBOSE = False
+if AXES_FAILURE_LIMIT < 1 or LOGIN_COOLOFF_MINUTES < 1:
+    raise ImproperlyConfigured("LOGIN_FAILURE_LIMIT and LOGIN_COOLOFF_MINUTES: 1 or more.")
+
 # Order dossiers are kept here, regenerated when the order changes.
 DOSSIER_ROOT = _path(env.str("DOSSIER_ROOT", default=str(VAR_DIR / "dossiers")))
 

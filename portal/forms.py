@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 from django import forms
 
 from portal.models import CryptoCurrency, Environment, GpuModel, RentalDuration
@@ -41,6 +43,20 @@ class DurationChoiceField(forms.ModelChoiceField):
         return f"{duration.days} days — {duration.purpose}"
 
 
+# Long enough for real names; short enough that a name field is no place for a message.
+NAME_MAX = 60
+
+
+def single_line(value: str) -> None:
+    """A name is one line of visible text: no line breaks, tabs or control and
+    format characters (a header or a second paragraph smuggled into an e-mail,
+    text hidden or reversed by a direction mark)."""
+    if any(unicodedata.category(ch)[0] == "C" or ch in "\u2028\u2029" for ch in value):
+        raise forms.ValidationError(
+            "Use one line of plain text: no line breaks or control characters."
+        )
+
+
 class OrderForm(forms.Form):
     gpu = GpuChoiceField(queryset=GpuModel.objects.none(), label="GPU model", empty_label=None)
     quantity = forms.IntegerField(
@@ -56,8 +72,8 @@ class OrderForm(forms.Form):
         empty_label=None,
         label="Software environment",
     )
-    first_name = forms.CharField(max_length=100)
-    last_name = forms.CharField(max_length=100)
+    first_name = forms.CharField(max_length=NAME_MAX, validators=[single_line])
+    last_name = forms.CharField(max_length=NAME_MAX, validators=[single_line])
     email = forms.EmailField(help_text="the order's contact: payment instructions and updates")
     currency = forms.ModelChoiceField(
         queryset=CryptoCurrency.objects.filter(active=True),

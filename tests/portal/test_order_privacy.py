@@ -48,3 +48,43 @@ def test_update_price_without_javascript_orders_nothing_and_counts_nothing(
 def _plan() -> dict:
     data = _post_data()
     return {k: data[k] for k in ("gpu", "quantity", "duration", "environment")}
+
+
+def test_names_are_one_short_line(client, fresh_rates, address_pool, mailoutbox):
+    for name in ("Grace\r\nBcc: victim@example.org", "Grace\tHopper", "Grace\u202eepoh", "G" * 61):
+        response = client.post("/order/", _post_data(first_name=name))
+        assert response.status_code == 200, repr(name)
+        assert 'id="error-first_name"' in response.content.decode()
+    response = client.post("/order/", _post_data(last_name="Hopper\nClick http://spam.example"))
+    assert 'id="error-last_name"' in response.content.decode()
+    assert Order.objects.count() == 0 and mailoutbox == []
+    # a real name with accents and a hyphen is fine
+    assert client.post("/order/", _post_data(first_name="Zoë-Ana María")).status_code == 302
+
+
+def test_the_first_e_mail_echoes_nothing_the_form_writer_typed(
+    client, fresh_rates, address_pool, mailoutbox, django_capture_on_commit_callbacks
+):
+    spam = "Win a prize at spam.example"
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post("/order/", _post_data(first_name=spam, last_name=spam))
+    assert response.status_code == 302
+    (mail,) = mailoutbox
+    assert spam not in mail.body and spam not in mail.subject
+    assert Order.objects.get().reference in mail.body
+
+
+def test_i_paid_mails_the_first_few_notices_only(
+    make_order, mailoutbox, django_capture_on_commit_callbacks, settings
+):
+    from portal import order_services
+
+    settings.ORDER_NOTICE_EMAILS_MAX = 3
+    order = make_order()
+    mailoutbox.clear()
+    for i in range(20):
+        with django_capture_on_commit_callbacks(execute=True):
+            order_services.order_record_notice(order=order, transaction_id=f"tx{i}")
+    assert order.notices.count() == 20  # every notice is still recorded for staff
+    notices = [m for m in mailoutbox if "payment notice" in m.subject]
+    assert len(notices) == 3

@@ -38,7 +38,11 @@ def send_order_email(*, order_id: int, kind: str) -> bool:
     order = Order.objects.filter(pk=order_id).select_related("gpu", "currency").first()
     if order is None or kind not in SUBJECTS:
         return False  # payment_notified is answered by the "notice" mail
+    # A move's e-mail carries the note of the event that made it (a rejection's
+    # reason, say): the page's explanation promises it ("the note below").
+    event = order.events.filter(to_status=kind).last() if kind in Status.values else None
     context = {
+        "note": event.note if event is not None else "",
         "order": order,
         "kind": kind,
         "status_label": order.get_status_display(),

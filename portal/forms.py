@@ -135,5 +135,10 @@ class StaffActionForm(forms.Form):
         ("provisioned", "Mark provisioned (rental starts now)"),
     )
     action = forms.ChoiceField(choices=ACTIONS)
-    note = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), max_length=2000)
+    # Goes on the customer's timeline and into their e-mail as written.
+    note = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 2}),
+        max_length=2000,
+        label="Note to the customer (shown to the customer, word for word)",
+    )
     overpaid = forms.BooleanField(required=False, label="more than the quote arrived")

@@ -9,6 +9,7 @@ from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.safestring import mark_safe
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseStopPolling
 from django_ratelimit.core import is_ratelimited
@@ -180,6 +181,10 @@ def order_price(request: HttpRequest) -> HttpResponse:
     return render(request, "orders/order_new.html#price", {"preview": _price_preview(request.GET)})
 
 
+# The tracking page and the dossier carry the customer's order behind its
+# token: `Cache-Control: private, no-store` (never_cache) keeps them out of
+# shared caches and off the disk of the browser's own.
+@never_cache
 def order_track(request: HttpRequest, token: str) -> HttpResponse:
     order = _order_by_token(token)
     context = {
@@ -238,6 +243,7 @@ def order_paid(request: HttpRequest, token: str) -> HttpResponse:
     return redirect("order_track", token=token)
 
 
+@never_cache
 @ratelimit(key="ip", rate=_dossier_rate, method="GET", block=True)
 def order_dossier(request: HttpRequest, token: str) -> HttpResponse:
     order = _order_by_token(token)

@@ -88,3 +88,81 @@ def test_i_paid_mails_the_first_few_notices_only(
     assert order.notices.count() == 20  # every notice is still recorded for staff
     notices = [m for m in mailoutbox if "payment notice" in m.subject]
     assert len(notices) == 3
+
+
+def test_the_staff_note_field_says_the_customer_reads_it(client, staff, make_order):
+    order = make_order()
+    client.force_login(staff)
+    page = client.get(f"/order/staff/{order.pk}/").content.decode()
+    assert "shown to the customer" in page
+
+
+def test_the_rejection_e_mail_carries_the_note_it_promises(
+    client, staff, make_order, mailoutbox, django_capture_on_commit_callbacks
+):
+    order = make_order()
+    client.force_login(staff)
+    mailoutbox.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(
+            f"/order/staff/{order.pk}/action/",
+            {"action": "reject", "note": "the payment came from a sanctioned address"},
+        )
+    (mail,) = mailoutbox
+    assert "rejected" in mail.subject
+    assert "The note below says why." in mail.body
+    assert "the payment came from a sanctioned address" in mail.body
+
+
+def test_tracking_page_and_dossier_are_never_kept_by_a_cache(client, make_order):
+    order = make_order()
+    base = f"/order/t/{order.tracking_token}/"
+    for url in (base, f"{base}dossier.zip"):
+        response = client.get(url)
+        assert response.status_code == 200
+        cache_control = response["Cache-Control"]
+        assert "private" in cache_control and "no-store" in cache_control, url
+
+
+def test_an_oversized_webhook_body_is_a_413_and_one_warning(client, db, settings, caplog):
+    import logging
+
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1024
+    with caplog.at_level(logging.INFO):
+        response = client.post(
+            "/order/btcpay/webhook/", b"x" * 5000, content_type="application/json"
+        )
+    assert response.status_code == 413
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not [r for r in caplog.records if r.exc_info]
+    # ours says why; Django's request line ("Content Too Large: …") is the other
+    ours = [r for r in caplog.records if r.name.startswith("portal")]
+    assert len(ours) == 1 and ours[0].levelno == logging.WARNING
+    assert "413" in ours[0].getMessage()
+
+
+def test_production_with_a_per_process_cache_is_not_silent(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {
+        **os.environ,
+        "DEBUG": "false",
+        "SECRET_KEY": "x" * 50,
+        "VAR_DIR": str(tmp_path),
+        "DJANGO_SETTINGS_MODULE": "portal.settings",
+    }
+    env.pop("CACHE_URL", None)
+    repo = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "django_ratelimit.E003" in result.stderr + result.stdout
+    assert result.returncode != 0

@@ -327,11 +327,14 @@ DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="BriefGPU <orders@bri
 # embedded runserver); with several web processes set CACHE_URL to Redis.
 CACHES = {"default": env.cache_url("CACHE_URL", default="locmemcache://")}
 RATELIMIT_VIEW = "portal.order_views.rate_limited"
+# Checks silenced on purpose, comma-separated: e.g. a production server that
+# runs one single web process may silence django_ratelimit.E003 below.
+SILENCED_SYSTEM_CHECKS = env.list("SILENCED_SYSTEM_CHECKS", default=[])
 if DEBUG and CACHES["default"]["BACKEND"].endswith("LocMemCache"):
     # One process in development: its own cache is the shared one. In production
     # (gunicorn's several workers) django-ratelimit's E003 stays on: each worker
     # would count alone, multiplying every limit (docs/deployment.md).
-    SILENCED_SYSTEM_CHECKS = ["django_ratelimit.E003", "django_ratelimit.W001"]
+    SILENCED_SYSTEM_CHECKS += ["django_ratelimit.E003", "django_ratelimit.W001"]
 
 # --- Celery -----------------------------------------------------------------
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://localhost/")

@@ -60,3 +60,37 @@ def send_order_email(*, order_id: int, kind: str) -> bool:
         log.exception("order %s: %s e-mail not sent", order.reference, kind)
         return False
     return True
+
+
+# The most recent orders a recovery e-mail lists: enough for any customer, and
+# a bounded e-mail whatever one address ordered.
+RECOVERY_MAX_ORDERS = 20
+
+
+def send_tracking_links(*, email: str) -> bool:
+    """The tracking links of the orders placed with `email`, to that address only.
+
+    Nothing is sent when no order uses it: the page the visitor sees is the
+    same either way (portal/recovery_views.py).
+    """
+    from portal.models import Order
+
+    orders = list(
+        Order.objects.filter(email__iexact=email)
+        .select_related("gpu")
+        .order_by("-created_at")[:RECOVERY_MAX_ORDERS]
+    )
+    if not orders:
+        return False
+    links = [(order, tracking_url(order)) for order in orders]
+    try:
+        send_mail(
+            "Your BriefGPU order links",
+            render_to_string("orders/email/recover.txt", {"links": links}),
+            None,
+            [orders[0].email],
+        )
+    except Exception:  # noqa: BLE001 — no address in logs
+        log.exception("tracking links e-mail not sent (%d order(s))", len(orders))
+        return False
+    return True

@@ -256,6 +256,9 @@ BTCPAY_TIMEOUT_SECONDS = env.float("BTCPAY_TIMEOUT_SECONDS", default=10.0)
 ORDER_CREATE_RATE = env.str("ORDER_CREATE_RATE", default="10/h")
 ORDER_NOTICE_RATE = env.str("ORDER_NOTICE_RATE", default="20/h")
 ORDER_DOSSIER_RATE = env.str("ORDER_DOSSIER_RATE", default="30/h")
+# The lost-link page: submissions per client address, e-mails per e-mail address.
+ORDER_RECOVER_RATE = env.str("ORDER_RECOVER_RATE", default="10/h")
+ORDER_RECOVER_EMAIL_RATE = env.str("ORDER_RECOVER_EMAIL_RATE", default="3/d")
 # "I paid" notices of one order answered by e-mail; later ones are recorded, not mailed.
 ORDER_NOTICE_EMAILS_MAX = env.int("ORDER_NOTICE_EMAILS_MAX", default=3)
 

@@ -94,3 +94,17 @@ def test_without_javascript_update_price_shows_the_total_and_orders_nothing(
         assert Order.objects.count() == 0
     finally:
         context.close()
+
+
+def test_a_lost_link_comes_back_by_e_mail(
+    page, live_server, make_order, mailoutbox, transactional_db
+):
+    order = make_order(email="ada@example.org")
+    mailoutbox.clear()
+    page.goto(f"{live_server.url}/order/")
+    page.click("#recover-link")
+    page.fill("input[name=email]", "ada@example.org")
+    page.click("#recover-form button[type=submit]")
+    assert "on its way" in page.locator("#recover-sent").inner_text()
+    (mail,) = mailoutbox
+    assert f"/order/t/{order.tracking_token}/" in mail.body

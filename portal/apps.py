@@ -1,8 +1,9 @@
-"""The portal app: its system checks, and the rental advisor campaigns asks."""
+"""The portal app: its system checks, its staff group, and the rental advisor campaigns asks."""
 
 from __future__ import annotations
 
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
 
 
 class PortalConfig(AppConfig):
@@ -12,6 +13,10 @@ class PortalConfig(AppConfig):
         from campaigns.profiles.advice import advisor_register
         from portal import checks  # noqa: F401  (registers the system checks)
         from portal.advice import PortalAdvisor
+        from portal.staff_group import staff_group_sync
+
+        # After auth's own handler has created this app's permissions.
+        post_migrate.connect(staff_group_sync, sender=self, dispatch_uid="portal-staff-group")
 
         # Estimates and the profile page (campaigns) price plans through this;
         # every process that loads Django loads portal, so each has it.

@@ -2,7 +2,8 @@
 
 django-ratelimit reads RATELIMIT_IP_META_KEY (portal/settings.py): a request
 header such as HTTP_X_REAL_IP, or the dotted path of a function taking the
-request, such as `forwarded_for` below.
+request, such as `forwarded_for` below. django-axes (login lockouts) asks
+`client_ip`, which reads the same setting, so both count the same client.
 """
 
 from __future__ import annotations
@@ -12,6 +13,23 @@ import ipaddress
 
 from django.conf import settings
 from django.http import HttpRequest
+from django.utils.module_loading import import_string
+
+
+def client_ip(request: HttpRequest) -> str:
+    """The client's address as RATELIMIT_IP_META_KEY says to read it.
+
+    Unset: REMOTE_ADDR; a request.META key: that header; a dotted path: what
+    that function answers. A header the proxy did not set (a request that
+    bypassed it) falls back on REMOTE_ADDR here: a login is refused or
+    allowed by the lockout, never crashed.
+    """
+    key = getattr(settings, "RATELIMIT_IP_META_KEY", None)
+    if key and "." in key:
+        return import_string(key)(request)
+    if key and key != "REMOTE_ADDR" and request.META.get(key):
+        return request.META[key]
+    return request.META.get("REMOTE_ADDR", "")
 
 
 def forwarded_for(request: HttpRequest) -> str:

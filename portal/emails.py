@@ -38,7 +38,11 @@ def send_order_email(*, order_id: int, kind: str) -> bool:
     order = Order.objects.filter(pk=order_id).select_related("gpu", "currency").first()
     if order is None or kind not in SUBJECTS:
         return False  # payment_notified is answered by the "notice" mail
+    # A move's e-mail carries the note of the event that made it (a rejection's
+    # reason, say): the page's explanation promises it ("the note below").
+    event = order.events.filter(to_status=kind).last() if kind in Status.values else None
     context = {
+        "note": event.note if event is not None else "",
         "order": order,
         "kind": kind,
         "status_label": order.get_status_display(),
@@ -54,5 +58,39 @@ def send_order_email(*, order_id: int, kind: str) -> bool:
         )
     except Exception:  # noqa: BLE001 — logged by reference only: no address in logs
         log.exception("order %s: %s e-mail not sent", order.reference, kind)
+        return False
+    return True
+
+
+# The most recent orders a recovery e-mail lists: enough for any customer, and
+# a bounded e-mail whatever one address ordered.
+RECOVERY_MAX_ORDERS = 20
+
+
+def send_tracking_links(*, email: str) -> bool:
+    """The tracking links of the orders placed with `email`, to that address only.
+
+    Nothing is sent when no order uses it: the page the visitor sees is the
+    same either way (portal/recovery_views.py).
+    """
+    from portal.models import Order
+
+    orders = list(
+        Order.objects.filter(email__iexact=email)
+        .select_related("gpu")
+        .order_by("-created_at")[:RECOVERY_MAX_ORDERS]
+    )
+    if not orders:
+        return False
+    links = [(order, tracking_url(order)) for order in orders]
+    try:
+        send_mail(
+            "Your BriefGPU order links",
+            render_to_string("orders/email/recover.txt", {"links": links}),
+            None,
+            [orders[0].email],
+        )
+    except Exception:  # noqa: BLE001 — no address in logs
+        log.exception("tracking links e-mail not sent (%d order(s))", len(orders))
         return False
     return True

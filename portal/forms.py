@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 from django import forms
 
 from portal.models import CryptoCurrency, Environment, GpuModel, RentalDuration
 from portal.pricing import cards_available
 
 MAX_CARDS = 16
+
+
+def quantity_refusal(*, gpu: GpuModel, quantity: int, free: int) -> tuple[str, str] | None:
+    """Why `quantity` cards of `gpu` cannot be ordered now, as (field, message), or None.
+
+    The live total and the submitted form both say it, with the same words.
+    """
+    if quantity < 1:
+        return "quantity", "Choose at least one card."
+    if free == 0:
+        return "gpu", f"{gpu.name} is out of stock. Choose another card."
+    if quantity > free:
+        return "quantity", f"Only {free} {gpu.name} card(s) are free; choose {free} or fewer."
+    if quantity > MAX_CARDS:
+        return "quantity", f"At most {MAX_CARDS} cards per order; choose {MAX_CARDS} or fewer."
+    return None
 
 
 class GpuChoiceField(forms.ModelChoiceField):
@@ -25,6 +43,20 @@ class DurationChoiceField(forms.ModelChoiceField):
         return f"{duration.days} days — {duration.purpose}"
 
 
+# Long enough for real names; short enough that a name field is no place for a message.
+NAME_MAX = 60
+
+
+def single_line(value: str) -> None:
+    """A name is one line of visible text: no line breaks, tabs or control and
+    format characters (a header or a second paragraph smuggled into an e-mail,
+    text hidden or reversed by a direction mark)."""
+    if any(unicodedata.category(ch)[0] == "C" or ch in "\u2028\u2029" for ch in value):
+        raise forms.ValidationError(
+            "Use one line of plain text: no line breaks or control characters."
+        )
+
+
 class OrderForm(forms.Form):
     gpu = GpuChoiceField(queryset=GpuModel.objects.none(), label="GPU model", empty_label=None)
     quantity = forms.IntegerField(
@@ -40,8 +72,8 @@ class OrderForm(forms.Form):
         empty_label=None,
         label="Software environment",
     )
-    first_name = forms.CharField(max_length=100)
-    last_name = forms.CharField(max_length=100)
+    first_name = forms.CharField(max_length=NAME_MAX, validators=[single_line])
+    last_name = forms.CharField(max_length=NAME_MAX, validators=[single_line])
     email = forms.EmailField(help_text="the order's contact: payment instructions and updates")
     currency = forms.ModelChoiceField(
         queryset=CryptoCurrency.objects.filter(active=True),
@@ -65,13 +97,9 @@ class OrderForm(forms.Form):
         cleaned = super().clean()
         gpu, quantity = cleaned.get("gpu"), cleaned.get("quantity")
         if gpu is not None and quantity is not None:
-            free = self.free.get(gpu.pk, 0)
-            if free == 0:
-                self.add_error("gpu", f"{gpu.name} is out of stock. Choose another card.")
-            elif quantity > free:
-                self.add_error(
-                    "quantity", f"Only {free} {gpu.name} card(s) are free; choose {free} or fewer."
-                )
+            refusal = quantity_refusal(gpu=gpu, quantity=quantity, free=self.free.get(gpu.pk, 0))
+            if refusal is not None:
+                self.add_error(*refusal)
         return cleaned
 
 
@@ -107,5 +135,10 @@ class StaffActionForm(forms.Form):
         ("provisioned", "Mark provisioned (rental starts now)"),
     )
     action = forms.ChoiceField(choices=ACTIONS)
-    note = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), max_length=2000)
+    # Goes on the customer's timeline and into their e-mail as written.
+    note = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 2}),
+        max_length=2000,
+        label="Note to the customer (shown to the customer, word for word)",
+    )
     overpaid = forms.BooleanField(required=False, label="more than the quote arrived")

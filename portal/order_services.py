@@ -331,7 +331,13 @@ def order_record_notice(
                 actor=CUSTOMER,
                 note=note,
             )
-        transaction.on_commit(lambda: emails.send_order_email(order_id=locked.pk, kind="notice"))
+        # Each press with a new transaction id is a notice; only the first few
+        # are answered by e-mail, so "I paid" cannot mail the address on file
+        # again and again.
+        if locked.notices.count() <= settings.ORDER_NOTICE_EMAILS_MAX:
+            transaction.on_commit(
+                lambda: emails.send_order_email(order_id=locked.pk, kind="notice")
+            )
     order.refresh_from_db()
     return NoticeResult(notice, created=True)
 

@@ -1,10 +1,11 @@
 from django.urls import path
 
-from portal import order_views, staff_views, webhook_views
+from portal import order_views, recovery_views, staff_views, webhook_views
 
 urlpatterns = [
     path("", order_views.order_new, name="order_new"),
     path("price/", order_views.order_price, name="order_price"),
+    path("recover/", recovery_views.order_recover, name="order_recover"),
     path("t/<str:token>/", order_views.order_track, name="order_track"),
     path("t/<str:token>/paid/", order_views.order_paid, name="order_paid"),
     path("t/<str:token>/dossier.zip", order_views.order_dossier, name="order_dossier"),

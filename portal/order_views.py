@@ -9,18 +9,21 @@ from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.safestring import mark_safe
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseStopPolling
+from django_ratelimit.core import is_ratelimited
 from django_ratelimit.decorators import ratelimit
+from django_ratelimit.exceptions import Ratelimited
 
 from campaigns.models import Profile
 from campaigns.selectors import campaigns_for_user
 from portal import order_services
 from portal.dossier import dossier_open
-from portal.forms import NoticeForm, OrderForm
+from portal.forms import NoticeForm, OrderForm, quantity_refusal
 from portal.models import GpuModel, Order, RentalDuration
 from portal.order_states import ACCEPTS_NOTICE, EXPLANATION, Status, TransitionRefused
-from portal.pricing import QuoteRefused, plan_price
+from portal.pricing import QuoteRefused, cards_available, plan_price
 
 FINAL = {Status.COMPLETED, Status.REJECTED}
 
@@ -49,22 +52,34 @@ def _order_by_token(token: str) -> Order:
     return order
 
 
+# What the live price reads; nothing else of the form travels to /order/price/.
+PLAN_FIELDS = ("gpu", "quantity", "duration", "environment")
+
+
 def _price_preview(data) -> dict:
-    """What the summary shows for the current choices; nothing here is trusted later."""
+    """What the summary shows for the current choices; nothing here is trusted later.
+
+    The total is always that of the quantity typed; a quantity that cannot be
+    ordered (more than are free, more than an order takes) shows the reason
+    instead of a total.
+    """
     try:
         gpu = GpuModel.objects.get(pk=int(data.get("gpu", "")), active=True)
         duration = RentalDuration.objects.get(pk=int(data.get("duration", "")), active=True)
-        quantity = max(1, min(int(data.get("quantity", "1")), 16))
+        quantity = int(data.get("quantity", "1"))
     except (ValueError, GpuModel.DoesNotExist, RentalDuration.DoesNotExist):
         return {}
-    price = plan_price(gpu=gpu, quantity=quantity, days=duration.days)
-    return {
+    preview = {
         "gpu": gpu,
         "duration": duration,
         "quantity": quantity,
-        "total": price.total,
         "fiat": settings.FIAT_CURRENCY,
     }
+    refusal = quantity_refusal(gpu=gpu, quantity=quantity, free=cards_available(gpu=gpu))
+    if refusal is not None:
+        return {**preview, "refusal": refusal[1]}
+    price = plan_price(gpu=gpu, quantity=quantity, days=duration.days)
+    return {**preview, "total": price.total}
 
 
 def _campaign_for(request: HttpRequest):
@@ -94,11 +109,22 @@ def _min_memory(request: HttpRequest) -> int | None:
     return value if 0 < value < 1000 else None
 
 
-@ratelimit(key="ip", rate=_create_rate, method="POST", block=True)
 def order_new(request: HttpRequest) -> HttpResponse:
-    if request.method == "POST":
+    if request.method == "POST" and "update_price" in request.POST:
+        # "Update price" (shown without JavaScript): the same page with the
+        # summary of the posted choices; nothing is validated or ordered.
+        posted = {k: v for k, v in request.POST.items() if k in OrderForm.base_fields}
+        form = OrderForm(initial=posted)
+        preview = _price_preview(request.POST)
+    elif request.method == "POST":
         form = OrderForm(request.POST)
         if form.is_valid():
+            # Only a submission that could order counts toward the limit: a
+            # form sent back with an error (a typo, a card just sold out) does not.
+            if is_ratelimited(
+                request, group="order_create", key="ip", rate=_create_rate, increment=True
+            ):
+                raise Ratelimited()
             data = form.cleaned_data
             plan = order_services.Plan(
                 gpu=data["gpu"],
@@ -155,6 +181,10 @@ def order_price(request: HttpRequest) -> HttpResponse:
     return render(request, "orders/order_new.html#price", {"preview": _price_preview(request.GET)})
 
 
+# The tracking page and the dossier carry the customer's order behind its
+# token: `Cache-Control: private, no-store` (never_cache) keeps them out of
+# shared caches and off the disk of the browser's own.
+@never_cache
 def order_track(request: HttpRequest, token: str) -> HttpResponse:
     order = _order_by_token(token)
     context = {
@@ -213,6 +243,7 @@ def order_paid(request: HttpRequest, token: str) -> HttpResponse:
     return redirect("order_track", token=token)
 
 
+@never_cache
 @ratelimit(key="ip", rate=_dossier_rate, method="GET", block=True)
 def order_dossier(request: HttpRequest, token: str) -> HttpResponse:
     order = _order_by_token(token)

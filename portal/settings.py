@@ -7,6 +7,7 @@ CELERY_BROKER_URL and OUTPUT_ROOT for the distributed setup (docs/deployment.md)
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import environ
@@ -45,6 +46,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "django_ratelimit",
+    "axes",
     "portal",
     "campaigns",
 ]
@@ -63,6 +65,15 @@ MIDDLEWARE = [
     # A database outage answers a readable 503, not a traceback.
     "portal.health.DatabaseUnavailableMiddleware",
     "csp.middleware.CSPMiddleware",
+    # Answers a locked-out login (site or admin) with AXES_LOCKOUT_TEMPLATE; last, as axes asks.
+    "axes.middleware.AxesMiddleware",
+]
+
+# django-axes first: it refuses a locked-out username and address before the
+# password is even checked, then the ordinary model backend.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 
 # Content Security Policy, in development too so a violation shows up before
@@ -266,6 +277,11 @@ STAFF_ALERT_EMAILS = env.list("STAFF_ALERT_EMAILS", default=[])
 ORDER_CREATE_RATE = env.str("ORDER_CREATE_RATE", default="10/h")
 ORDER_NOTICE_RATE = env.str("ORDER_NOTICE_RATE", default="20/h")
 ORDER_DOSSIER_RATE = env.str("ORDER_DOSSIER_RATE", default="30/h")
+# The lost-link page: submissions per client address, e-mails per e-mail address.
+ORDER_RECOVER_RATE = env.str("ORDER_RECOVER_RATE", default="10/h")
+ORDER_RECOVER_EMAIL_RATE = env.str("ORDER_RECOVER_EMAIL_RATE", default="3/d")
+# "I paid" notices of one order answered by e-mail; later ones are recorded, not mailed.
+ORDER_NOTICE_EMAILS_MAX = env.int("ORDER_NOTICE_EMAILS_MAX", default=3)
 
 
 def _ip_meta_key(value: str) -> str | None:
@@ -290,6 +306,26 @@ RATELIMIT_IP_META_KEY = _ip_meta_key(env.str("RATELIMIT_IP_META_KEY", default=""
 RATELIMIT_TRUSTED_PROXIES = env.int("RATELIMIT_TRUSTED_PROXIES", default=1)
 if RATELIMIT_TRUSTED_PROXIES < 1:
     raise ImproperlyConfigured("RATELIMIT_TRUSTED_PROXIES counts proxies: 1 or more.")
+
+# --- Login throttling (django-axes), on the site's and the admin's login ------
+# LOGIN_FAILURE_LIMIT wrong passwords for one username from one client address
+# lock that pair out for LOGIN_COOLOFF_MINUTES (the right password included);
+# another address, or another username, is not affected. Failures are kept in
+# the database (AccessAttempt); `manage.py axes_reset` lifts every lockout.
+AXES_FAILURE_LIMIT = env.int("LOGIN_FAILURE_LIMIT", default=5)
+LOGIN_COOLOFF_MINUTES = env.int("LOGIN_COOLOFF_MINUTES", default=30)
+AXES_COOLOFF_TIME = timedelta(minutes=LOGIN_COOLOFF_MINUTES)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+# The same client address as the rate limits (RATELIMIT_IP_META_KEY above).
+AXES_CLIENT_IP_CALLABLE = "portal.client_ip.client_ip"
+# Log lines name the username, address and path of a failure (what locks), not
+# the user agent, and no start-up banner in every process's log.
+AXES_VERBOSE = False
+if AXES_FAILURE_LIMIT < 1 or LOGIN_COOLOFF_MINUTES < 1:
+    raise ImproperlyConfigured("LOGIN_FAILURE_LIMIT and LOGIN_COOLOFF_MINUTES: 1 or more.")
+
 # Order dossiers are kept here, regenerated when the order changes.
 DOSSIER_ROOT = _path(env.str("DOSSIER_ROOT", default=str(VAR_DIR / "dossiers")))
 
@@ -315,8 +351,14 @@ DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="BriefGPU <orders@bri
 # embedded runserver); with several web processes set CACHE_URL to Redis.
 CACHES = {"default": env.cache_url("CACHE_URL", default="locmemcache://")}
 RATELIMIT_VIEW = "portal.order_views.rate_limited"
-if CACHES["default"]["BACKEND"].endswith("LocMemCache"):
-    SILENCED_SYSTEM_CHECKS = ["django_ratelimit.E003", "django_ratelimit.W001"]
+# Checks silenced on purpose, comma-separated: e.g. a production server that
+# runs one single web process may silence django_ratelimit.E003 below.
+SILENCED_SYSTEM_CHECKS = env.list("SILENCED_SYSTEM_CHECKS", default=[])
+if DEBUG and CACHES["default"]["BACKEND"].endswith("LocMemCache"):
+    # One process in development: its own cache is the shared one. In production
+    # (gunicorn's several workers) django-ratelimit's E003 stays on: each worker
+    # would count alone, multiplying every limit (docs/deployment.md).
+    SILENCED_SYSTEM_CHECKS += ["django_ratelimit.E003", "django_ratelimit.W001"]
 
 # --- Celery -----------------------------------------------------------------
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://localhost/")

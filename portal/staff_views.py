@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
+from django.contrib.auth.decorators import permission_required
 from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -13,6 +14,7 @@ from portal import order_services, payment_addresses
 from portal.forms import StaffActionForm
 from portal.models import Order
 from portal.order_states import ALLOWED, Status, TransitionRefused
+from portal.staff_group import VERIFY_ACT, VERIFY_VIEW
 
 # Which action moves an order where; the state table says whether it may.
 ACTION_TARGET = {
@@ -29,7 +31,10 @@ def _orders():
     return Order.objects.select_related("gpu", "currency").annotate(notice_count=Count("notices"))
 
 
+# A staff account logs in; its permissions (the "Order staff" group,
+# portal/staff_group.py) decide whether it may look and whether it may act.
 @staff_member_required
+@permission_required(VERIFY_VIEW, raise_exception=True)
 def staff_queue(request: HttpRequest) -> HttpResponse:
     # Notified first (a customer is waiting), then expired orders that still
     # got a notice (paid late?), then what the processor saw or found short.
@@ -64,10 +69,13 @@ def staff_queue(request: HttpRequest) -> HttpResponse:
 
 
 @staff_member_required
+@permission_required(VERIFY_VIEW, raise_exception=True)
 def staff_order(request: HttpRequest, pk: int) -> HttpResponse:
     order = get_object_or_404(_orders(), pk=pk)
     allowed = ALLOWED.get(order.status, frozenset())
     actions = [(k, label) for k, label in StaffActionForm.ACTIONS if ACTION_TARGET[k] in allowed]
+    if not request.user.has_perm(VERIFY_ACT):
+        actions = []  # may look, not act: the action would answer 403
     context = {
         "order": order,
         "events": order.events.all(),
@@ -79,6 +87,7 @@ def staff_order(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @staff_member_required
+@permission_required(VERIFY_ACT, raise_exception=True)
 @require_POST
 def staff_order_action(request: HttpRequest, pk: int) -> HttpResponse:
     order = get_object_or_404(Order, pk=pk)

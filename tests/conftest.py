@@ -48,7 +48,13 @@ def outsider(db):
 
 @pytest.fixture
 def staff(db):
-    return UserFactory(username="staff", is_staff=True)
+    """A staff account in the staff group: `is_staff` alone may not verify payments."""
+    from portal.staff_group import staff_group_sync
+
+    user = UserFactory(username="staff", is_staff=True)
+    # The group comes with migrate; a transactional test's flush may have taken it.
+    user.groups.add(staff_group_sync())
+    return user
 
 
 @pytest.fixture
@@ -199,3 +205,17 @@ def _fresh_rate_limits():
     from django.core.cache import cache
 
     cache.clear()
+
+
+@pytest.fixture(autouse=True)
+def _no_login_lockouts(request):
+    """Failed logins (django-axes) are database rows: a test that has the database
+    starts with none, so one test's wrong passwords never lock out another's user
+    (a rolled-back transaction or a flush clears them too; this does not depend on it)."""
+    for name in ("transactional_db", "db"):
+        if name in request.fixturenames:
+            request.getfixturevalue(name)
+            from axes.models import AccessAttempt
+
+            AccessAttempt.objects.all().delete()  # axes.utils.reset() less its log line
+            return

@@ -217,6 +217,8 @@ def test_pages_say_503_while_postgresql_restarts_and_the_worker_finishes_after(
         "DEBUG": "false",
         "SECRET_KEY": "test-only-key-" + "x" * 40,
         "SECURE_SSL_REDIRECT": "false",
+        # One web process here: its own cache is the shared one.
+        "SILENCED_SYSTEM_CHECKS": "django_ratelimit.E003,django_ratelimit.W001",
     }
     _manage(env, "migrate", "--verbosity", "0")
     session = _manage(env, "shell", "-c", SETUP.format(corpus=str(tmp_path / "images")))

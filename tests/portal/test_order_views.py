@@ -209,6 +209,8 @@ def test_with_x_real_ip_configured_two_clients_have_their_own_limits(
 ):
     settings.ORDER_CREATE_RATE = "2/m"
     settings.RATELIMIT_IP_META_KEY = "HTTP_X_REAL_IP"
+    # Cards for every order: a sold-out refusal would not count toward the limit.
+    GpuModel.objects.filter(name="L40S").update(stock=10)
     first, second = {"HTTP_X_REAL_IP": "203.0.113.7"}, {"HTTP_X_REAL_IP": "198.51.100.9"}
     assert [_create_from(client, first) for _ in range(2)] == [302, 302]
     assert _create_from(client, first) == 429

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from django.apps import apps
+from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from campaigns.models import Campaign
 from campaigns.runs import setup, start
@@ -29,8 +30,23 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--no-run", action="store_true", help="do not enqueue the units")
+        parser.add_argument(
+            "--force",
+            action="store_true",
+            help="run with DEBUG off too (fake payment addresses and public passwords)",
+        )
 
-    def handle(self, *args, no_run: bool, **options):
+    def handle(self, *args, no_run: bool, force: bool = False, **options):
+        if not settings.DEBUG and not force:
+            # DEBUG off is how production runs: the demo would put placeholder
+            # payment addresses, demo rates and accounts whose passwords are
+            # printed in the README into a database real customers use.
+            raise CommandError(
+                "DEBUG is off: this looks like production, and the demo would add fake "
+                "payment addresses, demo rates and the accounts demo / staff with public "
+                "passwords. Nothing was changed. Run it on a development database, or "
+                "pass --force if this one is a throwaway."
+            )
         User = get_user_model()
         user = User.objects.filter(username=DEMO_USER).first()
         if user is None:
@@ -64,10 +80,16 @@ class Command(BaseCommand):
         from django.utils import timezone
 
         from portal.models import CryptoCurrency, ExchangeRate, PaymentAddress
+        from portal.staff_group import staff_group_sync
 
         staff = User.objects.filter(username=DEMO_STAFF).first()
         if staff is None:
-            User.objects.create_user(DEMO_STAFF, password=DEMO_STAFF_PASSWORD, is_staff=True)
+            staff = User.objects.create_user(
+                DEMO_STAFF, password=DEMO_STAFF_PASSWORD, is_staff=True
+            )
+        # The documented staff tasks (verification, rates, addresses) need the
+        # group's permissions: `is_staff` alone gets 403 on those admin pages.
+        staff.groups.add(staff_group_sync())
         now = timezone.now()
         for currency in CryptoCurrency.objects.filter(code__in=DEMO_RATES):
             ExchangeRate.objects.create(

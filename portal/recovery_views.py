@@ -1,0 +1,54 @@
+"""A lost tracking link, sent again: to the order's own address, never on screen.
+
+The page answers the same words whether or not any order uses the address, so
+it tells a visitor nothing about who ordered. Per client address the form is
+rate-limited (ORDER_RECOVER_RATE, a 429 page); per e-mail address the links are
+mailed at most ORDER_RECOVER_EMAIL_RATE times (beyond it the same answer, and no
+e-mail), so the page cannot be turned on someone's mailbox.
+"""
+
+from __future__ import annotations
+
+from django import forms
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django_ratelimit.core import is_ratelimited
+from django_ratelimit.exceptions import Ratelimited
+
+from portal import emails
+
+
+class RecoverForm(forms.Form):
+    email = forms.EmailField(label="E-mail address you ordered with")
+
+
+def _client_rate(group, request) -> str:
+    return settings.ORDER_RECOVER_RATE
+
+
+def _address_rate(group, request) -> str:
+    return settings.ORDER_RECOVER_EMAIL_RATE
+
+
+def order_recover(request: HttpRequest) -> HttpResponse:
+    form = RecoverForm(request.POST or None)
+    sent = False
+    if request.method == "POST":
+        if is_ratelimited(
+            request, group="order_recover", key="ip", rate=_client_rate, increment=True
+        ):
+            raise Ratelimited()
+        if form.is_valid():
+            address = form.cleaned_data["email"].strip().lower()
+            if not is_ratelimited(
+                request,
+                group="order_recover_address",
+                key=lambda _group, _request: address,
+                rate=_address_rate,
+                increment=True,
+            ):
+                emails.send_tracking_links(email=address)
+            sent = True
+            form = RecoverForm()
+    return render(request, "orders/order_recover.html", {"form": form, "sent": sent})

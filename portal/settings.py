@@ -377,8 +377,23 @@ BEAT_IN_PROCESS = frozenset(
 if CELERY_BROKER_URL.startswith("redis"):
     # Redis redelivers an unacknowledged message only after this; it must
     # outlast the longest batch or a healthy batch would run twice.
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": BATCH_TIME_LIMIT * 2}
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": BATCH_TIME_LIMIT * 2,
+        # redis-py waits on a connect as long as the OS does (minutes) without it.
+        "socket_connect_timeout": 3,
+    }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A broker that does not answer holds Run and Resume a few seconds, not a web
+# server's timeout: three tries a second or so apart, each connection attempt
+# cut at 3 s. campaigns/runs/start.py then says so and leaves the batches
+# queued in the database for the lost-message sweep.
+CELERY_BROKER_CONNECTION_TIMEOUT = 3.0
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 2,
+    "interval_start": 0,
+    "interval_step": 0.5,
+    "interval_max": 1,
+}
 # What the RabbitMQ server's consumer_timeout is set to (its default: 30 min);
 # check portal.E003 refuses a batch time limit it cannot hold.
 RABBITMQ_CONSUMER_TIMEOUT_MS = env.int("RABBITMQ_CONSUMER_TIMEOUT_MS", default=1_800_000)

@@ -118,6 +118,9 @@ def nothing_queued_reason(*, campaign: Campaign) -> str:
     reads it: no pending unit left, or pending units held by the checkpoint."""
     held = pending_held(campaign=campaign)
     if held is None:
+        counts = selectors.campaign_counts(campaign=campaign)
+        if unwritten := selectors.output_write_errors(counts):
+            return f"Nothing pending to run, but {selectors.write_failed_detail(unwritten)}."
         return "Nothing to run: no pending units."
     if held.checkpoint_version is not None:
         return (

@@ -33,9 +33,7 @@ def _queued(campaign) -> list[int]:
     )
 
 
-def test_run_and_resume_with_the_broker_down_say_so_and_keep_the_work(
-    client, owner, make_campaign
-):
+def test_run_and_resume_with_the_broker_down_say_so_and_keep_the_work(client, owner, make_campaign):
     campaign = make_campaign("offline")
     client.force_login(owner)
     with use_broker(_closed_port_broker()):

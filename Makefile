@@ -37,9 +37,10 @@ run: install
 		--without-heartbeat --loglevel INFO & worker=$$!; \
 	$(MANAGE) runserver $(HOST):$(PORT)
 
-# One worker with the embedded beat (the lease sweeper), on both queues (`gpu`
-# batches, `portal` order sweeps); on several nodes run `celery -A portal beat`
-# once instead (docs/architecture.md) and a `-Q portal` worker (docs/deployment.md).
+# One worker with the embedded beat (a process of its own that runs the lease
+# sweeps itself, portal/beat.py), on both queues (`gpu` batches, `portal` order
+# sweeps and planning); on several nodes run `celery -A portal beat` once instead
+# (docs/architecture.md) and a `-Q portal` worker (docs/deployment.md).
 worker: install
 	$(BIN)/celery -A portal worker -Q gpu,portal -c 1 --beat --without-gossip --without-mingle \
 		--without-heartbeat --loglevel INFO

@@ -177,11 +177,13 @@ def run_state(*, campaign: Campaign, counts: Counts, checkpoint: Checkpoint | No
         number = campaign.current_version.number if campaign.current_version else "?"
         if checkpoint.state == Checkpoint.State.PENDING:
             held = f"{units} wait for it" if counts.pending else "every unit is processed"
+            unwritten = output_write_errors(counts)
             return RunState(
                 "checkpoint",
                 f"Waiting at checkpoint {checkpoint.pk} (v{number})",
                 f"{held}: review its spot check and pass or fail it "
-                f"(on its page, or campaign checkpoint {campaign.name} pass|fail)",
+                f"(on its page, or campaign checkpoint {campaign.name} pass|fail)"
+                + (f"; {write_failed_detail(unwritten)}" if unwritten else ""),
                 checkpoint.pk,
             )
         return RunState(
@@ -193,11 +195,31 @@ def run_state(*, campaign: Campaign, counts: Counts, checkpoint: Checkpoint | No
     if counts.pending and campaign.paused_at is not None:
         since = campaign.paused_at.strftime("%Y-%m-%d %H:%M")
         return RunState("paused", "Paused", f"since {since}: {units} to do; Resume goes on")
+    if unwritten := output_write_errors(counts):
+        # Not "done": these units' inputs are fine, only their outputs could
+        # not be written, and Resume does them again (campaigns/runs/control.py).
+        also = f"; {units} to do besides" if counts.pending else ""
+        return RunState(
+            "write_failed", "Outputs not written", write_failed_detail(unwritten) + also
+        )
     if counts.pending:
         return RunState("idle", "Idle", f"{units} to do")
     if counts.total:
         return RunState("done", "Done", "nothing left to run")
     return RunState("empty", "No units", "import inputs to run")
+
+
+def output_write_errors(counts: Counts) -> int:
+    """Units whose output could not be written (disk full, not writable)."""
+    return counts.by_error.get(ErrorClass.OUTPUT_WRITE_ERROR, 0)
+
+
+def write_failed_detail(unwritten: int) -> str:
+    return (
+        f"{_units(unwritten)} failed to write {'its' if unwritten == 1 else 'their'} output "
+        "(disk full or not writable): free space or fix the output folder's permissions, "
+        "then Resume redoes them"
+    )
 
 
 def campaign_run_state(*, campaign_id: int, counts: Counts) -> RunState:

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
+import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from celery import shared_task, signals
 from celery.exceptions import Reject
@@ -72,6 +76,69 @@ def _finish_handed_off_batches(**_) -> None:
     under way is stopped: its batch was not claimed, another worker runs it."""
     prefetch.drop()
     finisher.drain()
+
+
+# A pool child that had a SIGTERM while busy leaves this long after its last
+# task, unless the parent's shutdown ends it first (the usual way): without a
+# parent that sends it no more work (a cold shutdown), nothing else would.
+SIGTERM_LEAVE_AFTER_SECONDS = 3.0
+
+
+class _GroupSigterm:
+    """SIGTERM in a prefork pool child: the batch under way is finished first.
+
+    systemd's default KillMode=control-group, `kill -TERM -PGID` and
+    Kubernetes send SIGTERM to every process of the worker at once. The main
+    process starts its warm shutdown and waits for the running task, but the
+    pool child used to die at once (WorkerLostError), its batch left to the
+    lease. Here a busy child notes the signal and goes on; the warm shutdown
+    ends it once the task is done, after the batches it handed off are
+    recorded (_finish_handed_off_batches). An idle child leaves at once
+    through billiard's own handler, as before.
+
+    The handler goes in at the child's first task: billiard replaces any
+    handler but SIG_IGN after worker_process_init, and a child that ignored
+    SIGTERM would never leave a cold shutdown (billiard stops children with it).
+    """
+
+    def __init__(self) -> None:
+        self.pool_child = self.busy = self.asked = False
+        self.previous: Any = None
+
+    def child_started(self, **_) -> None:
+        self.pool_child, self.busy, self.asked, self.previous = True, False, False, None
+
+    def task_started(self, **_) -> None:
+        self.busy = True
+        if self.pool_child and self.previous is None:
+            self.previous = signal.signal(signal.SIGTERM, self.on_sigterm)
+
+    def on_sigterm(self, signum, frame) -> None:
+        self.asked = True
+        if self.busy:
+            log.warning("SIGTERM: this worker process finishes its batch first")
+            return
+        _finish_handed_off_batches()
+        signal.signal(signal.SIGTERM, self.previous or signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def task_ended(self, **_) -> None:
+        self.busy = False
+        if self.asked:
+            timer = threading.Timer(SIGTERM_LEAVE_AFTER_SECONDS, self.leave_if_idle)
+            timer.daemon = True
+            timer.start()
+
+    def leave_if_idle(self) -> None:
+        # From the timer's thread: the handler, in the main thread, leaves.
+        if not self.busy:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+_sigterm = _GroupSigterm()
+signals.worker_process_init.connect(_sigterm.child_started, weak=False)
+signals.task_prerun.connect(_sigterm.task_started, weak=False)
+signals.task_postrun.connect(_sigterm.task_ended, weak=False)
 
 
 @signals.worker_init.connect

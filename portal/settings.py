@@ -395,7 +395,10 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_ROUTES = {"gpuworker.tasks.*": {"queue": "gpu"}}
 # Only worker processes import the task modules (and so torch).
 CELERY_IMPORTS = ["gpuworker.tasks", "campaigns.tasks"]
-CELERY_TASK_ROUTES["campaigns.tasks.*"] = {"queue": "gpu"}
+# The rest of a large run a web request started (plan_campaign) and the
+# sweeps: no torch, and never behind the batches. Beat runs the sweeps itself
+# (BEAT_IN_PROCESS); one sent by hand or at a worker's start comes here.
+CELERY_TASK_ROUTES["campaigns.tasks.*"] = {"queue": "portal"}
 CELERY_IMPORTS.append("portal.tasks")
 CELERY_IMPORTS.append("gpuworker.training_tasks")
 CELERY_TASK_ROUTES["gpuworker.training_tasks.*"] = {"queue": "gpu"}
@@ -404,11 +407,6 @@ CELERY_TASK_ROUTES["gpuworker.training_tasks.*"] = {"queue": "gpu"}
 # job at a time. A small `celery worker -Q portal` serves it (docs/deployment.md);
 # the development worker (`make run`) consumes both.
 CELERY_TASK_ROUTES["portal.tasks.*"] = {"queue": "portal"}
-# The rest of a large run a web request started: planning, no torch, and not
-# behind the batches it sends.
-CELERY_TASK_ROUTES["campaigns.tasks.plan_campaign"] = {"queue": "portal"}
-# A sweep of the database only: not behind a long batch on a busy GPU worker.
-CELERY_TASK_ROUTES["campaigns.tasks.fail_stale_profiles"] = {"queue": "portal"}
 # Run with `celery worker -B` (embedded default) or a separate `celery beat`.
 CELERY_BEAT_SCHEDULE = {
     "requeue-expired-leases": {
@@ -427,11 +425,38 @@ CELERY_BEAT_SCHEDULE = {
     "rental-end-sweep": {"task": "portal.tasks.rental_end_sweep", "schedule": 300.0},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# Beat calls these sweeps itself on its tick rather than sending them
+# (portal/beat.py): a message would wait behind the queued work, and a batch
+# whose worker died would stay "running" until the queue drained. They touch
+# the database only.
+CELERY_BEAT_SCHEDULER = "portal.beat:SweepScheduler"
+BEAT_IN_PROCESS = frozenset(
+    {
+        "campaigns.tasks.requeue_expired_batches",
+        "campaigns.tasks.requeue_stale_trainings",
+        "campaigns.tasks.fail_stale_profiles",
+    }
+)
 if CELERY_BROKER_URL.startswith("redis"):
     # Redis redelivers an unacknowledged message only after this; it must
     # outlast the longest batch or a healthy batch would run twice.
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": BATCH_TIME_LIMIT * 2}
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": BATCH_TIME_LIMIT * 2,
+        # redis-py waits on a connect as long as the OS does (minutes) without it.
+        "socket_connect_timeout": 3,
+    }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A broker that does not answer holds Run and Resume a few seconds, not a web
+# server's timeout: three tries a second or so apart, each connection attempt
+# cut at 3 s. campaigns/runs/start.py then says so and leaves the batches
+# queued in the database for the lost-message sweep.
+CELERY_BROKER_CONNECTION_TIMEOUT = 3.0
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 2,
+    "interval_start": 0,
+    "interval_step": 0.5,
+    "interval_max": 1,
+}
 # What the RabbitMQ server's consumer_timeout is set to (its default: 30 min);
 # check portal.E003 refuses a batch time limit it cannot hold.
 RABBITMQ_CONSUMER_TIMEOUT_MS = env.int("RABBITMQ_CONSUMER_TIMEOUT_MS", default=1_800_000)

@@ -50,7 +50,7 @@ def purge_queue(broker_url: str | None = None) -> None:
 def broker_transport_options(url: str) -> dict:
     """What portal/settings.py gives a worker on this broker, for this process."""
     if url.startswith("redis"):
-        return {"visibility_timeout": settings.BATCH_TIME_LIMIT * 2}
+        return {"visibility_timeout": settings.BATCH_TIME_LIMIT * 2, "socket_connect_timeout": 3}
     if url.startswith("filesystem"):
         return dict(settings.CELERY_BROKER_TRANSPORT_OPTIONS)
     return {}

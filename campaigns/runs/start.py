@@ -5,7 +5,10 @@ commits. Also the send itself, which resume and the lease sweeps use too."""
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from celery import current_app as celery_app
@@ -13,6 +16,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
+from kombu.exceptions import OperationalError as KombuOperationalError
 
 from campaigns import selectors
 from campaigns.db.unit_claims import units_claim
@@ -22,6 +26,8 @@ from campaigns.review.queue import run_allowance, units_runnable
 from campaigns.runs.batching import batch_policy, plan_batches
 from campaigns.runs.costs import measure_costs
 from campaigns.specs.processors import get_spec
+
+log = logging.getLogger(__name__)
 
 #: The task that runs one batch (gpuworker/tasks.py), sent by name.
 RUN_BATCH_TASK = "gpuworker.tasks.run_batch"
@@ -71,8 +77,15 @@ def campaign_start(*, campaign: Campaign) -> tuple[int, bool]:
     batches, more = _run(campaign, slices=1, since=since)
     if more:
         args = [campaign.pk, since.isoformat()]
-        transaction.on_commit(lambda: celery_app.send_task(PLAN_TASK, args=args))
+        transaction.on_commit(lambda: _plan_rest(args))
     return batches, more
+
+
+def _plan_rest(args: list) -> None:
+    if not _send(PLAN_TASK, args):
+        outage = _outage.get()
+        assert outage is not None
+        outage.planning_unsent = True
 
 
 @dataclass(frozen=True)
@@ -105,6 +118,9 @@ def nothing_queued_reason(*, campaign: Campaign) -> str:
     reads it: no pending unit left, or pending units held by the checkpoint."""
     held = pending_held(campaign=campaign)
     if held is None:
+        counts = selectors.campaign_counts(campaign=campaign)
+        if unwritten := selectors.output_write_errors(counts):
+            return f"Nothing pending to run, but {selectors.write_failed_detail(unwritten)}."
         return "Nothing to run: no pending units."
     if held.checkpoint_version is not None:
         return (
@@ -119,11 +135,80 @@ def campaign_run_rest(*, campaign: Campaign, since: dt.datetime) -> int:
     return _run(campaign, slices=None, since=since, small_first=False)[0]
 
 
+class BrokerUnavailable(Exception):
+    """The broker did not take a message (down, unreachable, refusing)."""
+
+
+@dataclass
+class BrokerOutage:
+    """What broker_outage_noted saw: messages not sent, and why."""
+
+    unsent_batches: int = 0
+    planning_unsent: bool = False
+    error: str = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.unsent_batches or self.planning_unsent)
+
+
+_outage: ContextVar[BrokerOutage | None] = ContextVar("broker_outage", default=None)
+
+
+@contextmanager
+def broker_outage_noted() -> Iterator[BrokerOutage]:
+    """Within this block a broker that does not answer is noted, not raised:
+    the batches stay queued in the database, and the lost-message sweep
+    (campaigns/runs/leases.py, batches_resend_lost) sends them once the broker
+    answers again. Run and Resume, on the page and in the CLI, say so instead
+    of failing."""
+    outage = BrokerOutage()
+    token = _outage.set(outage)
+    try:
+        yield outage
+    finally:
+        _outage.reset(token)
+
+
+def _send(name: str, args: list) -> bool:
+    """Send a task by name; False when the broker did not take it and an
+    outage is being noted (BrokerUnavailable otherwise)."""
+    outage = _outage.get()
+    if outage is not None and outage.error:
+        return False  # known down: each further try would wait for its retries again
+    try:
+        # By name: the web process must not import gpuworker (and so torch).
+        celery_app.send_task(name, args=args)
+    except (KombuOperationalError, OSError) as exc:
+        if outage is None:
+            raise BrokerUnavailable(str(exc)) from exc
+        log.warning("broker does not answer (%s): %s %s left to the sweeper", exc, name, args)
+        outage.error = str(exc) or type(exc).__name__
+        return False
+    return True
+
+
+def broker_outage_reason(outage: BrokerOutage) -> str:
+    """What Run or Resume says when the broker did not take their messages."""
+    parts = [f"The broker does not answer ({outage.error}), so no worker was told."]
+    if outage.unsent_batches:
+        n = outage.unsent_batches
+        parts.append(
+            f"{n} batch{'es are' if n != 1 else ' is'} queued in the database and will be "
+            "sent by the sweeper (Celery beat) once the broker answers again; nothing is lost."
+        )
+    if outage.planning_unsent:
+        parts.append("The rest of the campaign stays pending: press Run again once it answers.")
+    return " ".join(parts)
+
+
 def batches_enqueue(*, batch_ids: list[int]) -> None:
     """Send one run_batch task per batch id; a worker ignores a batch it finds claimed."""
-    for batch_id in batch_ids:
-        # By name: the web process must not import gpuworker (and so torch).
-        celery_app.send_task(RUN_BATCH_TASK, args=[batch_id])
+    for index, batch_id in enumerate(batch_ids):
+        if not _send(RUN_BATCH_TASK, [batch_id]):
+            outage = _outage.get()
+            assert outage is not None
+            outage.unsent_batches += len(batch_ids) - index
+            return
 
 
 def _run(

@@ -207,8 +207,11 @@ _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 
 
 def _create_temp(path: Path) -> tuple[int, str]:
-    """A new file beside `path` that no other writer has (O_EXCL, a random name),
-    mode 0600 like mkstemp's; the folder is made when it is missing.
+    """A new file beside `path` that no other writer has (O_EXCL, a random name);
+    the folder is made when it is missing. Mode 0666 less the umask, as any
+    file the user makes (0644 under 022): mkstemp's 0600 would keep
+    `campaign verify`, a reviewer's download or a backup run as another user
+    of the group from reading the outputs.
 
     Cheaper than mkstemp plus a mkdir each time: a worker writes thousands of
     small outputs a minute (bench/RESULTS.md, "The ceiling in every row, four
@@ -216,10 +219,10 @@ def _create_temp(path: Path) -> tuple[int, str]:
     """
     tmp = f"{path.parent}/.{path.name}.{secrets.token_hex(6)}.tmp"
     try:
-        return os.open(tmp, _TEMP_FLAGS, 0o600), tmp
+        return os.open(tmp, _TEMP_FLAGS, 0o666), tmp
     except FileNotFoundError:
         path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(tmp, _TEMP_FLAGS, 0o600), tmp
+        return os.open(tmp, _TEMP_FLAGS, 0o666), tmp
 
 
 def vector_to_npy(vector: np.ndarray) -> bytes:

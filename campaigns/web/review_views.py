@@ -465,12 +465,15 @@ def checkpoint_decide(request: HttpRequest, pk: int) -> HttpResponse:
         )
         return redirect("checkpoint_detail", pk=checkpoint.pk)
     try:
-        batches, more = start.campaign_start(campaign=checkpoint.campaign)
+        with start.broker_outage_noted() as outage:
+            batches, more = start.campaign_start(campaign=checkpoint.campaign)
     except ValidationError as exc:
         messages.error(
             request, f"Checkpoint passed, but the run did not continue: {'; '.join(exc.messages)}"
         )
     else:
+        if outage:
+            messages.warning(request, start.broker_outage_reason(outage))
         messages.success(
             request,
             f"Checkpoint passed: the campaign continues, {batches} "

@@ -293,11 +293,14 @@ def campaign_run(request: HttpRequest, name: str) -> HttpResponse:
         # Its run is a training, with its own page.
         return training_views.training_start(request, name)
     try:
-        batches, more = start.campaign_start(campaign=campaign)
+        with start.broker_outage_noted() as outage:
+            batches, more = start.campaign_start(campaign=campaign)
     except ValidationError as exc:
         messages.error(request, "; ".join(exc.messages))
     else:
-        if batches:
+        if outage:
+            messages.warning(request, start.broker_outage_reason(outage))
+        elif batches:
             messages.success(
                 request,
                 f"Queued {batches} batch{'es' if batches != 1 else ''}."
@@ -402,12 +405,16 @@ def _campaign_new(request: HttpRequest, *, refused_uploads: set[str]) -> HttpRes
         )
         _say_report(request, report)
         return training_views.training_start(request, campaign.name)
-    batches, more = start.campaign_start(campaign=campaign)
+    with start.broker_outage_noted() as outage:
+        batches, more = start.campaign_start(campaign=campaign)
     messages.success(
         request,
         f"Created {campaign.name}: {report.created} units ({report.failed} failed at import), "
-        f"{batches} batch{'es' if batches != 1 else ''} queued.{_PLANNING_ON if more else ''}",
+        f"{batches} batch{'es' if batches != 1 else ''} queued."
+        + (_PLANNING_ON if more and not outage else ""),
     )
+    if outage:
+        messages.warning(request, start.broker_outage_reason(outage))
     _say_report(request, report)
     return redirect("campaign_detail", name=campaign.name)
 
@@ -447,10 +454,15 @@ def campaign_resume(request: HttpRequest, name: str) -> HttpResponse:
     failing = selectors.campaign_counts(campaign=campaign).by_error
     classes = [c for c in request.POST.getlist("retry") if c in failing]
     try:
-        report, retried, batches = control.campaign_resume(campaign=campaign, retry_failed=classes)
+        with start.broker_outage_noted() as outage:
+            report, retried, batches = control.campaign_resume(
+                campaign=campaign, retry_failed=classes
+            )
     except ValidationError as exc:  # a failed checkpoint holds the campaign where it is
         messages.error(request, "Nothing resumed: " + "; ".join(exc.messages))
         return redirect("campaign_detail", name=campaign.name)
+    if outage:
+        messages.warning(request, start.broker_outage_reason(outage))
     messages.info(
         request,
         f"Resumed: verify found {report.counts['valid']} valid outputs; "

@@ -50,6 +50,10 @@ def test_a_full_disk_fails_units_cleanly_and_resume_completes_after_space_is_fre
     leftovers = [p for p in small_disk.rglob("*") if p.is_file() and is_temp_file(p.name)]
     assert leftovers == []
     assert campaign_verify(campaign=campaign).counts.get("output_invalid", 0) == 0
+    # the campaign says so (here beside its checkpoint), not "done"
+    state = selectors.campaign_run_state(campaign_id=campaign.pk, counts=counts)
+    assert f"{write_errors} units failed to write their output" in state.detail
+    assert "Resume redoes them" in state.detail
 
     # when space is freed, resume does only what is missing
     subprocess.run(["mount", "-o", "remount,size=4m", str(small_disk)], check=True)

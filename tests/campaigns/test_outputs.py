@@ -3,7 +3,9 @@ from __future__ import annotations
 import errno
 import hashlib
 import io
+import os
 import shutil
+import stat
 from unittest import mock
 
 import numpy as np
@@ -41,7 +43,6 @@ def test_a_write_that_fails_midway_keeps_the_old_file_and_leaves_no_temp_file(tm
         write_atomic(target, chunks())
     assert target.read_bytes() == b"first"
     assert [p.name for p in target.parent.iterdir()] == ["out.bin"]
-    assert oct(target.stat().st_mode & 0o777) == "0o600"  # like mkstemp's files
 
 
 def test_a_folder_removed_after_a_write_is_made_again(tmp_path):
@@ -208,3 +209,20 @@ def test_a_truncated_file_fails_the_check(tmp_path):
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(InvalidOutput):
         validate_embedding_file(path, dimension=384, normalized=True)
+
+
+@pytest.mark.parametrize(
+    ("umask", "file_mode", "folder_mode"), [(0o022, 0o644, 0o755), (0o027, 0o640, 0o750)]
+)
+def test_outputs_and_their_folders_follow_the_umask(tmp_path, umask, file_mode, folder_mode):
+    # Another user of the group (campaign verify, a backup) reads the outputs.
+    saved = os.umask(umask)
+    try:
+        write_atomic(tmp_path / "v1" / "a.npy", b"one")
+        outputs.write_atomic_group([(tmp_path / "v1" / "shard" / "b.npy", b"two")])
+    finally:
+        os.umask(saved)
+    assert stat.S_IMODE((tmp_path / "v1" / "a.npy").stat().st_mode) == file_mode
+    assert stat.S_IMODE((tmp_path / "v1" / "shard" / "b.npy").stat().st_mode) == file_mode
+    assert stat.S_IMODE((tmp_path / "v1").stat().st_mode) == folder_mode
+    assert stat.S_IMODE((tmp_path / "v1" / "shard").stat().st_mode) == folder_mode

@@ -167,3 +167,38 @@ def test_campaign_status_says_waiting_at_the_checkpoint_and_paused(make_campaign
     assert "campaign checkpoint texts pass|fail" in out
     state = json.loads(_status("texts", "--json"))["state"]
     assert state["key"] == "checkpoint" and state["checkpoint_id"] == checkpoint.pk
+
+
+def test_after_a_full_disk_the_page_says_outputs_were_not_written_and_resume_redoes_them(
+    client, owner, campaign
+):
+    # given: every unit ran; three could not write their output (disk full)
+    units = Unit.objects.filter(campaign=campaign).order_by("pk")
+    unwritten = list(units.values_list("pk", flat=True)[:3])
+    units.update(state=UnitState.SUCCEEDED)
+    Unit.objects.filter(pk__in=unwritten).update(
+        state=UnitState.FAILED,
+        error_class="output_write_error",
+        error_message="[Errno 28] No space left on device",
+    )
+    client.force_login(owner)
+
+    # then: the page does not say done, it says what happened and what to do
+    html = client.get(_detail(campaign)).content.decode()
+    assert 'data-state="write_failed"' in _element(html, "run-state")
+    status = _element(html, "run-status")
+    assert "3 units failed to write their output (disk full or not writable)" in status
+    assert "Resume redoes them" in status
+    assert "nothing left to run" not in status
+    assert "Outputs not written" in _status(campaign.name)
+
+    # and Run remaining says so instead of "Nothing to run"
+    page = client.post(reverse("campaign_run", args=[campaign.name]), follow=True)
+    said = page.content.decode()
+    assert "Nothing to run: no pending units." not in said
+    assert "3 units failed to write their output" in said
+
+    # and Resume redoes them
+    with mock.patch.object(start.celery_app, "send_task"):
+        client.post(reverse("campaign_resume", args=[campaign.name]))
+    assert not Unit.objects.filter(campaign=campaign, error_class="output_write_error").exists()

@@ -153,3 +153,23 @@ def test_a_redis_broker_that_evicts_is_an_error_and_one_without_persistence_a_wa
     assert [(m.id, m.is_serious()) for m in volatile] == [("portal.W006", False)]
     unknown = redis_broker_problems(None)
     assert [(m.id, m.is_serious()) for m in unknown] == [("portal.W005", False)]
+
+
+def test_the_lease_sweeps_run_inside_beat_and_nothing_of_campaigns_waits_on_gpu():
+    # A sweep sent to `gpu` waits behind every queued batch; beat calls them itself.
+    from celery.beat import PersistentScheduler
+    from django.conf import settings
+
+    from portal.beat import SweepScheduler
+    from portal.celery import app
+
+    assert app.conf.beat_scheduler == "portal.beat:SweepScheduler"
+    assert issubclass(SweepScheduler, PersistentScheduler)
+    sweeps = {
+        entry["task"]
+        for name, entry in settings.CELERY_BEAT_SCHEDULE.items()
+        if name in ("requeue-expired-leases", "requeue-stale-trainings", "fail-stale-profiles")
+    }
+    assert sweeps == settings.BEAT_IN_PROCESS
+    for task in sweeps | {"campaigns.tasks.plan_campaign"}:
+        assert app.amqp.router.route({}, task)["queue"].name == "portal"

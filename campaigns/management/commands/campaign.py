@@ -292,11 +292,14 @@ class Command(version_cli.VersionCommands, BaseCommand):
         campaign = self._campaign(name)
         if adaptation.is_adaptation(campaign):
             return self._train(name=name, wait=wait, timeout=timeout)
-        batches = start.campaign_run(campaign=campaign)
+        with start.broker_outage_noted() as outage:
+            batches = start.campaign_run(campaign=campaign)
         status = verification_status(campaign=campaign)
         if status.status == "checkpoint pending":
             self.stdout.write("stopped at the checkpoint: review the spot-check sample (/review/)")
         self.stdout.write(f"enqueued {batches} batch{'es' if batches != 1 else ''}")
+        if outage:
+            raise CommandError(start.broker_outage_reason(outage))
         if wait:
             self._wait(campaign, timeout)
 
@@ -362,10 +365,13 @@ class Command(version_cli.VersionCommands, BaseCommand):
 
     def _resume(self, *, name, retry_failed: bool, wait: bool, timeout, **_):
         campaign = self._campaign(name)
-        report, retried, batches = control.campaign_resume(
-            campaign=campaign, retry_failed=retry_failed
-        )
+        with start.broker_outage_noted() as outage:
+            report, retried, batches = control.campaign_resume(
+                campaign=campaign, retry_failed=retry_failed
+            )
         self._print_report(report)
+        if outage:
+            raise CommandError(start.broker_outage_reason(outage))
         if adaptation.is_adaptation(campaign):
             return self._train(name=name, wait=wait, timeout=timeout)
         if retry_failed:

@@ -105,6 +105,7 @@ class StaffActionForm(forms.Form):
         ("seen", "Mark payment seen"),
         ("provisioning", "Start provisioning"),
         ("provisioned", "Mark provisioned (rental starts now)"),
+        ("refund", "Mark refunded"),
     )
     action = forms.ChoiceField(choices=ACTIONS)
     note = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), max_length=2000)

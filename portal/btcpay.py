@@ -3,8 +3,14 @@
 A delivery is authenticated by its `BTCPay-Sig` header, recorded once in
 WebhookDelivery (a redelivery carries the first delivery's id) and mapped onto
 a service of portal/order_services.py, which alone decides whether the order
-may move. Whatever happens to a signed delivery is answered 2xx or 400: BTCPay
-retries anything else, and retrying a refused transition never helps.
+may move. It moves an order only for the invoice recorded on that order (the
+quote order_create made), and a payment event only after BTCPay itself said
+what the invoice asks and what arrived: a webhook carries no amount, and a
+store's settlement may accept less than the quote (payment tolerance).
+
+A signed delivery is answered 2xx or 400, since retrying a refused transition
+never helps; the one exception is a payment BTCPay could not be asked about
+(503, nothing recorded), so that BTCPay's retry applies it.
 """
 
 from __future__ import annotations
@@ -13,21 +19,22 @@ import hashlib
 import hmac
 import json
 import logging
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import Decimal
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from portal import order_services
-from portal.models import Order, WebhookDelivery
+from portal import btcpay_client, order_services
+from portal.models import Order, WebhookDelivery, format_amount
 from portal.order_states import Status, TransitionRefused
 
 log = logging.getLogger(__name__)
 
 SIGNATURE_SCHEME = "sha256"
-REFERENCE = re.compile(r"BG-(\d{6,})")
+# Events that say money arrived: checked against the invoice before they move an order.
+PAYMENT_EVENTS = frozenset({"InvoiceReceivedPayment", "InvoiceProcessing", "InvoiceSettled"})
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,16 @@ def handle_delivery(*, body: bytes, signature_header: str) -> WebhookResult:
         return WebhookResult(400, "no usable deliveryId")
     event_type = str(payload.get("type") or "")[:50]
     invoice_id = str(payload.get("invoiceId") or "")[:100]
+    if WebhookDelivery.objects.filter(delivery_id=key).exists():
+        return WebhookResult(200, "already applied")  # before asking BTCPay anything
+    order = _find_order(invoice_id=invoice_id)
+    payment: btcpay_client.InvoicePayment | str | None = None
+    if order is not None and event_type in PAYMENT_EVENTS:
+        try:
+            payment = _invoice_payment(order=order, invoice_id=invoice_id)
+        except btcpay_client.BTCPayError as exc:
+            log.warning("BTCPay %s for invoice %s not checked: %s", event_type, invoice_id, exc)
+            return WebhookResult(503, "the invoice could not be checked with BTCPay; retry later")
 
     try:
         with transaction.atomic():
@@ -79,9 +96,13 @@ def handle_delivery(*, body: bytes, signature_header: str) -> WebhookResult:
             delivery = WebhookDelivery.objects.create(
                 delivery_id=key, event_type=event_type, invoice_id=invoice_id, outcome="received"
             )
-            delivery.order = _find_order(invoice_id=invoice_id, metadata=payload.get("metadata"))
+            delivery.order = order
             delivery.outcome = _apply(
-                order=delivery.order, event_type=event_type, invoice_id=invoice_id, payload=payload
+                order=order,
+                event_type=event_type,
+                invoice_id=invoice_id,
+                payload=payload,
+                payment=payment,
             )[:300]
             delivery.save(update_fields=["order", "outcome"])
     except IntegrityError:
@@ -98,45 +119,83 @@ def handle_delivery(*, body: bytes, signature_header: str) -> WebhookResult:
     return WebhookResult(200, delivery.outcome)
 
 
-def _find_order(*, invoice_id: str, metadata: object) -> Order | None:
-    """The order whose quote is this invoice (made by order_create), else the
-    order named by `metadata.orderId` (an invoice staff created by hand)."""
-    if invoice_id:
-        order = Order.objects.filter(btcpay_invoice_id=invoice_id).first()
-        if order is not None:
-            return order
-    reference = metadata.get("orderId") if isinstance(metadata, dict) else None
-    match = REFERENCE.fullmatch(reference) if isinstance(reference, str) else None
-    if match is None:
+def _find_order(*, invoice_id: str) -> Order | None:
+    """The order whose quote is this invoice (order_create recorded its id).
+
+    Never the order an invoice's metadata names: anyone who can make an invoice
+    in the store (a pay button, a point of sale) can write any orderId there
+    and pay a cent.
+    """
+    if not invoice_id:
         return None
-    order = Order.objects.filter(pk=int(match.group(1))).first()
-    # "BG-0000001" is not BG-000001: the reference must be the one we issued.
-    if order is None or order.reference != reference:
-        return None
-    # An order quoted from an invoice of its own listens to that invoice only:
-    # another invoice naming it (a stray, a copy) must not move it.
-    return None if order.btcpay_invoice_id else order
+    return Order.objects.filter(btcpay_invoice_id=invoice_id).first()
+
+
+def _invoice_payment(*, order: Order, invoice_id: str) -> btcpay_client.InvoicePayment | str:
+    """BTCPay's view of the invoice, or why it can never be had (a str);
+    BTCPayError when BTCPay did not answer (worth a retry)."""
+    client = btcpay_client.client_from_settings()
+    if client is None:
+        return "BTCPay is not configured, so the invoice cannot be checked; staff decide"
+    return client.invoice_payment(invoice_id=invoice_id, crypto_code=order.currency.code)
+
+
+def _amount(value, order: Order) -> str:
+    return f"{format_amount(value, order.currency.decimals)} {order.currency.code}"
+
+
+def _mismatch(*, order: Order, payment: btcpay_client.InvoicePayment) -> str:
+    """Why this invoice is not the order's quote; empty when it is."""
+    if payment.order_id != order.reference:
+        return f"invoice {payment.invoice_id} names order {payment.order_id or '(none)'}"
+    same_currency = payment.currency.upper() == order.fiat_currency.upper()
+    if not same_currency or payment.amount != order.fiat_total:
+        return (
+            f"invoice {payment.invoice_id} is for {payment.amount} {payment.currency}, "
+            f"the order's quote is {order.fiat_total} {order.fiat_currency}"
+        )
+    if payment.paid is None:
+        return f"invoice {payment.invoice_id} has no {order.currency.code} payment method"
+    return ""
 
 
 Action = Callable[..., Order]
 
 
-def _plan(*, event_type: str, payload: dict) -> tuple[str, Action, str, dict] | None:
-    """The target status, the service, a note suffix and the service's extra arguments."""
+def _plan(
+    *, event_type: str, payload: dict, order: Order, paid: Decimal | None
+) -> tuple[str, Action, str, dict] | str | None:
+    """The target status, the service, a note suffix and the service's extra
+    arguments; or an outcome when the event moves nothing (a partial payment
+    so far). `paid` is what BTCPay says arrived, for payment events."""
 
     def flag(name: str) -> bool:
         return payload.get(name) is True  # JSON true only: "false" is not true
 
     marked = "; marked by hand in BTCPay" if flag("manuallyMarked") else ""
-    if event_type == "InvoiceReceivedPayment":
-        late = "; after the invoice expired" if flag("afterExpiration") else ""
-        return Status.PAYMENT_SEEN, order_services.order_mark_payment_seen, late, {}
-    if event_type == "InvoiceProcessing":
-        over = "; overpaid" if flag("overPaid") else ""
-        return Status.PAYMENT_SEEN, order_services.order_mark_payment_seen, over, {}
-    if event_type == "InvoiceSettled":
-        over = flag("overPaid")
-        suffix = ("; overpaid" if over else "") + marked
+    if event_type in PAYMENT_EVENTS and paid is not None:
+        quoted = order.crypto_amount
+        received = f"; {_amount(paid, order)} received of {_amount(quoted, order)} quoted"
+        over = paid > quoted
+        if paid < quoted:
+            if event_type == "InvoiceReceivedPayment":
+                # The customer may still send the rest; BTCPay says when the invoice ends.
+                return f"recorded: partial payment{received}"
+            # BTCPay counts it paid (its payment tolerance, or marked by hand):
+            # short of the quote, it is underpaid for staff, as they would mark it.
+            return (
+                Status.UNDERPAID,
+                order_services.order_mark_underpaid,
+                f"{received}, short by {_amount(quoted - paid, order)}{marked}",
+                {},
+            )
+        if event_type == "InvoiceReceivedPayment":
+            late = "; after the invoice expired" if flag("afterExpiration") else ""
+            return Status.PAYMENT_SEEN, order_services.order_mark_payment_seen, late + received, {}
+        if event_type == "InvoiceProcessing":
+            suffix = ("; overpaid" if over else "") + received
+            return Status.PAYMENT_SEEN, order_services.order_mark_payment_seen, suffix, {}
+        suffix = ("; overpaid" if over else "") + received + marked
         return Status.CONFIRMED, order_services.order_confirm_payment, suffix, {"overpaid": over}
     if event_type == "InvoiceExpired":
         if flag("partiallyPaid"):
@@ -147,13 +206,35 @@ def _plan(*, event_type: str, payload: dict) -> tuple[str, Action, str, dict] | 
     return None
 
 
-def _apply(*, order: Order | None, event_type: str, invoice_id: str, payload: dict) -> str:
-    plan = _plan(event_type=event_type, payload=payload)
-    if plan is None:
+def _apply(
+    *,
+    order: Order | None,
+    event_type: str,
+    invoice_id: str,
+    payload: dict,
+    payment: btcpay_client.InvoicePayment | str | None,
+) -> str:
+    known = event_type in PAYMENT_EVENTS or event_type in ("InvoiceExpired", "InvoiceInvalid")
+    if not known:
         return "ignored"
     if order is None:
         # Answered 200 all the same: BTCPay retrying would not make the order exist.
         return "no such order"
+    paid = None
+    if isinstance(payment, str):
+        log.warning("BTCPay %s for %s not applied: %s", event_type, order.reference, payment)
+        return f"refused: {payment}"
+    if payment is not None:
+        mismatch = _mismatch(order=order, payment=payment)
+        if mismatch:
+            log.warning("BTCPay %s for %s not applied: %s", event_type, order.reference, mismatch)
+            return f"refused: {mismatch}"
+        paid = payment.paid
+    plan = _plan(event_type=event_type, payload=payload, order=order, paid=paid)
+    if plan is None:
+        return "ignored"
+    if isinstance(plan, str):
+        return plan
     target, action, suffix, extra = plan
     label = Status(target).label.lower()
     if order.status == target:
@@ -161,7 +242,8 @@ def _apply(*, order: Order | None, event_type: str, invoice_id: str, payload: di
         return f"already {label}"
     note = f"BTCPay {event_type}, invoice {invoice_id or '(none)'}{suffix}"
     try:
-        action(order=order, actor=order_services.BTCPAY, note=note, **extra)
+        moved = action(order=order, actor=order_services.BTCPAY, note=note, **extra)
     except TransitionRefused as refused:
         return f"refused: {refused}"
-    return f"applied: {label}"
+    # Not always `target`: a payment for cards sold meanwhile awaits capacity.
+    return f"applied: {moved.get_status_display().lower()}"

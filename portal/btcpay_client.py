@@ -1,11 +1,13 @@
-"""BTCPay Server's Greenfield API, the two calls a quote needs (docs/btcpay.md).
+"""BTCPay Server's Greenfield API, the calls a quote and a payment need (docs/btcpay.md).
 
 `POST /api/v1/stores/{store}/invoices` creates the invoice for the order's
 fiat total, with the order's reference as `metadata.orderId`; `GET
 …/invoices/{id}/payment-methods` gives, per payment method, the address BTCPay
 watches, the amount due in that currency, the rate and a payment link. The
 customer pays that address, so BTCPay sees the payment and its webhook moves
-the order (portal/btcpay.py).
+the order (portal/btcpay.py). A webhook names an invoice but carries no amount,
+so before a payment moves an order `GET …/invoices/{id}` and its payment
+methods say what the invoice asks and what arrived (`invoice_payment`).
 
 Standard library only (urllib): two JSON requests do not need a dependency.
 """
@@ -46,6 +48,20 @@ class Invoice:
     rate: Decimal | None
     payment_link: str
     expires_at: datetime | None
+
+
+@dataclass(frozen=True)
+class InvoicePayment:
+    """An invoice's price and what arrived on it, as BTCPay sees them now."""
+
+    invoice_id: str
+    order_id: str  # metadata.orderId
+    amount: Decimal | None  # the invoice's price, in `currency`
+    currency: str
+    crypto_code: str
+    # Received, in `crypto_code`: every payment of the invoice counted
+    # (Greenfield's totalPaid); None when the invoice has no such method.
+    paid: Decimal | None
 
 
 @dataclass(frozen=True)
@@ -107,6 +123,31 @@ class GreenfieldClient:
             rate=_decimal(method.get("rate")),
             payment_link=link if isinstance(link, str) else "",
             expires_at=_time(created.get("expirationTime")),
+        )
+
+    def invoice_payment(self, *, invoice_id: str, crypto_code: str) -> InvoicePayment:
+        """What invoice `invoice_id` asks and what arrived on it in `crypto_code`."""
+        path = (
+            f"/api/v1/stores/{quote(self.store_id, safe='')}/invoices/{quote(invoice_id, safe='')}"
+        )
+        invoice = self._request("GET", path)
+        if not isinstance(invoice, dict) or invoice.get("id") != invoice_id:
+            raise BTCPayError(f"GET {path}: the answer is not invoice {invoice_id}")
+        metadata = invoice.get("metadata")
+        order_id = metadata.get("orderId") if isinstance(metadata, dict) else None
+        method = _on_chain_method(self._request("GET", f"{path}/payment-methods"), crypto_code)
+        paid = None
+        if method is not None:
+            paid = _decimal(method.get("totalPaid"))
+            if paid is None:
+                paid = _decimal(method.get("paymentMethodPaid"))
+        return InvoicePayment(
+            invoice_id=invoice_id,
+            order_id=order_id if isinstance(order_id, str) else "",
+            amount=_decimal(invoice.get("amount")),
+            currency=str(invoice.get("currency") or ""),
+            crypto_code=crypto_code,
+            paid=paid,
         )
 
     def _request(self, method: str, path: str, body: dict | None = None):

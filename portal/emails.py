@@ -24,6 +24,9 @@ SUBJECTS = {
     Status.EXPIRED: "Your order {ref}: quote expired",
     Status.UNDERPAID: "Your order {ref}: payment incomplete",
     Status.REJECTED: "Your order {ref}: order rejected",
+    Status.HOLD_LAPSED: "Your order {ref}: payment not seen yet, cards released",
+    Status.AWAITING_CAPACITY: "Your order {ref}: payment received, waiting for free cards",
+    Status.REFUNDED: "Your order {ref}: payment refunded",
 }
 
 

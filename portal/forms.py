@@ -133,6 +133,7 @@ class StaffActionForm(forms.Form):
         ("seen", "Mark payment seen"),
         ("provisioning", "Start provisioning"),
         ("provisioned", "Mark provisioned (rental starts now)"),
+        ("refund", "Mark refunded"),
     )
     action = forms.ChoiceField(choices=ACTIONS)
     # Goes on the customer's timeline and into their e-mail as written.

@@ -179,6 +179,12 @@ class Order(models.Model):
     rate = models.DecimalField(max_digits=20, decimal_places=8)
     rate_recorded_at = models.DateTimeField()
     quote_expires_at = models.DateTimeField()
+    # An unpaid order keeps its cards off sale until then only (the quote's
+    # expiry, then a window after "I paid"; order_states.HOLDS_STOCK_UNTIL).
+    held_until = models.DateTimeField(null=True, blank=True)
+    # A keyed hash of the client's address (portal/client_ip.py), never the
+    # address itself: what the cap on open unpaid orders per client counts.
+    client_key = models.CharField(max_length=64, blank=True)
     # Contact: no account, no KYC.
     first_name = models.CharField(max_length=100)
     last_name = models.CharField(max_length=100)

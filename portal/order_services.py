@@ -29,10 +29,13 @@ from portal.models import (
 )
 from portal.order_states import (
     ACCEPTS_NOTICE,
+    HOLDS_STOCK,
+    HOLDS_STOCK_UNTIL,
     PaymentException,
     Status,
     TransitionRefused,
     check_transition,
+    holds_cards,
 )
 from portal.pricing import QuoteRefused, cards_available, crypto_amount, fresh_rate, plan_price
 
@@ -64,6 +67,7 @@ def order_create(
     email: str,
     campaign=None,
     profile=None,
+    client_key: str = "",
     now: datetime | None = None,
 ) -> Order:
     """The order with its locked quote and an address of its own, or QuoteRefused.
@@ -72,6 +76,8 @@ def order_create(
     key or taken from the pool (portal/payment_addresses.py) and the amount
     comes from the staff's rate; with BTCPay configured both come from a new BTCPay invoice
     (docs/btcpay.md), and a BTCPay failure refuses the quote, creating nothing.
+    `client_key` (portal/client_ip.py) counts toward the cap on open unpaid
+    orders per client address, as `email` does per e-mail address.
     """
     now = now or timezone.now()
     try:
@@ -85,13 +91,15 @@ def order_create(
         gpu = GpuModel.objects.select_for_update().get(pk=plan.gpu.pk)
         if not gpu.active:
             raise QuoteRefused(f"{gpu.name} is no longer offered.")
-        available = cards_available(gpu=gpu)
+        _check_open_orders(email=email, client_key=client_key, now=now)
+        available = cards_available(gpu=gpu, now=now)
         if plan.quantity > available:
             raise QuoteRefused(
                 f"Only {available} {gpu.name} card(s) are free at the moment; "
                 f"you asked for {plan.quantity}."
             )
         price = plan_price(gpu=gpu, quantity=plan.quantity, days=plan.days)
+        expires_at = now + timedelta(minutes=settings.ORDER_QUOTE_MINUTES)
         if processor is None:
             rate = fresh_rate(currency=plan.currency, now=now)
             quote = {
@@ -113,7 +121,9 @@ def order_create(
             fiat_total=price.total,
             fiat_currency=settings.FIAT_CURRENCY,
             currency=plan.currency,
-            quote_expires_at=now + timedelta(minutes=settings.ORDER_QUOTE_MINUTES),
+            quote_expires_at=expires_at,
+            held_until=expires_at,
+            client_key=client_key,
             first_name=first_name,
             last_name=last_name,
             email=email,
@@ -131,6 +141,28 @@ def order_create(
         order = _quote_from_btcpay(order=order, client=processor, now=now)
     log.info("order quoted", extra={"order": order.reference})
     return order
+
+
+def _check_open_orders(*, email: str, client_key: str, now: datetime) -> None:
+    """QuoteRefused when the e-mail or client address has as many unpaid orders
+    holding cards as allowed: a quote is free, so without a cap one visitor
+    could take every card off sale by quoting again and again."""
+    unpaid = Order.objects.filter(status__in=HOLDS_STOCK_UNTIL, held_until__gt=now)
+    wait = (
+        "Pay one of them, or wait until its quote expires, then order again; "
+        "each order's link is in the e-mail we sent when you ordered it."
+    )
+    limit = settings.ORDER_OPEN_PER_EMAIL
+    if unpaid.filter(email__iexact=email).count() >= limit:
+        raise QuoteRefused(
+            f"This e-mail address already has {limit} unpaid order(s), the most we hold "
+            f"at once. {wait}"
+        )
+    limit = settings.ORDER_OPEN_PER_CLIENT
+    if client_key and unpaid.filter(client_key=client_key).count() >= limit:
+        raise QuoteRefused(
+            f"Your connection already has {limit} unpaid order(s), the most we hold at once. {wait}"
+        )
 
 
 _PROCESSOR_DOWN = (
@@ -175,6 +207,7 @@ def _quote_from_btcpay(
             locked.rate = invoice.rate if invoice.rate else (order.fiat_total / invoice.amount_due)
             locked.rate_recorded_at = now
             locked.quote_expires_at = invoice.expires_at or locked.quote_expires_at
+            locked.held_until = locked.quote_expires_at
             locked.btcpay_invoice_id = invoice.invoice_id
             locked.payment_link = link[: Order._meta.get_field("payment_link").max_length]
             locked.save(
@@ -183,6 +216,7 @@ def _quote_from_btcpay(
                     "rate",
                     "rate_recorded_at",
                     "quote_expires_at",
+                    "held_until",
                     "btcpay_invoice_id",
                     "payment_link",
                     "updated_at",
@@ -226,6 +260,29 @@ PAYMENT_ARRIVED = frozenset({Status.PAYMENT_SEEN, Status.CONFIRMED, Status.UNDER
 LATE_NOTE = "paid late (after the quote expired)"
 
 
+def _admit(*, locked: Order, to: str, note: str, now: datetime) -> tuple[str, str]:
+    """Where a move that takes cards leads, and its note.
+
+    An order that holds its cards keeps them. One that does not (expired, hold
+    lapsed, awaiting capacity) takes them again only if they are still free;
+    a payment without them goes to AWAITING_CAPACITY, for staff to provision
+    later or refund, and provisioning without them is refused: selling a card
+    twice is never an outcome.
+    """
+    if to not in HOLDS_STOCK or holds_cards(locked, now):
+        return to, note
+    # The card's row lock, as in order_create: no quote takes the cards while
+    # they are counted here.
+    gpu = GpuModel.objects.select_for_update().get(pk=locked.gpu_id)
+    free = cards_available(gpu=gpu, now=now)
+    if locked.quantity <= free:
+        return to, note
+    short = f"only {free} {gpu.name} card(s) free, the order needs {locked.quantity}"
+    if to not in PAYMENT_ARRIVED:
+        raise TransitionRefused(locked.status, to, f"{short}; provision once enough are free")
+    return Status.AWAITING_CAPACITY, f"{note}; {short}" if note else short
+
+
 def _transition(
     *,
     order: Order,
@@ -234,18 +291,31 @@ def _transition(
     note: str = "",
     exception: str | Callable[[Order], str] | None = None,
     fields: dict | None = None,
+    now: datetime | None = None,
 ) -> Order:
+    now = now or timezone.now()
     with transaction.atomic():
         locked = Order.objects.select_for_update().get(pk=order.pk)
         check_transition(locked.status, to)
         previous = locked.status
+        admitted, note = _admit(locked=locked, to=to, note=note, now=now)
+        if admitted == previous:
+            # Still awaiting capacity: the payment news goes on the timeline.
+            OrderEvent.objects.create(
+                order=locked, from_status=previous, to_status=previous, actor=actor, note=note
+            )
+            order.refresh_from_db()
+            return order
+        if admitted != to:
+            to = admitted
+            check_transition(previous, to)
         update = ["status", "updated_at"]
         if exception is not None:
             # Decided on the locked row, before it moves: another request may
             # have changed it since the caller read it.
             locked.exception = exception(locked) if callable(exception) else exception
             update.append("exception")
-        if previous == Status.EXPIRED and to in PAYMENT_ARRIVED:
+        if previous == Status.EXPIRED and (to in PAYMENT_ARRIVED or to == Status.AWAITING_CAPACITY):
             locked.paid_late = True
             update.append("paid_late")
             note = f"{note}; {LATE_NOTE}" if note else LATE_NOTE
@@ -318,8 +388,16 @@ def order_record_notice(
             locked.paid_late_claim = True
             locked.save(update_fields=["paid_late_claim", "updated_at"])
         if locked.status == Status.AWAITING_PAYMENT:
+            # The cards stay held for a window after the notice, no longer:
+            # a notice costs nothing, so it cannot keep them off sale for good.
+            window = now + timedelta(minutes=settings.ORDER_NOTICE_HOLD_MINUTES)
             locked = _transition(
-                order=locked, to=Status.PAYMENT_NOTIFIED, actor=CUSTOMER, note=note
+                order=locked,
+                to=Status.PAYMENT_NOTIFIED,
+                actor=CUSTOMER,
+                note=note,
+                fields={"held_until": max(window, locked.held_until or window)},
+                now=now,
             )
         else:
             # Status unchanged (already notified, seen, underpaid or expired):
@@ -387,6 +465,10 @@ def order_reject(*, order: Order, actor: str, note: str) -> Order:
     return _transition(order=order, to=Status.REJECTED, actor=actor, note=note)
 
 
+def order_refund(*, order: Order, actor: str, note: str) -> Order:
+    return _transition(order=order, to=Status.REFUNDED, actor=actor, note=note)
+
+
 def order_expire(*, order: Order, actor: str = SYSTEM, note: str = "") -> Order:
     return _transition(
         order=order, to=Status.EXPIRED, actor=actor, note=note or "quote expired unpaid"
@@ -434,6 +516,26 @@ def orders_expire_unpaid(*, now: datetime | None = None) -> list[int]:
             continue  # paid or notified meanwhile: the lock saw the newer state
         expired.append(order.pk)
     return expired
+
+
+def orders_release_lapsed_holds(*, now: datetime | None = None) -> list[int]:
+    """Notified orders with no payment seen within their window release their
+    cards and wait for staff (HOLD_LAPSED); a payment seen later takes the
+    cards again only if they are still free."""
+    now = now or timezone.now()
+    released = []
+    due = Order.objects.filter(status=Status.PAYMENT_NOTIFIED, held_until__lte=now)
+    note = (
+        f"no payment seen within {settings.ORDER_NOTICE_HOLD_MINUTES} minutes of the notice: "
+        "cards released, staff check the notice"
+    )
+    for order in due.only("pk", "status").iterator():
+        try:
+            _transition(order=order, to=Status.HOLD_LAPSED, actor=SYSTEM, note=note, now=now)
+        except TransitionRefused:
+            continue  # seen or decided meanwhile: the lock saw the newer state
+        released.append(order.pk)
+    return released
 
 
 def orders_rental_end_sweep(*, now: datetime | None = None) -> dict[str, list[int]]:

@@ -22,6 +22,13 @@ class Status(models.TextChoices):
     EXPIRED = "expired", "Expired"
     UNDERPAID = "underpaid", "Underpaid"
     REJECTED = "rejected", "Rejected"
+    # "I paid" was pressed but no payment was seen within ORDER_NOTICE_HOLD_MINUTES:
+    # the cards go back on sale and staff still look at the notice.
+    HOLD_LAPSED = "hold_lapsed", "Not verified in time (cards released)"
+    # A payment arrived for cards that are no longer free: staff provision once
+    # capacity frees, or refund.
+    AWAITING_CAPACITY = "awaiting_capacity", "Paid, awaiting capacity or refund"
+    REFUNDED = "refunded", "Refunded"
 
 
 class PaymentException(models.TextChoices):
@@ -32,41 +39,87 @@ class PaymentException(models.TextChoices):
 
 
 S = Status
+# A payment that arrives while the order holds no cards (expired, hold lapsed)
+# takes them again only if they are still free; otherwise the order goes to
+# AWAITING_CAPACITY instead (order_services._admit), hence that target beside
+# every payment outcome of a non-holding state.
 ALLOWED: dict[str, frozenset[str]] = {
-    # A notice is the customer's word, so a notified order waits for staff or
-    # the payment processor; it never expires by itself.
     S.AWAITING_PAYMENT: frozenset(
-        {S.PAYMENT_NOTIFIED, S.PAYMENT_SEEN, S.CONFIRMED, S.UNDERPAID, S.EXPIRED, S.REJECTED}
+        {
+            S.PAYMENT_NOTIFIED,
+            S.PAYMENT_SEEN,
+            S.CONFIRMED,
+            S.UNDERPAID,
+            S.EXPIRED,
+            S.REJECTED,
+            S.AWAITING_CAPACITY,
+        }
     ),
-    S.PAYMENT_NOTIFIED: frozenset({S.PAYMENT_SEEN, S.CONFIRMED, S.UNDERPAID, S.REJECTED}),
+    # A notice is the customer's word: it holds the cards for a window, then
+    # the sweep releases them and the order waits for staff or the processor.
+    S.PAYMENT_NOTIFIED: frozenset(
+        {
+            S.PAYMENT_SEEN,
+            S.CONFIRMED,
+            S.UNDERPAID,
+            S.REJECTED,
+            S.HOLD_LAPSED,
+            S.AWAITING_CAPACITY,
+        }
+    ),
+    S.HOLD_LAPSED: frozenset(
+        {S.PAYMENT_SEEN, S.CONFIRMED, S.UNDERPAID, S.REJECTED, S.AWAITING_CAPACITY}
+    ),
     S.PAYMENT_SEEN: frozenset({S.CONFIRMED, S.UNDERPAID, S.REJECTED}),
     # A payment after expiry (BTCPay's paidLate) is staff's call: confirm or reject.
-    S.EXPIRED: frozenset({S.PAYMENT_SEEN, S.CONFIRMED, S.UNDERPAID, S.REJECTED}),
+    S.EXPIRED: frozenset(
+        {S.PAYMENT_SEEN, S.CONFIRMED, S.UNDERPAID, S.REJECTED, S.AWAITING_CAPACITY}
+    ),
     # The customer tops up the difference; staff confirm once it arrived.
     S.UNDERPAID: frozenset({S.PAYMENT_SEEN, S.CONFIRMED, S.REJECTED}),
+    # Staff's to resolve: provision when the cards are free again, or refund.
+    # A confirmation (the processor's settlement of a payment seen earlier)
+    # leads to CONFIRMED only if the cards are free by then.
+    S.AWAITING_CAPACITY: frozenset({S.CONFIRMED, S.PROVISIONING, S.REFUNDED}),
     S.CONFIRMED: frozenset({S.PROVISIONING}),
     S.PROVISIONING: frozenset({S.ACTIVE}),
     S.ACTIVE: frozenset({S.COMPLETED}),
     S.COMPLETED: frozenset(),
     S.REJECTED: frozenset(),
+    S.REFUNDED: frozenset(),
 }
 
-# Orders in these states hold their cards: the stock shown is what is left.
-HOLDS_STOCK = frozenset(
-    {
-        S.AWAITING_PAYMENT,
-        S.PAYMENT_NOTIFIED,
-        S.PAYMENT_SEEN,
-        S.CONFIRMED,
-        S.PROVISIONING,
-        S.ACTIVE,
-        S.UNDERPAID,
-    }
-)
+# Orders in these states hold their cards until they move on.
+HOLDS_STOCK = frozenset({S.PAYMENT_SEEN, S.CONFIRMED, S.PROVISIONING, S.ACTIVE, S.UNDERPAID})
+# Unpaid orders hold their cards until `Order.held_until` only: the quote's
+# expiry, then ORDER_NOTICE_HOLD_MINUTES after "I paid". Nothing but a payment
+# holds cards for longer, so a visitor cannot keep stock off sale for free.
+HOLDS_STOCK_UNTIL = frozenset({S.AWAITING_PAYMENT, S.PAYMENT_NOTIFIED})
+
+
+def holding(now) -> models.Q:
+    """The orders whose cards are not for sale at `now` (a filter on Order)."""
+    return models.Q(status__in=HOLDS_STOCK) | models.Q(
+        status__in=HOLDS_STOCK_UNTIL, held_until__gt=now
+    )
+
+
+def holds_cards(order, now) -> bool:
+    if order.status in HOLDS_STOCK:
+        return True
+    return (
+        order.status in HOLDS_STOCK_UNTIL
+        and order.held_until is not None
+        and order.held_until > now
+    )
+
+
 # The customer may press "I paid" here (after expiry too: the order is flagged).
+# A notice never holds cards again once its window lapsed.
 ACCEPTS_NOTICE = frozenset(
-    {S.AWAITING_PAYMENT, S.PAYMENT_NOTIFIED, S.PAYMENT_SEEN, S.EXPIRED, S.UNDERPAID}
+    {S.AWAITING_PAYMENT, S.PAYMENT_NOTIFIED, S.PAYMENT_SEEN, S.EXPIRED, S.UNDERPAID, S.HOLD_LAPSED}
 )
+FINAL = frozenset({S.COMPLETED, S.REJECTED, S.REFUNDED})
 
 # What the tracking page says under each state.
 EXPLANATION: dict[str, str] = {
@@ -83,16 +136,23 @@ EXPLANATION: dict[str, str] = {
     S.UNDERPAID: "Less than the quoted amount arrived. Send the difference to the same address "
     'and press "I paid" again, or contact us.',
     S.REJECTED: "The order was rejected. The note below says why.",
+    S.HOLD_LAPSED: "No payment was seen in time after your notice, so your cards went back on "
+    "sale. Staff still check your notice: if your payment arrives and the cards are still "
+    "free, your order goes ahead; otherwise you are refunded.",
+    S.AWAITING_CAPACITY: "Your payment arrived, but the cards of your plan were taken in the "
+    "meantime. Staff will prepare your machines as soon as cards are free, or refund you.",
+    S.REFUNDED: "Your payment was refunded. The note below says how.",
 }
 
 
 class TransitionRefused(Exception):
     """An order was asked to move where the table does not allow."""
 
-    def __init__(self, current: str, target: str):
+    def __init__(self, current: str, target: str, reason: str = ""):
         self.current, self.target = current, target
         super().__init__(
-            f"an order that is {Status(current).label.lower()} cannot become "
+            reason
+            or f"an order that is {Status(current).label.lower()} cannot become "
             f"{Status(target).label.lower()}"
         )
 

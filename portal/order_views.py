@@ -19,13 +19,12 @@ from django_ratelimit.exceptions import Ratelimited
 from campaigns.models import Profile
 from campaigns.selectors import campaigns_for_user
 from portal import order_services
+from portal.client_ip import client_key
 from portal.dossier import dossier_open
 from portal.forms import NoticeForm, OrderForm, quantity_refusal
 from portal.models import GpuModel, Order, RentalDuration
-from portal.order_states import ACCEPTS_NOTICE, EXPLANATION, Status, TransitionRefused
+from portal.order_states import ACCEPTS_NOTICE, EXPLANATION, FINAL, TransitionRefused
 from portal.pricing import QuoteRefused, cards_available, plan_price
-
-FINAL = {Status.COMPLETED, Status.REJECTED}
 
 
 def _create_rate(group, request) -> str:
@@ -142,6 +141,7 @@ def order_new(request: HttpRequest) -> HttpResponse:
                     email=data["email"],
                     campaign=campaign,
                     profile=_profile_for(request, campaign),
+                    client_key=client_key(request),
                 )
             except QuoteRefused as exc:
                 form.add_error(None, str(exc))
@@ -193,6 +193,7 @@ def order_track(request: HttpRequest, token: str) -> HttpResponse:
         "events": order.events.all(),
         "notices": order.notices.all(),
         "accepts_notice": order.status in ACCEPTS_NOTICE,
+        "final": order.status in FINAL,
         "notice_form": NoticeForm(),
         "now": timezone.now(),
     }

@@ -56,6 +56,8 @@ PAID_STATES = frozenset(
         Status.PROVISIONING,
         Status.ACTIVE,
         Status.COMPLETED,
+        Status.AWAITING_CAPACITY,
+        Status.REFUNDED,
         Status.UNDERPAID,
     }
 )

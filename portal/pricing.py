@@ -8,9 +8,10 @@ from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
 
 from django.conf import settings
 from django.db.models import Sum
+from django.utils import timezone
 
 from portal.models import CryptoCurrency, ExchangeRate, GpuModel, Order
-from portal.order_states import HOLDS_STOCK
+from portal.order_states import holding
 
 CENT = Decimal("0.01")
 
@@ -34,9 +35,11 @@ def plan_price(*, gpu: GpuModel, quantity: int, days: int) -> Price:
     return Price(price_per_day=gpu.price_per_day, quantity=quantity, days=days)
 
 
-def cards_available(*, gpu: GpuModel) -> int:
-    """Stock less the cards held by open orders (one aggregate query)."""
-    held = Order.objects.filter(gpu=gpu, status__in=HOLDS_STOCK).aggregate(n=Sum("quantity"))["n"]
+def cards_available(*, gpu: GpuModel, now: datetime | None = None) -> int:
+    """Stock less the cards held at `now` (one aggregate query): an unpaid
+    order past its hold counts as free even before the sweep comes by."""
+    now = now or timezone.now()
+    held = Order.objects.filter(holding(now), gpu=gpu).aggregate(n=Sum("quantity"))["n"]
     return max(0, gpu.stock - (held or 0))
 
 

@@ -236,8 +236,18 @@ if REVIEW_IDLE_SECONDS < 1:
 
 # --- Ordering portal ----------------------------------------------------------
 FIAT_CURRENCY = env.str("FIAT_CURRENCY", default="EUR")
-# A quote holds its crypto amount this long; unpaid, the order expires.
+# A quote holds its crypto amount, and its cards, this long; unpaid, the order expires.
 ORDER_QUOTE_MINUTES = env.int("ORDER_QUOTE_MINUTES", default=60)
+# After "I paid" the cards stay held this long; with no payment seen by then the
+# sweep releases them and the order waits for staff (docs/ordering.md, "Holds").
+ORDER_NOTICE_HOLD_MINUTES = env.int("ORDER_NOTICE_HOLD_MINUTES", default=120)
+# Open unpaid orders (those holding cards without a payment) one e-mail address,
+# and one client address, may have at once.
+ORDER_OPEN_PER_EMAIL = env.int("ORDER_OPEN_PER_EMAIL", default=2)
+ORDER_OPEN_PER_CLIENT = env.int("ORDER_OPEN_PER_CLIENT", default=3)
+for _name in ("ORDER_NOTICE_HOLD_MINUTES", "ORDER_OPEN_PER_EMAIL", "ORDER_OPEN_PER_CLIENT"):
+    if globals()[_name] < 1:
+        raise ImproperlyConfigured(f"{_name} must be 1 or more.")
 # Staff enter rates in the admin; an older newest rate refuses new quotes.
 EXCHANGE_RATE_MAX_AGE_MINUTES = env.int("EXCHANGE_RATE_MAX_AGE_MINUTES", default=30)
 # The customer is reminded this long before the rental ends to retrieve results.

@@ -8,12 +8,14 @@ from django.contrib.auth.decorators import permission_required
 from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from portal import order_services, payment_addresses
 from portal.forms import StaffActionForm
 from portal.models import Order
-from portal.order_states import ALLOWED, Status, TransitionRefused
+from portal.order_states import ALLOWED, FINAL, Status, TransitionRefused, holds_cards
+from portal.pricing import cards_available
 from portal.staff_group import VERIFY_ACT, VERIFY_VIEW
 
 # Which action moves an order where; the state table says whether it may.
@@ -24,6 +26,7 @@ ACTION_TARGET = {
     "seen": Status.PAYMENT_SEEN,
     "provisioning": Status.PROVISIONING,
     "provisioned": Status.ACTIVE,
+    "refund": Status.REFUNDED,
 }
 
 
@@ -52,6 +55,14 @@ def staff_queue(request: HttpRequest) -> HttpResponse:
             .order_by("updated_at"),
         ),
         (
+            "Paid, awaiting capacity or refund",
+            _orders().filter(status=Status.AWAITING_CAPACITY).order_by("updated_at"),
+        ),
+        (
+            "Notice not verified in time (cards released)",
+            _orders().filter(status=Status.HOLD_LAPSED).order_by("updated_at"),
+        ),
+        (
             "Payment seen or underpaid",
             _orders()
             .filter(status__in=[Status.PAYMENT_SEEN, Status.UNDERPAID])
@@ -73,11 +84,26 @@ def staff_queue(request: HttpRequest) -> HttpResponse:
 def staff_order(request: HttpRequest, pk: int) -> HttpResponse:
     order = get_object_or_404(_orders(), pk=pk)
     allowed = ALLOWED.get(order.status, frozenset())
-    actions = [(k, label) for k, label in StaffActionForm.ACTIONS if ACTION_TARGET[k] in allowed]
+    now = timezone.now()
+    # Cards the order would take if a payment moved it on now; None while it
+    # holds its own, or once it is over.
+    free = (
+        None
+        if order.status in FINAL or holds_cards(order, now)
+        else cards_available(gpu=order.gpu, now=now)
+    )
+    actions = [
+        (k, label)
+        for k, label in StaffActionForm.ACTIONS
+        if ACTION_TARGET[k] in allowed
+        # Provisioning is offered once the cards are free; the service checks again.
+        and not (k == "provisioning" and free is not None and free < order.quantity)
+    ]
     if not request.user.has_perm(VERIFY_ACT):
         actions = []  # may look, not act: the action would answer 403
     context = {
         "order": order,
+        "free": free,
         "events": order.events.all(),
         "notices": order.notices.all(),
         "actions": actions,
@@ -114,6 +140,8 @@ def staff_order_action(request: HttpRequest, pk: int) -> HttpResponse:
             order_services.order_start_provisioning(order=order, actor=actor, note=note)
         elif action == "provisioned":
             order_services.order_mark_provisioned(order=order, actor=actor, note=note)
+        elif action == "refund":
+            order_services.order_refund(order=order, actor=actor, note=note)
     except TransitionRefused as exc:
         messages.error(request, f"Nothing changed: {exc}.")
         return redirect("staff_order", pk=pk)

@@ -6,17 +6,28 @@ import logging
 
 from celery import shared_task
 
-from portal.order_services import orders_expire_unpaid, orders_rental_end_sweep
+from portal.order_services import (
+    orders_expire_unpaid,
+    orders_release_lapsed_holds,
+    orders_rental_end_sweep,
+)
 
 log = logging.getLogger(__name__)
 
 
 @shared_task(name="portal.tasks.expire_unpaid_quotes")
-def expire_unpaid_quotes() -> list[int]:
+def expire_unpaid_quotes() -> dict[str, list[int]]:
+    """Every card an unpaid order holds goes back on sale when its hold ends:
+    quotes past their expiry, and notices with no payment seen in their window."""
     expired = orders_expire_unpaid()
-    if expired:
-        log.info("expired %d unpaid quote(s)", len(expired))
-    return expired
+    released = orders_release_lapsed_holds()
+    if expired or released:
+        log.info(
+            "expired %d unpaid quote(s), released the cards of %d unverified notice(s)",
+            len(expired),
+            len(released),
+        )
+    return {"expired": expired, "released": released}
 
 
 @shared_task(name="portal.tasks.rental_end_sweep")

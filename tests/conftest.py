@@ -185,6 +185,8 @@ def make_order(fresh_rates, address_pool):
     from portal.models import CryptoCurrency, Environment, GpuModel
     from portal.order_services import Plan, order_create
 
+    made = iter(range(1, 10_000))
+
     def make(gpu="A40", quantity=1, days=7, currency="BTC", **fields):
         plan = Plan(
             gpu=GpuModel.objects.get(name=gpu),
@@ -193,7 +195,11 @@ def make_order(fresh_rates, address_pool):
             environment=Environment.objects.first(),
             currency=CryptoCurrency.objects.get(code=currency),
         )
-        contact = {"first_name": "Ada", "last_name": "Lovelace", "email": "ada@example.org"}
+        # Each order a customer of its own (the first one ada@example.org): the
+        # cap on open orders per e-mail address is tested where it is meant.
+        n = next(made)
+        email = "ada@example.org" if n == 1 else f"ada.{n}@example.org"
+        contact = {"first_name": "Ada", "last_name": "Lovelace", "email": email}
         return order_create(plan=plan, **{**contact, **fields})
 
     return make

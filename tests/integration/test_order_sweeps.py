@@ -18,9 +18,13 @@ pytestmark = pytest.mark.integration
 
 
 def test_a_worker_expires_unpaid_quotes_and_completes_ended_rentals(start_worker, make_order):
-    # given: an unpaid quote past its expiry, a notified one, and a rental that ended
+    # given: an unpaid quote past its expiry, a notified one, a notice whose hold
+    # window is over with no payment seen, and a rental that ended
     unpaid, notified, rental = make_order(), make_order(), make_order()
     svc.order_record_notice(order=notified)
+    start = timezone.now() - timedelta(hours=3)
+    lapsed = make_order(now=start)
+    svc.order_record_notice(order=lapsed, now=start + timedelta(minutes=5))
     Order.objects.filter(pk__in=[unpaid.pk, notified.pk]).update(
         quote_expires_at=timezone.now() - timedelta(minutes=1)
     )
@@ -38,7 +42,11 @@ def test_a_worker_expires_unpaid_quotes_and_completes_ended_rentals(start_worker
     # then
     def settled() -> bool:
         statuses = dict(Order.objects.values_list("pk", "status"))
-        return statuses[unpaid.pk] == Status.EXPIRED and statuses[rental.pk] == Status.COMPLETED
+        return (
+            statuses[unpaid.pk] == Status.EXPIRED
+            and statuses[lapsed.pk] == Status.HOLD_LAPSED
+            and statuses[rental.pk] == Status.COMPLETED
+        )
 
     wait_until(settled, timeout=120, worker=worker)
     assert Order.objects.get(pk=notified.pk).status == Status.PAYMENT_NOTIFIED

@@ -1,8 +1,9 @@
 """Quotes from BTCPay Server invoices, against a small Greenfield server on 127.0.0.1.
 
-The server implements the two endpoints a quote uses as BTCPay documents them
-(docs.btcpayserver.org/API/Greenfield/v1: Invoices_CreateInvoice and
-Invoices_GetInvoicePaymentMethods) and records every request it got.
+The server implements the endpoints a quote and a payment check use as BTCPay
+documents them (docs.btcpayserver.org/API/Greenfield/v1: Invoices_CreateInvoice,
+Invoices_GetInvoice and Invoices_GetInvoicePaymentMethods) and records every
+request it got; `pay` is a customer's payment arriving on an invoice.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ STORE = "St0reID"
 API_KEY = "greenfield-api-key-0123"
 WEBHOOK_SECRET = "store-webhook-secret"
 INVOICES = re.compile(r"^/api/v1/stores/(?P<store>[^/]+)/invoices$")
+INVOICE = re.compile(r"^/api/v1/stores/(?P<store>[^/]+)/invoices/(?P<invoice>[^/]+)$")
 METHODS = re.compile(
     r"^/api/v1/stores/(?P<store>[^/]+)/invoices/(?P<invoice>[^/]+)/payment-methods$"
 )
+RATE = Decimal("60000.00")
 
 
 class FakeBTCPay(ThreadingHTTPServer):
@@ -50,6 +53,11 @@ class FakeBTCPay(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def pay(self, invoice_id: str, amount: Decimal) -> None:
+        """A payment of `amount` BTC arrives on the invoice (added to earlier ones)."""
+        invoice = self.invoices[invoice_id]
+        invoice["paid"] = str(Decimal(invoice.get("paid", "0")) + amount)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -85,6 +93,11 @@ class _Handler(BaseHTTPRequestHandler):
             return self._create(match["store"], json.loads(raw))
         if method == "GET" and (match := METHODS.match(self.path)):
             return self._methods(match["store"], match["invoice"])
+        if method == "GET" and (match := INVOICE.match(self.path)):
+            invoice = srv.invoices.get(match["invoice"])
+            if match["store"] != STORE or invoice is None:
+                return self._json(404, {"code": "invoice-not-found", "message": "no such invoice"})
+            return self._json(200, {k: v for k, v in invoice.items() if k != "paid"})
         return self._json(404, {"code": "not-found", "message": "no such endpoint"})
 
     def _create(self, store: str, body: dict) -> None:
@@ -115,17 +128,19 @@ class _Handler(BaseHTTPRequestHandler):
         invoice = self.server.invoices.get(invoice_id)
         if store != STORE or invoice is None:
             return self._json(404, {"code": "invoice-not-found", "message": "no such invoice"})
-        rate = Decimal("60000.00")
-        due = (Decimal(invoice["amount"]) / rate).quantize(Decimal("0.00000001"))
+        rate = RATE
+        amount = (Decimal(invoice["amount"]) / rate).quantize(Decimal("0.00000001"))
+        paid = Decimal(invoice.get("paid", "0")).quantize(Decimal("0.00000001"))
+        due = max(Decimal(0), amount - paid)
         address = self.server.destination
         on_chain = {
             "destination": address,
             "paymentLink": f"bitcoin:{address}?amount={due}&pj=https://btcpay.test/BTC/pj",
             "rate": f"{rate}",
-            "paymentMethodPaid": "0.00000000",
-            "totalPaid": "0.00000000",
+            "paymentMethodPaid": f"{paid}",
+            "totalPaid": f"{paid}",
             "due": f"{due}",
-            "amount": f"{due}",
+            "amount": f"{amount}",
             "networkFee": "0.00000000",
             "payments": [],
             "activated": True,
@@ -350,6 +365,7 @@ def _settled(invoice_id: str, metadata: dict | None = None) -> dict:
 
 def test_the_webhook_maps_the_invoice_to_its_order(btcpay_server, no_staff_rates):
     order = _make()
+    btcpay_server.pay(order.btcpay_invoice_id, order.crypto_amount)
     # By the invoice id alone: BTCPay's metadata is the store's, ours is the id.
     result = _deliver(_settled(order.btcpay_invoice_id))
     order.refresh_from_db()

@@ -1,4 +1,9 @@
-"""BTCPay Server webhook deliveries, as BTCPay signs and sends them."""
+"""BTCPay Server webhook deliveries, as BTCPay signs and sends them.
+
+Orders are quoted from invoices of a small Greenfield server on 127.0.0.1
+(tests/portal/test_btcpay_invoices.py), which the webhook asks what each invoice
+asks and what arrived on it, as it asks BTCPay.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +12,19 @@ import hmac
 import json
 import logging
 import uuid
+from decimal import Decimal
 
 import pytest
 from django.test import Client, RequestFactory
 from django.urls import path
 
 from portal import order_services
-from portal.models import OrderEvent, WebhookDelivery
+from portal.models import Order, OrderEvent, WebhookDelivery
 from portal.webhook_views import btcpay_webhook
+from tests.portal.test_btcpay_invoices import WEBHOOK_SECRET as SECRET
+from tests.portal.test_btcpay_invoices import FakeBTCPay, btcpay_server  # noqa: F401 — a fixture
 
-SECRET = "store-webhook-secret"
+FULL = "full"
 URL = "/order/btcpay/webhook/"
 
 # Only for the test that goes through the middleware (CSRF): the project's
@@ -24,9 +32,16 @@ URL = "/order/btcpay/webhook/"
 urlpatterns = [path(URL.lstrip("/"), btcpay_webhook, name="btcpay_webhook")]
 
 
+_store: FakeBTCPay | None = None
+
+
 @pytest.fixture(autouse=True)
-def webhook_secret(settings):
-    settings.BTCPAY_WEBHOOK_SECRET = SECRET
+def store(btcpay_server):  # noqa: F811 — the fixture imported above
+    """BTCPay configured, its webhook secret SECRET: every order's quote is an invoice."""
+    global _store
+    _store = btcpay_server
+    yield btcpay_server
+    _store = None
 
 
 def sign(body: bytes, secret: str = SECRET) -> str:
@@ -34,7 +49,19 @@ def sign(body: bytes, secret: str = SECRET) -> str:
     return "sha256=" + hmac.new(secret.encode("utf-8"), body, hashlib.sha256).hexdigest()
 
 
-def event(order, type_: str, **fields) -> dict:
+def event(order, type_: str, paid: Decimal | str | None = FULL, **fields) -> dict:
+    """BTCPay's delivery for `order`'s invoice; a payment event first pays the
+    invoice in the store (`paid`: the quote in full by default, None for nothing)."""
+    invoice_id = order.btcpay_invoice_id if order is not None else "inv-unknown"
+    if order is not None and type_ in (
+        "InvoiceReceivedPayment",
+        "InvoiceProcessing",
+        "InvoiceSettled",
+    ):
+        amount = order.crypto_amount if paid == FULL else paid
+        invoice = _store.invoices[invoice_id]
+        if amount is not None and Decimal(invoice.get("paid", "0")) < Decimal(amount):
+            invoice["paid"] = str(amount)
     return {
         "deliveryId": uuid.uuid4().hex,
         "webhookId": "wh-1",
@@ -43,7 +70,7 @@ def event(order, type_: str, **fields) -> dict:
         "type": type_,
         "timestamp": 1700000000,
         "storeId": "store-1",
-        "invoiceId": "inv-42",
+        "invoiceId": invoice_id,
         "metadata": {"orderId": order.reference if order is not None else "BG-999999"},
         **fields,
     }
@@ -76,7 +103,7 @@ def test_a_signed_invoice_settled_confirms_the_order_on_behalf_of_btcpay(make_or
     assert order.exception == ""
     [logged] = btcpay_events(order)
     assert (logged.from_status, logged.to_status) == ("awaiting_payment", "confirmed")
-    assert "InvoiceSettled" in logged.note and "inv-42" in logged.note
+    assert "InvoiceSettled" in logged.note and order.btcpay_invoice_id in logged.note
 
 
 def test_a_bad_signature_is_refused_changes_nothing_and_is_logged_without_the_payload(
@@ -168,7 +195,7 @@ def test_a_redelivery_is_recognised_by_its_original_delivery_id(make_order):
     assert (delivery.order, delivery.event_type, delivery.invoice_id) == (
         order,
         "InvoiceSettled",
-        "inv-42",
+        order.btcpay_invoice_id,
     )
 
 
@@ -177,7 +204,7 @@ def test_a_redelivery_is_recognised_by_its_original_delivery_id(make_order):
 
 def test_an_overpaid_settlement_confirms_with_the_paid_over_exception(make_order):
     order = make_order()
-    deliver(event(order, "InvoiceSettled", overPaid=True))
+    deliver(event(order, "InvoiceSettled", paid=order.crypto_amount * 2, overPaid=True))
     order.refresh_from_db()
     assert (order.status, order.exception) == ("confirmed", "paid_over")
 
@@ -191,7 +218,7 @@ def test_a_payment_received_marks_the_payment_seen(make_order):
 
 def test_an_invoice_processing_marks_the_payment_seen_and_notes_an_overpayment(make_order):
     order = make_order()
-    deliver(event(order, "InvoiceProcessing", overPaid=True))
+    deliver(event(order, "InvoiceProcessing", paid=order.crypto_amount * 2, overPaid=True))
     order.refresh_from_db()
     assert order.status == "payment_seen"
     assert "overpaid" in btcpay_events(order)[0].note
@@ -291,3 +318,104 @@ def test_a_replayed_delivery_sends_no_second_e_mail(
         deliver(payload)
     assert callbacks == []
     assert len(mailoutbox) == 1
+
+
+# --- the invoice is checked against the order's quote ------------------------------------
+
+
+def _pool_order(make_order, settings):
+    """An order quoted from the address pool (BTCPay not configured at the time)."""
+    saved = (settings.BTCPAY_URL, settings.BTCPAY_STORE_ID, settings.BTCPAY_API_KEY)
+    settings.BTCPAY_URL = settings.BTCPAY_STORE_ID = settings.BTCPAY_API_KEY = ""
+    order = make_order()
+    settings.BTCPAY_URL, settings.BTCPAY_STORE_ID, settings.BTCPAY_API_KEY = saved
+    return order
+
+
+def test_an_invoice_the_portal_did_not_create_moves_no_order(make_order, settings, caplog):
+    # Anyone who can make an invoice in the store (a pay button) can name any
+    # order in its metadata and pay a cent.
+    order = _pool_order(make_order, settings)
+    payload = {**event(None, "InvoiceSettled"), "metadata": {"orderId": order.reference}}
+    payload["invoiceId"] = "paybutton-invoice-1"
+    assert deliver(payload) == (200, "no such order")
+    order.refresh_from_db()
+    assert order.status == "awaiting_payment"
+
+
+def test_a_settlement_short_of_the_quote_makes_the_order_underpaid(make_order):
+    # BTCPay settles within the store's payment tolerance; the quote was not paid.
+    order = make_order()
+    half = (order.crypto_amount / 2).quantize(Decimal("0.00000001"))
+    status, detail = deliver(event(order, "InvoiceSettled", paid=half))
+    order.refresh_from_db()
+    assert (status, detail) == (200, "applied: underpaid")
+    assert (order.status, order.exception) == ("underpaid", "paid_partial")
+    [logged] = btcpay_events(order)
+    assert "0.00081666 BTC received of 0.00163333 BTC quoted, short by 0.00081667 BTC" in (
+        logged.note
+    )
+
+
+def test_a_processing_invoice_short_of_the_quote_makes_the_order_underpaid(make_order):
+    order = make_order()
+    deliver(event(order, "InvoiceProcessing", paid=Decimal("0.00000001")))
+    order.refresh_from_db()
+    assert order.status == "underpaid"
+
+
+def test_a_partial_payment_so_far_is_recorded_and_moves_nothing(make_order):
+    order = make_order()
+    status, detail = deliver(event(order, "InvoiceReceivedPayment", paid=Decimal("0.0001")))
+    order.refresh_from_db()
+    assert status == 200 and detail.startswith("recorded: partial payment; 0.0001 BTC received")
+    assert order.status == "awaiting_payment"
+
+
+def test_an_overpayment_is_confirmed_as_paid_over_whatever_the_flag_says(make_order):
+    order = make_order()
+    deliver(event(order, "InvoiceSettled", paid=order.crypto_amount + Decimal("0.01")))
+    order.refresh_from_db()
+    assert (order.status, order.exception) == ("confirmed", "paid_over")
+
+
+@pytest.mark.parametrize(
+    "change", [{"amount": "1.00"}, {"currency": "USD"}, {"metadata": {"orderId": "BG-999999"}}]
+)
+def test_an_invoice_whose_price_is_not_the_quote_moves_nothing(make_order, store, change, caplog):
+    order = make_order()
+    payload = event(order, "InvoiceSettled")
+    store.invoices[order.btcpay_invoice_id].update(change)
+    with caplog.at_level(logging.WARNING, logger="portal.btcpay"):
+        status, detail = deliver(payload)
+    order.refresh_from_db()
+    assert status == 200 and detail.startswith(f"refused: invoice {order.btcpay_invoice_id} ")
+    assert order.status == "awaiting_payment"
+    assert not btcpay_events(order)
+    assert WebhookDelivery.objects.get().outcome == detail
+    assert "not applied" in caplog.text
+
+
+def test_when_btcpay_cannot_be_asked_the_delivery_is_retried_and_then_applied(make_order, store):
+    order = make_order()
+    payload = event(order, "InvoiceSettled")
+    store.fail_with = 502
+    assert deliver(payload)[0] == 503
+    assert not WebhookDelivery.objects.exists()  # so BTCPay's retry is not "already applied"
+    order.refresh_from_db()
+    assert order.status == "awaiting_payment"
+    store.fail_with = None
+    assert deliver(payload) == (200, "applied: payment confirmed")
+
+
+def test_a_late_settlement_for_cards_sold_meanwhile_awaits_capacity(make_order, store):
+    # A100 stock 2: the late order's cards were quoted again after it expired.
+    late = order_services.order_expire(order=make_order(gpu="A100 SXM", quantity=2))
+    store.destination = "bc1qanothercustomersaddress00000000000000"
+    make_order(gpu="A100 SXM", quantity=2)
+    status, detail = deliver(event(late, "InvoiceSettled", afterExpiration=True))
+    late.refresh_from_db()
+    assert (status, detail) == (200, "applied: paid, awaiting capacity or refund")
+    assert (late.status, late.paid_late) == ("awaiting_capacity", True)
+    holding = Order.objects.exclude(status__in=["expired", "awaiting_capacity"])
+    assert sum(holding.values_list("quantity", flat=True)) == 2

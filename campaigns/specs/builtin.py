@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import io
 import json
 import math
 import os
@@ -296,8 +297,20 @@ def check_image_output(path: Path, params: dict, source_size: tuple[int, int] | 
     """
     # No output of these parameters is larger than this: a bigger file is not one.
     bound = max(int(params["max_pixels"]), int(params["width"]) * int(params["height"]))
+    # Decoded from memory: Pillow reads a chunk of the length a damaged header
+    # declares (up to 2 GiB for PNG), which a file object allocates before
+    # finding the file shorter, and memory does not. No output of up to
+    # `bound` pixels is larger than this, with room for metadata.
+    longest = 8 * bound + 2**24
     try:
-        with open_image(path, bound) as image:
+        with open(path, "rb") as fh:
+            data = fh.read(longest + 1)
+    except OSError as exc:
+        raise InvalidOutput(f"unreadable: {exc}") from exc
+    if len(data) > longest:
+        raise InvalidOutput(f"over {longest} bytes, larger than any image of these parameters")
+    try:
+        with open_image(io.BytesIO(data), bound) as image:
             image.load()
             fmt, size = image.format, image.size
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:

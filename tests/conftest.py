@@ -5,11 +5,29 @@ import shutil
 from pathlib import Path
 
 import factory
+import hypothesis
 import pytest
 from django.contrib.auth import get_user_model
 
 from campaigns.models import Project
 from campaigns.runs import setup, start
+
+# Property-based tests (tests/fuzzing.py): the same examples every run (derandomize),
+# nothing written to the repository (no example database), one second an
+# example at most. HYPOTHESIS_PROFILE=explore searches wider and at random.
+hypothesis.settings.register_profile(
+    "ci",
+    derandomize=True,
+    database=None,
+    deadline=1000,
+    max_examples=150,
+    print_blob=True,
+    suppress_health_check=[hypothesis.HealthCheck.too_slow],
+)
+hypothesis.settings.register_profile(
+    "explore", parent=hypothesis.settings.get_profile("ci"), derandomize=False, max_examples=2000
+)
+hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 DEMO_CORPUS = Path(__file__).resolve().parent.parent / "campaigns" / "demo_corpus"
 # The demo corpus: 35 texts that embed, 4 bad inputs that must fail with a reason.

@@ -186,19 +186,6 @@ def reporting_progress(callback: Progress):
         _progress.reset(token)
 
 
-# A JSON escape of half a surrogate pair ("\udce9"): json.loads makes it a
-# lone surrogate, which no database column and no UTF-8 text can hold.
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-
-
-def _lone_surrogate(record: dict) -> bool:
-    try:
-        json.dumps(record, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
 def _manifest_records(manifest: Path) -> Iterator[tuple[int, dict]]:
     suffix = manifest.suffix.lower()
     # utf-8-sig: a spreadsheet's "CSV UTF-8" starts with a byte-order mark,
@@ -207,36 +194,58 @@ def _manifest_records(manifest: Path) -> Iterator[tuple[int, dict]]:
         if suffix == ".csv":
             with manifest.open(newline="", encoding="utf-8-sig") as fh:
                 reader = csv.DictReader(fh)
-                if not reader.fieldnames or "path" not in reader.fieldnames:
-                    raise ManifestError(f"{manifest.name}: a CSV manifest needs a 'path' column")
-                yield from enumerate(reader, start=2)
+                try:
+                    if not reader.fieldnames or "path" not in reader.fieldnames:
+                        raise ManifestError(
+                            f"{manifest.name}: a CSV manifest needs a 'path' column"
+                        )
+                    yield from enumerate(reader, start=2)
+                except csv.Error as exc:
+                    # A field over csv's size limit: what follows it on the
+                    # line cannot be told apart from rows, so the whole is refused.
+                    raise ManifestError(
+                        f"{manifest.name}: line {reader.line_num} cannot be read as CSV: {exc}"
+                    ) from exc
         elif suffix in (".jsonl", ".ndjson"):
             with manifest.open(encoding="utf-8-sig") as fh:
                 for lineno, line in enumerate(fh, start=1):
                     if not line.strip():
                         continue
-                    try:
-                        record = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        yield lineno, {"__error__": f"line {lineno} is not JSON: {exc.msg}"}
-                        continue
-                    if not isinstance(record, dict):
-                        yield lineno, {"__error__": f"line {lineno} is not a JSON object"}
-                        continue
-                    if "\\u" in line and _SURROGATE_ESCAPE.search(line) and _lone_surrogate(record):
-                        yield (
-                            lineno,
-                            {
-                                "__error__": f"line {lineno} holds half a surrogate pair "
-                                "(a \\udXXX escape alone), which is no character"
-                            },
-                        )
-                        continue
-                    yield lineno, record
+                    yield lineno, _json_record(lineno, line)
         else:
             raise ManifestError(f"{manifest.name}: a manifest is .csv or .jsonl")
     except UnicodeDecodeError as exc:
         raise ManifestError(f"{manifest.name} is not UTF-8 text: {exc}") from exc
+
+
+def _json_record(lineno: int, line: str) -> dict:
+    """One JSONL line's object, or {"__error__": why} for a row that fails alone."""
+    try:
+        record = json.loads(line, parse_constant=_not_json)
+    except json.JSONDecodeError as exc:
+        return {"__error__": f"line {lineno} is not JSON: {exc.msg}"}
+    except (ValueError, RecursionError) as exc:
+        # NaN or Infinity (which PostgreSQL's jsonb refuses), an integer of
+        # thousands of digits, arrays nested past Python's recursion limit.
+        return {"__error__": f"line {lineno} is not JSON: {str(exc)[:120]}"}
+    if not isinstance(record, dict):
+        return {"__error__": f"line {lineno} is not a JSON object"}
+    if ("\\ud" in line or "\\uD" in line) and not _encodes(record):
+        # A "\ud800" escape alone is no character: no database stores it.
+        return {"__error__": f"line {lineno} holds a lone surrogate escape (\\udXXX), not text"}
+    return record
+
+
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not a JSON value")
+
+
+def _encodes(record: dict) -> bool:
+    try:
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _given(value) -> bool:
@@ -355,7 +364,15 @@ def _staged_rows(campaign: Campaign, rows: Iterable[Row]) -> Iterator[tuple]:
                         row.fail(str(exc))
             else:
                 mtime_ns = _hash_input(root, row)
-        metadata = json.dumps(row.metadata, ensure_ascii=False) if row.metadata else "{}"
+        try:
+            metadata = (
+                json.dumps(row.metadata, ensure_ascii=False, allow_nan=False)
+                if row.metadata
+                else "{}"
+            )
+        except ValueError:  # 1e400 reads as infinity, which PostgreSQL's jsonb refuses
+            row.fail(f"line {row.line}: a metadata value is not a finite number")
+            metadata = "{}"
         if "\\u0000" in metadata:
             # PostgreSQL's jsonb cannot hold a NUL character.
             row.fail(f"line {row.line}: a metadata value holds a NUL character")

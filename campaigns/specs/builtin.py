@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import io
 import json
 import math
 import os
@@ -306,8 +307,20 @@ def check_image_output(path: Path, params: dict, source_size: tuple[int, int] | 
         int(params["width"]) * int(params["height"]),
         output_pixel_bound(params),
     )
+    # Decoded from memory: Pillow reads a chunk of the length a damaged header
+    # declares (up to 2 GiB for PNG), which a file object allocates before
+    # finding the file shorter, and memory does not. No output of up to
+    # `bound` pixels is larger than this, with room for metadata.
+    longest = 8 * bound + 2**24
     try:
-        with open_image(path, bound) as image:
+        with open(path, "rb") as fh:
+            data = fh.read(longest + 1)
+    except OSError as exc:
+        raise InvalidOutput(f"unreadable: {exc}") from exc
+    if len(data) > longest:
+        raise InvalidOutput(f"over {longest} bytes, larger than any image of these parameters")
+    try:
+        with open_image(io.BytesIO(data), bound) as image:
             image.load()
             fmt, size = image.format, image.size
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
@@ -403,15 +416,19 @@ def check_classification_output(path: Path, params: dict) -> None:
 
     try:
         arrays = load_npy_or_npz(path)
-    except (OSError, ValueError, EOFError) as exc:
+    except OSError as exc:
         raise InvalidOutput(f"not a readable .npz: {exc}") from exc
     if not isinstance(arrays, dict):
         raise InvalidOutput("a single array, expected an .npz archive")
     if set(arrays) != _NPZ_KEYS:
         raise InvalidOutput(f"arrays {sorted(arrays)}, expected {sorted(_NPZ_KEYS)}")
-    probs = arrays["top_probs"]
-    k = min(int(params["top_k"]), len(probs)) if len(probs) else 0
-    if k == 0 or len(arrays["top_labels"]) != len(probs):
+    probs, labels, features = arrays["top_probs"], arrays["top_labels"], arrays["features"]
+    for name, kinds in (("top_probs", "f"), ("top_labels", "US"), ("top_indices", "iu")):
+        if arrays[name].ndim != 1 or arrays[name].dtype.kind not in kinds:
+            raise InvalidOutput(f"{name} {arrays[name].shape} {arrays[name].dtype}", WRONG_OUTPUT)
+    if arrays["margin"].size != 1 or arrays["margin"].dtype.kind != "f":
+        raise InvalidOutput("margin is not one number", WRONG_OUTPUT)
+    if not len(probs) or len(labels) != len(probs):
         raise InvalidOutput("no top-k categories")
     if not np.all(np.isfinite(probs)):
         raise InvalidOutput("probabilities hold NaN or Inf", NON_FINITE)
@@ -419,9 +436,9 @@ def check_classification_output(path: Path, params: dict) -> None:
         raise InvalidOutput("probabilities outside [0, 1]")
     if np.any(np.diff(probs) > 1e-6):
         raise InvalidOutput("top-k probabilities not in decreasing order")
-    if arrays["features"].ndim != 1:
+    if features.ndim != 1 or features.dtype.kind != "f":
         raise InvalidOutput("feature vector missing", WRONG_OUTPUT)
-    if not np.all(np.isfinite(arrays["features"])):
+    if not np.all(np.isfinite(features)):
         raise InvalidOutput("feature vector holds NaN or Inf", NON_FINITE)
 
 

@@ -90,12 +90,16 @@ def write(root: Path, step: int, save: Callable[[Path], None], linkage: dict) ->
 
 
 def read_sidecar(folder: Path) -> dict:
+    """The sidecar's JSON object; CheckpointError when there is none to read."""
     try:
-        return json.loads((folder / SIDECAR).read_text())
+        sidecar = json.loads((folder / SIDECAR).read_text())
     except FileNotFoundError as exc:
         raise CheckpointError(f"{folder.name}: no {SIDECAR} (an unfinished checkpoint)") from exc
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise CheckpointError(f"{folder.name}: {SIDECAR} unreadable: {exc}") from exc
+    if not isinstance(sidecar, dict):
+        raise CheckpointError(f"{folder.name}: {SIDECAR} is not a JSON object")
+    return sidecar
 
 
 def problems(folder: Path) -> list[str]:
@@ -109,16 +113,26 @@ def problems(folder: Path) -> list[str]:
     found = []
     named = _NAME.match(folder.name)
     if named and sidecar.get("step") != int(named.group(1)):
-        found.append(f"{folder.name}: {SIDECAR} names step {sidecar.get('step')!r}")
-    for name, expected in sorted(sidecar.get("files", {}).items()):
+        found.append(f"{folder.name}: {SIDECAR} names step {sidecar.get('step')!r:.40}")
+    files = sidecar.get("files")
+    if not isinstance(files, dict) or not files:
+        return [*found, f"{folder.name}: {SIDECAR} lists no files"]
+    for name, expected in sorted(files.items()):
+        if not _plain_name(name):
+            # Only files of this folder are checked: a name that leads out of
+            # it (or to /dev/zero) is never opened.
+            found.append(f"{folder.name}: {SIDECAR} lists {name!r:.80}, not a file name")
+            continue
         path = folder / name
         if not path.is_file():
             found.append(f"{folder.name}/{name}: missing")
         elif sha256_file(path) != expected:
             found.append(f"{folder.name}/{name}: sha256 differs from the one recorded")
-    if not sidecar.get("files"):
-        found.append(f"{folder.name}: {SIDECAR} lists no files")
     return found
+
+
+def _plain_name(name: str) -> bool:
+    return name not in ("", ".", "..") and "/" not in name and "\x00" not in name
 
 
 def against_record(folder: Path, *, weights_sha256: str, sidecar_sha256: str = "") -> list[str]:

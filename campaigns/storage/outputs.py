@@ -7,9 +7,15 @@ import ctypes.util
 import functools
 import hashlib
 import io
+import math
 import os
 import secrets
+import struct
 import threading
+import tokenize
+import warnings
+import zipfile
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -259,35 +265,150 @@ class InvalidOutput(Exception):
 # threads parse at once (gh-106905): the worker checks outputs in a thread pool.
 _NPY_PARSE = threading.Lock()
 
+# What numpy's header parser, zipfile and zlib raise on damaged bytes. After
+# the file is open, an OSError is one too (zipfile seeks where a damaged
+# directory points).
+_DAMAGED = (
+    ValueError,
+    SyntaxError,
+    tokenize.TokenError,
+    EOFError,
+    OverflowError,
+    struct.error,
+    zipfile.BadZipFile,
+    zipfile.LargeZipFile,
+    zlib.error,
+    NotImplementedError,
+    RuntimeError,
+    OSError,
+)
+#: The longest .npy header numpy reads (its max_header_size, with magic and length).
+_NPY_HEADER_MAX = 10_000 + 16
+#: Deflate's largest possible ratio: an archive member declaring more
+#: uncompressed bytes than this times its compressed ones is lying.
+_DEFLATE_MAX_RATIO = 1032
 
-def load_npy_or_npz(source, **kwargs):
-    """np.load with header parsing serialised across threads (see _NPY_PARSE)."""
-    with _NPY_PARSE:
-        loaded = np.load(source, allow_pickle=False, **kwargs)
-        if isinstance(loaded, np.lib.npyio.NpzFile):
-            # An .npz parses each member's header on access: read them all here.
-            with loaded:
-                return {name: loaded[name] for name in loaded.files}
-        return loaded
+
+def load_npy_or_npz(source) -> np.ndarray | dict[str, np.ndarray]:
+    """The array of an .npy, or the arrays of an .npz by name (`source`: a path
+    or a binary file object).
+
+    InvalidOutput when the bytes are not that: damaged, pickled, a member that
+    is no .npy, an archive compressed otherwise than numpy writes, or a header
+    declaring more data than the file holds, refused before anything of that
+    size is allocated (memory stays within the file's size, an .npz's declared
+    one). OSError only when the file cannot be opened.
+    """
+    fh = open(source, "rb") if isinstance(source, str | os.PathLike) else source  # noqa: SIM115
+    try:
+        head = fh.read(4)
+        fh.seek(0)
+        if head in (b"PK\x03\x04", b"PK\x05\x06"):
+            return _read_npz(fh)
+        return _read_npy(fh, _size_of(fh))
+    except InvalidOutput:
+        raise
+    except _DAMAGED as exc:
+        raise InvalidOutput(f"not a readable .npy/.npz file: {exc}") from exc
+    finally:
+        if fh is not source:
+            fh.close()
+
+
+def _size_of(fh) -> int:
+    size = fh.seek(0, os.SEEK_END)
+    fh.seek(0)
+    return size
+
+
+def _read_npz(fh) -> dict[str, np.ndarray]:
+    arrays = {}
+    size = _size_of(fh)
+    with zipfile.ZipFile(fh) as archive:
+        for info in archive.infolist():
+            if info.compress_size > size:
+                raise InvalidOutput(
+                    f"archive member {info.filename!r} declares {info.compress_size} bytes "
+                    f"in a file of {size}"
+                )
+            if info.flag_bits & 0x1:
+                raise InvalidOutput(f"archive member {info.filename!r} is encrypted")
+            if info.compress_type == zipfile.ZIP_STORED:
+                ceiling = info.compress_size
+            elif info.compress_type == zipfile.ZIP_DEFLATED:
+                ceiling = info.compress_size * _DEFLATE_MAX_RATIO
+            else:
+                raise InvalidOutput(f"archive member {info.filename!r}: unknown compression")
+            if info.file_size > ceiling:
+                raise InvalidOutput(
+                    f"archive member {info.filename!r} declares {info.file_size} bytes "
+                    f"from {info.compress_size}"
+                )
+            with archive.open(info) as member:
+                arrays[info.filename.removesuffix(".npy")] = _read_npy(member, info.file_size)
+    return arrays
+
+
+def _read_npy(fh, size: int) -> np.ndarray:
+    """One .npy from `fh`, at most `size` bytes long: its data is read only once
+    the header's shape and dtype fit in what is there."""
+    shape, fortran, dtype = read_npy_header(fh)
+    if dtype.hasobject:
+        raise InvalidOutput(f"array of Python objects ({dtype}), not data")
+    if any(n < 0 for n in shape):
+        raise InvalidOutput(f"array of shape {shape}")
+    count = math.prod(shape)
+    need = count * dtype.itemsize
+    available = size - fh.tell()
+    if need > available or (dtype.itemsize == 0 and count > available):
+        raise InvalidOutput(
+            f"header declares {shape} {dtype}, {need} bytes; the file holds {available}"
+        )
+    data = bytearray(need)
+    if fh.readinto(data) != need:
+        raise InvalidOutput(f"data cut short: {shape} {dtype} needs {need} bytes")
+    if fortran:
+        return np.frombuffer(data, dtype=dtype, count=count).reshape(shape[::-1]).transpose()
+    return np.frombuffer(data, dtype=dtype, count=count).reshape(shape)
+
+
+def read_npy_header(fh) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, fortran order, dtype) of the .npy at `fh`, which is left at its
+    data; InvalidOutput when it has none numpy wrote."""
+    try:
+        with _NPY_PARSE, warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # a header from Python 2
+            version = npy_format.read_magic(fh)
+            if version == (1, 0):
+                return npy_format.read_array_header_1_0(fh)
+            if version == (2, 0):
+                return npy_format.read_array_header_2_0(fh)
+    except _DAMAGED as exc:
+        raise InvalidOutput(f"not a .npy file: {exc}") from exc
+    raise InvalidOutput(f"unsupported .npy version {version}")
 
 
 def validate_embedding_file(path: Path, *, dimension: int, normalized: bool) -> np.ndarray:
     """Load an embedding .npy and check shape, finiteness and (if asked) unit norm."""
+    # No .npy of one vector is longer: its header is at most numpy's header
+    # limit, so a larger file is refused without being read whole.
+    longest = dimension * 4 + _NPY_HEADER_MAX
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as fh:
+            data = fh.read(longest + 1)
     except OSError as exc:
         raise InvalidOutput(f"not a readable .npy file: {exc}") from exc
+    if len(data) > longest:
+        raise InvalidOutput(f"over {longest} bytes, more than one vector", WRONG_OUTPUT)
     header = _npy_header(dimension)
     if data.startswith(header) and len(data) == len(header) + dimension * 4:
         # The exact header np.save writes: no parsing needed.
         vector = np.frombuffer(data, dtype="<f4", offset=len(header))
     else:
-        try:
-            vector = load_npy_or_npz(io.BytesIO(data))
-        except (OSError, ValueError, SyntaxError) as exc:
-            raise InvalidOutput(f"not a readable .npy file: {exc}") from exc
-        if not isinstance(vector, np.ndarray):
+        loaded = load_npy_or_npz(io.BytesIO(data))
+        if not isinstance(loaded, np.ndarray):
             raise InvalidOutput("an .npz archive, expected one .npy vector")
+        vector = loaded
     if vector.shape != (dimension,):
         raise InvalidOutput(f"shape {vector.shape}, expected ({dimension},)", WRONG_OUTPUT)
     if vector.dtype != np.float32:
@@ -336,16 +457,7 @@ def check_npy_header(path: Path, *, expected_size: int | None, dimension: int) -
         if fh.read(len(expected)) == expected and size == len(expected) + dimension * 4:
             return
         fh.seek(0)
-        try:
-            version = npy_format.read_magic(fh)
-            if version == (1, 0):
-                shape, _fortran, dtype = npy_format.read_array_header_1_0(fh)
-            elif version == (2, 0):
-                shape, _fortran, dtype = npy_format.read_array_header_2_0(fh)
-            else:
-                raise ValueError(f"unsupported .npy version {version}")
-        except (ValueError, OSError, SyntaxError) as exc:
-            raise InvalidOutput(f"not a .npy file: {exc}") from exc
+        shape, _fortran, dtype = read_npy_header(fh)
         header_end = fh.tell()
     if shape != (dimension,) or dtype != np.float32:
         raise InvalidOutput(f"array {shape} {dtype}, expected ({dimension},) float32", WRONG_OUTPUT)

@@ -11,6 +11,9 @@ from pathlib import Path, PurePosixPath
 # Letters and digits of any script stay readable; everything else becomes "_".
 _UNSAFE = re.compile(r"[^\w.\-]+", re.UNICODE)
 _MAX_NAME = 80
+#: The longest file name Linux file systems take, in bytes: 80 letters of a
+#: script whose UTF-8 takes 3 or 4 bytes a letter would exceed it.
+_NAME_MAX_BYTES = 255
 
 
 def normalise_uid(relative_path: str) -> str:
@@ -25,19 +28,25 @@ def safe_name(uid: str) -> str:
     The readable part may collide ("a/b" and "a_b"), the hash suffix does not;
     over-long ids keep a readable prefix only.
     """
-    return _shard_and_name(uid)[1]
+    return _shard_and_name(uid, "")[1]
 
 
-def _shard_and_name(uid: str) -> tuple[str, str]:
+def _shard_and_name(uid: str, suffix: str) -> tuple[str, str]:
     digest = hashlib.sha256(uid.encode("utf-8")).hexdigest()
     readable = _UNSAFE.sub("_", unicodedata.normalize("NFC", uid)).strip("._") or "unit"
-    return digest[:2], f"{readable[:_MAX_NAME]}-{digest[:12]}"
+    readable = readable[:_MAX_NAME]
+    # Cut further only where the name would not fit the file system: every
+    # name that fits stays as it always was.
+    room = _NAME_MAX_BYTES - len(f"-{digest[:12]}{suffix}".encode())
+    if len(readable.encode("utf-8")) > room:
+        readable = readable.encode("utf-8")[:room].decode("utf-8", "ignore")
+    return digest[:2], f"{readable}-{digest[:12]}"
 
 
 def output_name(uid: str, suffix: str) -> str:
     """'<shard>/<name><suffix>': the part of a unit's output path that does not
     depend on campaign or version (verify compares many of these)."""
-    shard, name = _shard_and_name(uid)
+    shard, name = _shard_and_name(uid, suffix)
     return f"{shard}/{name}{suffix}"
 
 
@@ -70,9 +79,13 @@ class InputLocator:
 
 
 def resolve_input(root: Path, source_path: str) -> Path:
-    """The absolute input path of a unit; refuses anything that leaves the corpus root."""
-    root = root.resolve()
-    candidate = (root / source_path).resolve()
+    """The absolute input path of a unit; refuses anything that leaves the corpus
+    root, or loops through symlinks, with ValueError."""
+    try:
+        root = root.resolve()
+        candidate = (root / source_path).resolve()
+    except RuntimeError as exc:  # pathlib's word for ELOOP
+        raise ValueError(f"path {source_path!r} loops through symlinks: {exc}") from None
     if candidate != root and root not in candidate.parents:
         raise ValueError(f"path {source_path!r} leaves the corpus folder {root}")
     return candidate

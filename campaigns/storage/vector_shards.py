@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import zipfile
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,10 +88,10 @@ class Shard:
 
 def load_shard(path: Path | str, *, dimension: int | None = None) -> Shard:
     """The shard at `path`, whole and well formed, else InvalidOutput (OSError
-    when it cannot be read at all, FileNotFoundError when it is gone)."""
+    when it cannot be opened, FileNotFoundError when it is gone)."""
     try:
         members = load_npy_or_npz(path)
-    except (ValueError, zipfile.BadZipFile, EOFError, SyntaxError) as exc:
+    except InvalidOutput as exc:
         raise InvalidOutput(f"not a readable vector shard: {exc}") from exc
     if not isinstance(members, dict) or set(members) - {"inputs"} != {"vectors", "ids"}:
         raise InvalidOutput("not a vector shard: expected arrays 'vectors' and 'ids'", WRONG_OUTPUT)

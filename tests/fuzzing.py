@@ -1,0 +1,106 @@
+"""Hypothesis strategies for the fuzzed readers and validators (tests/campaigns/test_fuzz_*.py).
+
+Two kinds of input: arbitrary bytes, and a valid file damaged the ways disks,
+writers and people damage files (bytes flipped, cut short, inserted, a header
+that declares a huge array over a few bytes of data). The properties are
+the same everywhere: only the documented error classes come out, each example
+finishes within the profile's deadline (tests/conftest.py), and memory stays
+bounded (`bounded`).
+"""
+
+from __future__ import annotations
+
+import io
+import tracemalloc
+import zipfile
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from hypothesis import strategies as st
+from numpy.lib import format as npy_format
+
+#: What one check of one small file may allocate (Python and numpy memory,
+#: as tracemalloc sees it): well above any valid example here, far below an
+#: array a damaged header declares.
+MEMORY_BOUND = 64 * 2**20
+
+
+def bounded(
+    check: Callable[[], Any], allowed: tuple[type[BaseException], ...]
+) -> BaseException | None:
+    """Run `check`; return the allowed exception it raised (or None), after
+    asserting its traced memory peak stays under MEMORY_BOUND. Any other
+    exception propagates, so hypothesis shrinks and reports it."""
+    tracemalloc.start()
+    try:
+        check()
+        raised = None
+    except allowed as exc:
+        raised = exc
+    finally:
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    assert peak < MEMORY_BOUND, f"peak {peak / 2**20:.0f} MiB"
+    return raised
+
+
+@st.composite
+def damaged(draw, good: bytes) -> bytes:
+    """`good` with one to four edits: bytes flipped, cut short, bytes inserted or removed."""
+    data = bytearray(good)
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["flip", "truncate", "insert", "delete"]))
+        at = draw(st.integers(0, max(0, len(data) - 1)))
+        if kind == "flip" and data:
+            data[at] ^= draw(st.integers(1, 255))
+        elif kind == "truncate":
+            del data[at:]
+        elif kind == "insert":
+            data[at:at] = draw(st.binary(min_size=1, max_size=16))
+        elif data:
+            del data[at : at + draw(st.integers(1, 16))]
+    return bytes(data)
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
+#: Shapes a damaged header may declare: empty, negative, huge (10^9 float32
+#: is 4 GB, which malloc grants without touching it), beyond int64.
+declared_shapes = st.one_of(
+    st.tuples(st.integers(-2, 2**70)),
+    st.tuples(st.integers(-2, 10**6), st.integers(-2, 10**6)),
+    st.sampled_from([(10**9,), (10**12,), (2**40, 2**40), (), (0,), (1, 0), (10**5, 10**5)]),
+)
+declared_descrs = st.sampled_from(["<f4", "<f8", "|u1", "<U40", "<i8", ">f4", "|V8", "|O", "S3"])
+
+
+@st.composite
+def npy_declaring(draw) -> bytes:
+    """A .npy whose header declares any shape and dtype over a few bytes of data."""
+    header = {
+        "descr": draw(declared_descrs),
+        "fortran_order": draw(st.booleans()),
+        "shape": draw(declared_shapes),
+    }
+    buf = io.BytesIO()
+    buf.write(npy_format.magic(1, 0))
+    text = repr(header).encode("latin1")
+    text += b" " * ((64 - (10 + len(text) + 1) % 64) % 64) + b"\n"
+    buf.write(len(text).to_bytes(2, "little"))
+    buf.write(text)
+    buf.write(draw(st.binary(max_size=64)))
+    return buf.getvalue()
+
+
+def zip_of(members: dict[str, bytes], *, compression: int = zipfile.ZIP_STORED) -> bytes:
+    """An .npz-shaped zip of these members (names given whole, '.npy' included)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=compression) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return buf.getvalue()

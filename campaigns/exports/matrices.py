@@ -26,7 +26,7 @@ from numpy.lib import format as npy_format
 from campaigns.models import Campaign, ParameterVersion
 from campaigns.runs.versions import VersionOutput, outputs_count, outputs_of
 from campaigns.specs.processors import get_spec
-from campaigns.storage.outputs import InvalidOutput
+from campaigns.storage.outputs import InvalidOutput, load_npz
 from campaigns.storage.vector_shards import VectorReader
 
 CLASSIFICATION = "image-classification"
@@ -62,10 +62,10 @@ class RowReader:
     def read(self, rel: str) -> Row:
         try:
             if self.kind == "features":
-                with np.load(self.root / rel, allow_pickle=False) as data:
-                    labels = data["top_labels"]
-                    label = str(labels[0]) if len(labels) else ""
-                    return Row(np.asarray(data["features"], dtype=np.float32).ravel(), label)
+                data = load_npz(self.root / rel)
+                labels = data["top_labels"]
+                label = str(labels[0]) if len(labels) else ""
+                return Row(np.asarray(data["features"], dtype=np.float32).ravel(), label)
             return Row(np.asarray(self._vectors.vector(rel), dtype=np.float32).ravel())
         except (OSError, ValueError, KeyError, EOFError, InvalidOutput) as exc:
             return Row(None, error=f"output unreadable: {exc}")

@@ -24,7 +24,7 @@ from numpy.lib import format as npy_format
 from campaigns.exports.csv_stream import stream_csv
 from campaigns.models import Campaign, ParameterVersion
 from campaigns.runs.versions import outputs_count, outputs_of
-from campaigns.storage.outputs import write_atomic
+from campaigns.storage.outputs import InvalidOutput, load_npz, write_atomic
 
 _ARRAYS = ("top_labels", "top_probs", "margin", "features")
 
@@ -37,9 +37,9 @@ def _outputs(campaign: Campaign, version: ParameterVersion) -> Iterator[tuple]:
     for out in outputs_of(campaign=campaign, version=version):
         arrays: dict[str, np.ndarray] | str
         try:
-            with np.load(root / out.output_path, allow_pickle=False) as data:
-                arrays = {name: data[name] for name in _ARRAYS}
-        except (OSError, ValueError, KeyError, EOFError) as exc:
+            data = load_npz(root / out.output_path)
+            arrays = {name: data[name] for name in _ARRAYS}
+        except (OSError, KeyError, InvalidOutput) as exc:
             arrays = f"output unreadable: {exc}"
         yield out.uid, out.source_path, out.category, out.output_path, arrays
 

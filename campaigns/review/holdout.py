@@ -20,7 +20,7 @@ from django.core.exceptions import ValidationError
 
 from campaigns.models import Attempt, Campaign, ParameterVersion, ReviewItem, Unit
 from campaigns.specs.processors import get_spec
-from campaigns.storage.outputs import InvalidOutput
+from campaigns.storage.outputs import InvalidOutput, load_npz
 from campaigns.storage.vector_shards import VectorReader
 
 _CHUNK = 2000
@@ -135,9 +135,8 @@ def _classification(
             not_labels += 1
             continue
         try:
-            with np.load(output_root / rel, allow_pickle=False) as out:
-                predicted = str(out["top_labels"][0])
-        except (OSError, ValueError, KeyError, IndexError):
+            predicted = str(load_npz(output_root / rel)["top_labels"][0])
+        except (OSError, KeyError, IndexError, InvalidOutput):
             # Gone or damaged since it was recorded: verify reports it; a guess here would not.
             unreadable += 1
             continue

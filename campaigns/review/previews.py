@@ -23,6 +23,7 @@ from campaigns.intake.inputs import InputError, ReadLimits, decode_text, read_by
 from campaigns.models import Attempt, Campaign, Unit
 from campaigns.review import holdout
 from campaigns.specs.limits import output_pixel_bound
+from campaigns.storage.outputs import InvalidOutput, load_npz
 from campaigns.storage.paths import resolve_input
 from campaigns.storage.vector_shards import VectorReader, split_member
 
@@ -171,12 +172,12 @@ def _image_summary(campaign: Campaign, params: dict, data: bytes) -> OutputSumma
 
 def _classification_summary(data: bytes) -> OutputSummary:
     try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as out:
-            labels = [str(label) for label in out["top_labels"]]
-            probs = [float(p) for p in out["top_probs"]]
-            ranked = list(zip(labels, probs, strict=True))
-            margin = float(out["margin"])
-    except (OSError, ValueError, KeyError) as exc:
+        out = load_npz(io.BytesIO(data))
+        labels = [str(label) for label in out["top_labels"]]
+        probs = [float(p) for p in out["top_probs"]]
+        ranked = list(zip(labels, probs, strict=True))
+        margin = float(out["margin"])
+    except (OSError, ValueError, TypeError, KeyError, InvalidOutput) as exc:
         return OutputSummary("error", error=f"unreadable classification output: {exc}")
     return OutputSummary("classification", labels=ranked, margin=margin)
 

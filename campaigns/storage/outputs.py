@@ -321,6 +321,15 @@ def _size_of(fh) -> int:
     return size
 
 
+def load_npz(source) -> dict[str, np.ndarray]:
+    """The arrays of an .npz by name (a classification's output), as
+    load_npy_or_npz reads them; InvalidOutput for a bare .npy too."""
+    arrays = load_npy_or_npz(source)
+    if not isinstance(arrays, dict):
+        raise InvalidOutput("an .npy array where an .npz archive of named arrays belongs")
+    return arrays
+
+
 def _read_npz(fh) -> dict[str, np.ndarray]:
     arrays = {}
     size = _size_of(fh)

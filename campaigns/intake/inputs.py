@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import unicodedata
 from pathlib import Path
 
 from campaigns.models import ErrorClass
@@ -113,4 +114,30 @@ def decode_text(data: bytes) -> str:
     text = text.removeprefix("\ufeff")
     if not text.strip():
         raise InputError(ErrorClass.INPUT_INVALID, "whitespace only, nothing to embed")
+    if not any(map(_is_content, text)):  # stops at the first visible character
+        raise InputError(
+            ErrorClass.INPUT_INVALID,
+            f"control or zero-width characters only ({_invisible_named(text)}), nothing to embed",
+        )
     return text
+
+
+# Control (Cc) and format (Cf: zero-width space and joiners, direction marks,
+# BOM) characters: tokenizers drop them, so a text of nothing else embeds as
+# an empty input would, a vector that says nothing about the file.
+_INVISIBLE = frozenset({"Cc", "Cf"})
+
+
+def _is_content(char: str) -> bool:
+    return not char.isspace() and unicodedata.category(char) not in _INVISIBLE
+
+
+def _invisible_named(text: str, shown: int = 3) -> str:
+    """The first few distinct invisible characters, as U+XXXX."""
+    named: dict[str, None] = {}
+    for char in text:
+        if not char.isspace():
+            named.setdefault(f"U+{ord(char):04X}")
+            if len(named) == shown:
+                break
+    return ", ".join(named)

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from campaigns import selectors
 from campaigns.adaptation import services as adaptation
-from campaigns.exports.inventory import export
+from campaigns.exports.inventory import ExportError, export
 from campaigns.intake import importing
 from campaigns.intake.importing import ManifestError
 from campaigns.management import version_cli
@@ -373,7 +373,11 @@ class Command(version_cli.VersionCommands, BaseCommand):
             self._wait(campaign, timeout)
 
     def _export(self, *, name, to: Path, **_):
-        for path in export(self._campaign(name), to):
+        try:
+            written = export(self._campaign(name), to)
+        except ExportError as exc:
+            raise CommandError(str(exc)) from exc
+        for path in written:
             self.stdout.write(f"wrote {path}")
 
     def _list(self, *, json: bool, **_):

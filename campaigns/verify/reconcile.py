@@ -15,6 +15,7 @@ import stat
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from django.conf import settings
@@ -184,14 +185,46 @@ def campaign_verify(*, campaign: Campaign, deep: bool = False) -> VerifyReport:
     if spec.training:
         report.checkpoints, report.damaged_checkpoints = verify_checkpoints(campaign)
     report.seconds = time.perf_counter() - started
+    data = report.as_dict()
     Reconciliation.objects.create(
         campaign=campaign,
         deep=deep,
         seconds=report.seconds,
-        counts={k: v for k, v in report.as_dict().items() if isinstance(v, int)},
-        samples=report.as_dict()["samples"],
+        counts={k: v for k, v in data.items() if isinstance(v, int)},
+        samples={
+            **data["samples"],
+            _ORPHANS: [{"id": rel, "reason": ""} for rel in report.orphan_samples],
+        },
     )
     return report
+
+
+# The key of the orphan outputs' samples in a stored report (with the verdicts').
+_ORPHANS = "orphan_outputs"
+
+
+def last_report(*, campaign: Campaign) -> tuple[VerifyReport, datetime] | None:
+    """The newest stored verify report and when it ran, or None: read back,
+    nothing is checked again (a verify moves the damaged units' states, so
+    what it found is read here, not found again)."""
+    record = campaign.reconciliations.order_by("-created_at", "-pk").first()
+    if record is None:
+        return None
+    counts, samples = record.counts, dict(record.samples)
+    report = VerifyReport(
+        campaign=campaign.name,
+        deep=record.deep,
+        counts=Counter({v: counts.get(v, 0) for v in Verdict.ALL}),
+        orphans=counts.get(_ORPHANS, 0),
+        orphan_samples=[s["id"] for s in samples.pop(_ORPHANS, [])],
+        stale_temp_removed=counts.get("stale_temp_files_removed", 0),
+        damaged_set_aside=counts.get("damaged_set_aside", 0),
+        corrected=counts.get("corrected", 0),
+        seconds=record.seconds,
+        checkpoints=counts.get("checkpoints", 0),
+    )
+    report.samples.update(samples)
+    return report, record.created_at
 
 
 def verify_checkpoints(campaign: Campaign) -> tuple[int, list[dict]]:
@@ -258,7 +291,9 @@ def _judge(unit, spec, versions, locate, shards: ShardChecker, deep) -> tuple[st
     if input_verdict is not None:
         return input_verdict
     if state == UnitState.PENDING:
-        return Verdict.PENDING, ""
+        # What an earlier verify found ("output missing at verify: …") stays
+        # named until the unit runs again, so a second verify still says it.
+        return Verdict.PENDING, unit["error_message"]
     if state == UnitState.FAILED:
         return Verdict.FAILED, unit["error_message"]
 

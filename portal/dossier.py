@@ -17,7 +17,7 @@ import hashlib
 import io
 import json
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -27,6 +27,7 @@ from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
 from django.db.models import Count, Max, Sum
 
+from campaigns.exports.csv_stream import safe_row
 from campaigns.models import (
     Batch,
     Campaign,
@@ -56,7 +57,7 @@ _CHUNK = 2000
 _NO_ESTIMATE = {"estimate": None, "note": "no profile has been run for this campaign"}
 # Part of the fingerprint: a change of the layout below must not serve zips
 # kept from the old one. Bump it with any change to what a dossier holds.
-DOSSIER_FORMAT = 1
+DOSSIER_FORMAT = 2
 _HASH_CHUNK = 1024 * 1024
 
 
@@ -452,14 +453,14 @@ def _write_csv(
     name: str,
     date_time: tuple[int, ...],
     header: list[str],
-    rows: Iterable[Iterable[Any]],
+    rows: Iterable[Sequence[Any]],
 ) -> None:
     # Straight into the compressed entry: the CSV text is never whole in memory.
     with zf.open(_info(name, date_time), mode="w") as raw:
         text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
         writer = csv.writer(text)
         writer.writerow(header)
-        writer.writerows(rows)
+        writer.writerows(safe_row(row) for row in rows)  # no cell runs as a formula
         text.flush()
         text.detach()
 

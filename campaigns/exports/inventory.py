@@ -167,8 +167,39 @@ GENERATORS = {
 }
 
 
+class ExportError(Exception):
+    """The export's folder cannot be made or written; the message names the path and why."""
+
+
 def export(campaign: Campaign, folder: Path) -> list[Path]:
-    folder.mkdir(parents=True, exist_ok=True)
+    """Write the dossier into `folder` (made if need be); files already there
+    with the same names are replaced whole. A folder that cannot be made or
+    written is an ExportError; the files written before it stay whole."""
+    _make_folder(folder)
+    try:
+        return _write_all(campaign, folder)
+    except OSError as exc:
+        # os.replace names its temporary file first and the target second.
+        where = exc.filename2 or exc.filename or folder
+        raise ExportError(
+            f"cannot export to {folder}: cannot write {where} ({exc.strerror or exc})"
+        ) from exc
+
+
+def _make_folder(folder: Path) -> None:
+    if folder.exists() and not folder.is_dir():
+        raise ExportError(f"cannot export to {folder}: it is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        # With parents=True the error names the first folder that could not be made.
+        where = f"; at {exc.filename}" if exc.filename and str(exc.filename) != str(folder) else ""
+        raise ExportError(
+            f"cannot export to {folder}: cannot create the folder ({exc.strerror or exc}{where})"
+        ) from exc
+
+
+def _write_all(campaign: Campaign, folder: Path) -> list[Path]:
     written = []
     for name, generate in GENERATORS.items():
         path = folder / name

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -245,9 +246,35 @@ def decode_text(data: bytes) -> str:
                 f"its first {len(data):,} bytes are whitespace only, nothing to embed",
             )
         raise InputError(ErrorClass.INPUT_INVALID, "whitespace only, nothing to embed")
+    if not any(map(_is_content, text)):  # stops at the first visible character
+        raise InputError(
+            ErrorClass.INPUT_INVALID,
+            f"control or zero-width characters only ({_invisible_named(text)}), nothing to embed",
+        )
     if cut:
         # rsplit drops the last whitespace run and what follows it, in C.
         head = text.rsplit(None, 1)[0]
         if len(head) > len(text) // 2:
             text = head
     return text
+
+
+# Control (Cc) and format (Cf: zero-width space and joiners, direction marks,
+# BOM) characters: tokenizers drop them, so a text of nothing else embeds as
+# an empty input would, a vector that says nothing about the file.
+_INVISIBLE = frozenset({"Cc", "Cf"})
+
+
+def _is_content(char: str) -> bool:
+    return not char.isspace() and unicodedata.category(char) not in _INVISIBLE
+
+
+def _invisible_named(text: str, shown: int = 3) -> str:
+    """The first few distinct invisible characters, as U+XXXX."""
+    named: dict[str, None] = {}
+    for char in text:
+        if not char.isspace():
+            named.setdefault(f"U+{ord(char):04X}")
+            if len(named) == shown:
+                break
+    return ", ".join(named)

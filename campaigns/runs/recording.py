@@ -71,7 +71,11 @@ class UnitOutcome:
 
 def outcomes_flag_duplicates(*, batch: Batch, outcomes: Sequence[UnitOutcome]) -> None:
     """Flag the same vector for different inputs, in this batch or earlier ones
-    of the same version (metrics["vector_hash"])."""
+    of the same version (metrics["vector_hash"]).
+
+    A unit's own earlier attempts are no twins: an input changed to bytes
+    that embed the same (other case, for an uncased model) is the same unit
+    run again, not a duplicate of another input."""
     by_hash: dict[str, list[UnitOutcome]] = {}
     for o in outcomes:
         digest = o.metrics.get("vector_hash")
@@ -79,14 +83,17 @@ def outcomes_flag_duplicates(*, batch: Batch, outcomes: Sequence[UnitOutcome]) -
             by_hash.setdefault(digest, []).append(o)
     if not by_hash:
         return
-    earlier = {
-        digest: (uid, sha) for digest, uid, sha in earlier_outputs(batch.version_id, list(by_hash))
-    }
+    earlier: dict[str, list[tuple[str, str]]] = {}
+    for digest, uid, sha in earlier_outputs(batch.version_id, list(by_hash)):
+        earlier.setdefault(digest, []).append((uid, sha))
     for digest, group in by_hash.items():
         for o in group:
-            twins = [t.unit.uid for t in group if t is not o and t.input_sha256 != o.input_sha256]
-            if digest in earlier and earlier[digest][1] != o.input_sha256:
-                twins.append(earlier[digest][0])
+            twins = {t.unit.uid for t in group if t is not o and t.input_sha256 != o.input_sha256}
+            twins.update(
+                uid
+                for uid, sha in earlier.get(digest, ())
+                if uid != o.unit.uid and sha != o.input_sha256
+            )
             if twins:
                 o.flags.append(
                     (FlagReason.DUPLICATE_VECTOR, f"same vector as {', '.join(sorted(twins)[:3])}")

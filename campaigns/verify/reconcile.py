@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from django.conf import settings
@@ -51,6 +53,7 @@ class Verdict:
     OUTPUT_INCOMPLETE = "output_incomplete"
     INPUT_MISSING = "input_missing"
     INPUT_CHANGED = "input_changed"
+    INPUT_UNREADABLE = "input_unreadable"
     INPUT_INVALID = "input_invalid"
     FAILED = "failed"
     PENDING = "pending"
@@ -63,6 +66,7 @@ class Verdict:
         OUTPUT_INCOMPLETE,
         INPUT_MISSING,
         INPUT_CHANGED,
+        INPUT_UNREADABLE,
         INPUT_INVALID,
         FAILED,
         PENDING,
@@ -181,14 +185,46 @@ def campaign_verify(*, campaign: Campaign, deep: bool = False) -> VerifyReport:
     if spec.training:
         report.checkpoints, report.damaged_checkpoints = verify_checkpoints(campaign)
     report.seconds = time.perf_counter() - started
+    data = report.as_dict()
     Reconciliation.objects.create(
         campaign=campaign,
         deep=deep,
         seconds=report.seconds,
-        counts={k: v for k, v in report.as_dict().items() if isinstance(v, int)},
-        samples=report.as_dict()["samples"],
+        counts={k: v for k, v in data.items() if isinstance(v, int)},
+        samples={
+            **data["samples"],
+            _ORPHANS: [{"id": rel, "reason": ""} for rel in report.orphan_samples],
+        },
     )
     return report
+
+
+# The key of the orphan outputs' samples in a stored report (with the verdicts').
+_ORPHANS = "orphan_outputs"
+
+
+def last_report(*, campaign: Campaign) -> tuple[VerifyReport, datetime] | None:
+    """The newest stored verify report and when it ran, or None: read back,
+    nothing is checked again (a verify moves the damaged units' states, so
+    what it found is read here, not found again)."""
+    record = campaign.reconciliations.order_by("-created_at", "-pk").first()
+    if record is None:
+        return None
+    counts, samples = record.counts, dict(record.samples)
+    report = VerifyReport(
+        campaign=campaign.name,
+        deep=record.deep,
+        counts=Counter({v: counts.get(v, 0) for v in Verdict.ALL}),
+        orphans=counts.get(_ORPHANS, 0),
+        orphan_samples=[s["id"] for s in samples.pop(_ORPHANS, [])],
+        stale_temp_removed=counts.get("stale_temp_files_removed", 0),
+        damaged_set_aside=counts.get("damaged_set_aside", 0),
+        corrected=counts.get("corrected", 0),
+        seconds=record.seconds,
+        checkpoints=counts.get("checkpoints", 0),
+    )
+    report.samples.update(samples)
+    return report, record.created_at
 
 
 def verify_checkpoints(campaign: Campaign) -> tuple[int, list[dict]]:
@@ -246,6 +282,7 @@ def _judge(unit, spec, versions, locate, shards: ShardChecker, deep) -> tuple[st
         verdict = {
             ErrorClass.INPUT_MISSING: Verdict.INPUT_MISSING,
             ErrorClass.INPUT_CHANGED: Verdict.INPUT_CHANGED,
+            ErrorClass.INPUT_UNREADABLE: Verdict.INPUT_UNREADABLE,
         }.get(unit["error_class"], Verdict.INPUT_INVALID)
         return verdict, unit["error_message"]
 
@@ -254,7 +291,9 @@ def _judge(unit, spec, versions, locate, shards: ShardChecker, deep) -> tuple[st
     if input_verdict is not None:
         return input_verdict
     if state == UnitState.PENDING:
-        return Verdict.PENDING, ""
+        # What an earlier verify found ("output missing at verify: …") stays
+        # named until the unit runs again, so a second verify still says it.
+        return Verdict.PENDING, unit["error_message"]
     if state == UnitState.FAILED:
         return Verdict.FAILED, unit["error_message"]
 
@@ -340,6 +379,8 @@ def _move_aside(output_root: Path, rel: str) -> str | None:
 
 
 def _check_input(unit, locate: InputLocator, deep: bool) -> tuple[str, str] | None:
+    """The input's verdict where something is wrong with it, in the classes the
+    import and the worker give the same trouble (campaigns/intake)."""
     if not unit["source_path"]:
         return None
     try:
@@ -349,14 +390,21 @@ def _check_input(unit, locate: InputLocator, deep: bool) -> tuple[str, str] | No
         return Verdict.INPUT_INVALID, str(exc)
     except FileNotFoundError:
         return Verdict.INPUT_MISSING, f"input file not found: {unit['source_path']}"
-    except OSError as exc:
-        return Verdict.INPUT_INVALID, f"cannot stat input: {exc.strerror or exc}"
+    except OSError as exc:  # a folder on the way that may not be entered, an I/O error
+        return Verdict.INPUT_UNREADABLE, f"cannot read input: {exc.strerror or exc}"
+    if stat.S_ISDIR(st.st_mode):
+        return Verdict.INPUT_INVALID, f"input is a folder, not a file: {unit['source_path']}"
     if unit["size"] is not None and st.st_size != unit["size"]:
         return Verdict.INPUT_CHANGED, f"input size {st.st_size} bytes, recorded {unit['size']}"
     # Same size: a new mtime (or --deep) earns a checksum, which decides.
     touched = unit["mtime_ns"] is not None and st.st_mtime_ns != unit["mtime_ns"]
-    if (deep or touched) and unit["sha256"] and file_sha256(path) != unit["sha256"]:
-        return Verdict.INPUT_CHANGED, "input content changed since import (sha256 differs)"
+    if (deep or touched) and unit["sha256"]:
+        try:
+            sha256 = file_sha256(path)
+        except OSError as exc:
+            return Verdict.INPUT_UNREADABLE, f"cannot read input: {exc.strerror or exc}"
+        if sha256 != unit["sha256"]:
+            return Verdict.INPUT_CHANGED, "input content changed since import (sha256 differs)"
     return None
 
 
@@ -370,6 +418,8 @@ def _correction(unit, verdict: str, reason: str) -> tuple | None:
     if verdict == Verdict.INPUT_CHANGED and unit["error_class"] != ErrorClass.INPUT_CHANGED:
         message = f"{reason} (resume --retry-failed processes the new content)"
         return (UnitState.FAILED, ErrorClass.INPUT_CHANGED, message, False)
+    if verdict == Verdict.INPUT_UNREADABLE and unit["error_class"] != ErrorClass.INPUT_UNREADABLE:
+        return (UnitState.FAILED, ErrorClass.INPUT_UNREADABLE, reason, False)
     if verdict == Verdict.INPUT_INVALID and unit["state"] != UnitState.FAILED:
         return (UnitState.FAILED, ErrorClass.INPUT_INVALID, reason, False)
     return None

@@ -125,6 +125,40 @@ def test_verify_json_has_one_verdict_per_unit(corpus):
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("where", "reason"),
+    [
+        ("file", "is a file, not a folder"),
+        ("file/dossier", "Not a directory"),
+        ("/proc/briefgpu-nowhere/dossier", "cannot create the folder"),
+    ],
+)
+def test_export_to_a_file_or_an_impossible_path_says_which_and_why(corpus, tmp_path, where, reason):
+    _call("create", "e", "--processor", "text-embedding", "--input", str(corpus))
+    (tmp_path / "file").write_text("not a folder\n")
+    target = tmp_path / where  # an absolute `where` stays itself
+    with pytest.raises(CommandError) as info:
+        _call("export", "e", "--to", str(target))
+    message = str(info.value)
+    assert message.startswith("cannot export to ")
+    assert str(target) in message and reason in message
+    assert (tmp_path / "file").read_text() == "not a folder\n"
+
+
+@pytest.mark.django_db
+def test_export_that_cannot_write_one_of_its_files_names_it(corpus, tmp_path):
+    _call("create", "e", "--processor", "text-embedding", "--input", str(corpus))
+    (tmp_path / "dossier" / "results.csv").mkdir(parents=True)  # root or not, not writable
+    with pytest.raises(CommandError) as info:
+        _call("export", "e", "--to", str(tmp_path / "dossier"))
+    assert str(info.value) == (
+        f"cannot export to {tmp_path / 'dossier'}: cannot write "
+        f"{tmp_path / 'dossier' / 'results.csv'} (Is a directory)"
+    )
+    assert not [p for p in (tmp_path / "dossier").iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.django_db
 def test_export_writes_the_dossier_files(corpus, tmp_path):
     _call("create", "e", "--processor", "text-embedding", "--input", str(corpus))
     out = _call("export", "e", "--to", str(tmp_path / "dossier"))

@@ -23,6 +23,27 @@ def test_bad_text_inputs_are_classified_with_a_readable_reason(data, reason):
     assert reason in info.value.message
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "\u200b\u200c\x01",  # zero-width space and non-joiner, a control character
+        "\ufeff\u200b \n\u2060\u200e\x7f\t",  # BOM, word joiner, LTR mark, DEL, whitespace
+        "\x1b\x1b\x1b" * 5000,
+    ],
+)
+def test_text_of_only_control_or_zero_width_characters_is_refused_like_whitespace(text):
+    with pytest.raises(InputError) as info:
+        decode_text(text.encode())
+    assert info.value.error_class == "input_invalid"
+    assert "nothing to embed" in info.value.message
+    assert "control or zero-width characters only" in info.value.message
+
+
+def test_text_with_content_among_zero_width_characters_is_read():
+    assert decode_text("\u200bx\u200c".encode()) == "\u200bx\u200c"
+    assert decode_text(("\u200b" * 10_000 + "é").encode()).endswith("é")
+
+
 def test_utf8_text_with_a_bom_is_read():
     assert decode_text("\ufeffhéllo".encode()) == "héllo"
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from campaigns.models import Attempt, Batch, ReviewItem, Unit, UnitState
-from campaigns.runs import start
+from campaigns.runs import setup, start
 from campaigns.storage.vector_shards import load_shard, split_member
 from gpuworker.processors.text_embedding import TextEmbeddingProcessor
 from gpuworker.runner.batch import run_batch
@@ -273,3 +273,24 @@ def test_the_failed_attempt_is_released_before_the_halves_run(queued):
         .exclude(uid__startswith="bad/")
         .values_list("state", flat=True)
     ) == {"succeeded"}
+
+
+def test_a_text_of_only_zero_width_characters_fails_like_a_whitespace_only_one(
+    project, tmp_path, output_root, run_here
+):
+    root = tmp_path / "texts"
+    root.mkdir()
+    (root / "invisible.txt").write_text("\u200b\u200c\u2060\x01\n", encoding="utf-8")
+    (root / "blank.txt").write_text(" \n\t\n")
+    (root / "words.txt").write_text("The harbour reopens on Monday.\n")
+    campaign, _ = setup.campaign_create(
+        name="invisible", processor="text-embedding", project=project, input_folder=root
+    )
+    run_here(campaign)
+    units = {u.uid: u for u in campaign.units.all()}
+    assert units["words.txt"].state == UnitState.SUCCEEDED
+    for uid in ("invisible.txt", "blank.txt"):
+        assert units[uid].state == UnitState.FAILED, uid
+        assert units[uid].error_class == "input_invalid"
+        assert units[uid].error_message.endswith("nothing to embed")
+    assert not units["invisible.txt"].output_path

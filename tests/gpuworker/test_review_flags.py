@@ -17,7 +17,7 @@ from campaigns.db.batch_statements import earlier_outputs, earlier_outputs_state
 from campaigns.models import Attempt, Checkpoint, ReviewItem, Unit, UnitState
 from campaigns.review import queue as review
 from campaigns.review.flags import classification_flags, image_input_flags, norm_flags
-from campaigns.runs import setup, start
+from campaigns.runs import control, setup, start
 from tests.gpuworker.test_image_classification import (
     CLASSES,
     COLOURS,
@@ -480,3 +480,34 @@ def test_flag_norm_max_flags_a_vector_above_it_and_not_one_below():
     assert plain.flags(plain.embed(texts), high) == []  # 0: never
     assert norm_flags(5.0, {"flag_norm_max": 3.0})[0][0] == "abnormal_norm"
     assert norm_flags(2.0, {"flag_norm_max": 3.0}) == []
+
+
+def test_a_text_changed_to_one_that_embeds_the_same_is_not_its_own_duplicate(
+    project, tmp_path, output_root, run_here
+):
+    root = tmp_path / "texts"
+    root.mkdir()
+    (root / "a.txt").write_text("The harbour reopens on Monday.\n")
+    (root / "c.txt").write_text("A completely different sentence about GPUs.\n")
+    campaign, _ = setup.campaign_create(
+        name="self-twin",
+        processor="text-embedding",
+        project=project,
+        input_folder=root,
+        # One text a batch: no padding, so equal tokens give equal vectors.
+        params={"batch_policy": "original", "batch_size": 1},
+    )
+    run_here(campaign)
+    # given: the input changes to other bytes with the same tokens (uncased model)
+    (root / "a.txt").write_text("THE HARBOUR REOPENS ON MONDAY.\n")
+    setup.campaign_import(campaign=campaign)
+    # when: the changed unit runs again
+    with mock.patch.object(start.celery_app, "send_task"):
+        control.campaign_resume(campaign=campaign, retry_failed=True)
+    run_here(campaign)
+    # then: its own earlier output is no twin
+    unit = campaign.units.get(uid="a.txt")
+    assert unit.attempts.filter(outcome="succeeded").count() == 2
+    flagged = ReviewItem.objects.filter(campaign=campaign, reason="duplicate_vector")
+    assert list(flagged.values_list("unit__uid", "detail")) == []
+    assert unit.state == UnitState.SUCCEEDED

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from campaigns import selectors
 from campaigns.adaptation import services as adaptation
-from campaigns.exports.inventory import export
+from campaigns.exports.inventory import ExportError, export
 from campaigns.intake import importing
 from campaigns.intake.importing import ManifestError
 from campaigns.management import version_cli
@@ -24,7 +24,7 @@ from campaigns.models import Campaign, Checkpoint, Training
 from campaigns.review.queue import checkpoint_decide, verification_status
 from campaigns.runs import control, setup, start
 from campaigns.specs.processors import all_specs
-from campaigns.verify.reconcile import Verdict, campaign_verify
+from campaigns.verify.reconcile import Verdict, campaign_verify, last_report
 
 
 def _param(text: str) -> tuple[str, str]:
@@ -111,6 +111,11 @@ class Command(version_cli.VersionCommands, BaseCommand):
             "--deep",
             action="store_true",
             help="also checksum every input and output and load every output",
+        )
+        verify.add_argument(
+            "--last",
+            action="store_true",
+            help="print the last verify's stored report; checks nothing and moves no state",
         )
 
         resume = sub.add_parser("resume", help="verify, then enqueue only the units that need it")
@@ -335,11 +340,29 @@ class Command(version_cli.VersionCommands, BaseCommand):
         else:
             self.stdout.write(f"stopped: {state.label}: {state.detail}")
 
-    def _verify(self, *, name, json: bool, deep: bool, **_):
+    def _verify(self, *, name, json: bool, deep: bool, last: bool = False, **_):
+        if last:
+            return self._last_verify(name=name, json=json)
         report = campaign_verify(campaign=self._campaign(name), deep=deep)
         if json:
             self.stdout.write(_dumps(report.as_dict()))
             return
+        self._print_report(report)
+
+    def _last_verify(self, *, name, json: bool) -> None:
+        campaign = self._campaign(name)
+        found = last_report(campaign=campaign)
+        if found is None:
+            message = f"never verified (campaign verify {name} checks it now)"
+            self.stdout.write(
+                _dumps({"campaign": name, "verified_at": None}) if json else f"{name}: {message}"
+            )
+            return
+        report, at = found
+        if json:
+            self.stdout.write(_dumps({**report.as_dict(), "verified_at": at.isoformat()}))
+            return
+        self.stdout.write(f"last verify at {at:%Y-%m-%d %H:%M:%S %Z}; nothing was checked now")
         self._print_report(report)
 
     def _print_report(self, report) -> None:
@@ -381,7 +404,11 @@ class Command(version_cli.VersionCommands, BaseCommand):
             self._wait(campaign, timeout)
 
     def _export(self, *, name, to: Path, **_):
-        for path in export(self._campaign(name), to):
+        try:
+            written = export(self._campaign(name), to)
+        except ExportError as exc:
+            raise CommandError(str(exc)) from exc
+        for path in written:
             self.stdout.write(f"wrote {path}")
 
     def _list(self, *, json: bool, **_):

@@ -19,12 +19,11 @@ from campaigns.adaptation import services as adaptation
 from campaigns.exports.inventory import ExportError, export
 from campaigns.intake import importing
 from campaigns.intake.importing import ManifestError
-from campaigns.management import version_cli
+from campaigns.management import verify_cli, version_cli
 from campaigns.models import Campaign, Checkpoint, Training
 from campaigns.review.queue import checkpoint_decide, verification_status
 from campaigns.runs import control, setup, start
 from campaigns.specs.processors import all_specs
-from campaigns.verify.reconcile import Verdict, campaign_verify, last_report
 
 
 def _param(text: str) -> tuple[str, str]:
@@ -34,7 +33,7 @@ def _param(text: str) -> tuple[str, str]:
     return key, value
 
 
-class Command(version_cli.VersionCommands, BaseCommand):
+class Command(verify_cli.VerifyCommands, version_cli.VersionCommands, BaseCommand):
     help = "Create, run and inspect campaigns."
 
     def add_arguments(self, parser):
@@ -339,52 +338,6 @@ class Command(version_cli.VersionCommands, BaseCommand):
             self.stdout.write(f"stopped: {held} (campaign checkpoint {campaign.name} pass|fail)")
         else:
             self.stdout.write(f"stopped: {state.label}: {state.detail}")
-
-    def _verify(self, *, name, json: bool, deep: bool, last: bool = False, **_):
-        if last:
-            return self._last_verify(name=name, json=json)
-        report = campaign_verify(campaign=self._campaign(name), deep=deep)
-        if json:
-            self.stdout.write(_dumps(report.as_dict()))
-            return
-        self._print_report(report)
-
-    def _last_verify(self, *, name, json: bool) -> None:
-        campaign = self._campaign(name)
-        found = last_report(campaign=campaign)
-        if found is None:
-            message = f"never verified (campaign verify {name} checks it now)"
-            self.stdout.write(
-                _dumps({"campaign": name, "verified_at": None}) if json else f"{name}: {message}"
-            )
-            return
-        report, at = found
-        if json:
-            self.stdout.write(_dumps({**report.as_dict(), "verified_at": at.isoformat()}))
-            return
-        self.stdout.write(f"last verify at {at:%Y-%m-%d %H:%M:%S %Z}; nothing was checked now")
-        self._print_report(report)
-
-    def _print_report(self, report) -> None:
-        data = report.as_dict()
-        self.stdout.write(
-            f"{report.campaign}: {data['total']} units "
-            f"({'deep' if report.deep else 'stat and header'} check, "
-            f"{data['seconds']:.2f}s)"
-        )
-        for verdict in Verdict.ALL:
-            if data[verdict]:
-                self.stdout.write(f"  {verdict:<18} {data[verdict]:>9}")
-                for sample in data["samples"].get(verdict, [])[:5]:
-                    if sample["reason"]:
-                        self.stdout.write(f"      {sample['id']}: {sample['reason']}")
-        self.stdout.write(f"  {'orphan outputs':<18} {data['orphan_outputs']:>9}")
-        for rel in data["orphan_samples"][:5]:
-            self.stdout.write(f"      {rel}")
-        self.stdout.write(f"  {'stale temp removed':<18} {data['stale_temp_files_removed']:>9}")
-        if data["damaged_set_aside"]:
-            self.stdout.write(f"  {'damaged set aside':<18} {data['damaged_set_aside']:>9}")
-        self.stdout.write(f"  {'states corrected':<18} {data['corrected']:>9}")
 
     def _resume(self, *, name, retry_failed: bool, wait: bool, timeout, **_):
         campaign = self._campaign(name)

@@ -112,9 +112,14 @@ def _read_limited(fh: BinaryIO, limits: ReadLimits) -> InputBytes:
     size = os.fstat(fh.fileno()).st_size
     _refuse_over(size, limits)
     if limits.keep is None:
-        # One byte past the cap: a file that grows (or a size fstat does not
-        # know) still cannot make this read unbounded.
-        whole = fh.read() if limits.max_bytes is None else fh.read(limits.max_bytes + 1)
+        # read(n) allocates n bytes up front, so it asks for what fstat says
+        # the file holds; one byte past the cap at most, so a file that grows
+        # (or a size fstat does not know) cannot make the read unbounded.
+        cap = size if limits.max_bytes is None else min(size, limits.max_bytes)
+        whole = fh.read(cap + 1)
+        if len(whole) > cap:
+            rest = None if limits.max_bytes is None else limits.max_bytes + 1 - len(whole)
+            whole += fh.read() if rest is None else fh.read(max(rest, 0))
         _refuse_over(len(whole), limits)
         return _input_bytes(whole, len(whole))
     data = fh.read(limits.keep)

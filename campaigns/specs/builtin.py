@@ -311,10 +311,18 @@ def check_image_output(path: Path, params: dict, source_size: tuple[int, int] | 
     # declares (up to 2 GiB for PNG), which a file object allocates before
     # finding the file shorter, and memory does not. No output of up to
     # `bound` pixels is larger than this, with room for metadata.
+    # The file's own size is asked first: read(n) allocates n bytes before
+    # finding the file shorter, so a read of `longest` would cost that much
+    # memory for every small output.
     longest = 8 * bound + 2**24
     try:
         with open(path, "rb") as fh:
-            data = fh.read(longest + 1)
+            size = os.fstat(fh.fileno()).st_size
+            if size > longest:
+                raise InvalidOutput(
+                    f"over {longest} bytes, larger than any image of these parameters"
+                )
+            data = fh.read(size + 1)
     except OSError as exc:
         raise InvalidOutput(f"unreadable: {exc}") from exc
     if len(data) > longest:

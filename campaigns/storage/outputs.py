@@ -404,7 +404,8 @@ def validate_embedding_file(path: Path, *, dimension: int, normalized: bool) -> 
     longest = dimension * 4 + _NPY_HEADER_MAX
     try:
         with open(path, "rb") as fh:
-            data = fh.read(longest + 1)
+            # read(n) allocates n bytes up front: no more than the file holds.
+            data = fh.read(min(os.fstat(fh.fileno()).st_size, longest) + 1)
     except OSError as exc:
         raise InvalidOutput(f"not a readable .npy file: {exc}") from exc
     if len(data) > longest:

@@ -9,6 +9,7 @@ oversells. Times are moved by creating orders "in the past" (the services take
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 from datetime import timedelta
@@ -20,8 +21,8 @@ from django.utils import timezone
 
 from portal import order_services as svc
 from portal.models import CryptoCurrency, Environment, GpuModel, Order
-from portal.pricing import QuoteRefused
 from portal.order_states import Status
+from portal.pricing import QuoteRefused
 from portal.tasks import expire_unpaid_quotes
 from tests.portal.test_order_views import _post_data
 
@@ -346,10 +347,9 @@ def test_two_quotes_at_once_for_two_cards_cannot_pass_the_cap_twice(
 
     def count_then_wait(**kwargs):
         counted(**kwargs)
-        try:
+        # Broken when the other request waits for the lock: go on alone.
+        with contextlib.suppress(threading.BrokenBarrierError):
             after_count.wait(timeout=3)
-        except threading.BrokenBarrierError:
-            pass  # the other request is waiting for the lock: go on alone
 
     monkeypatch.setattr(svc, "_check_open_orders", count_then_wait)
     outcomes: list[str] = []

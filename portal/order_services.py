@@ -86,9 +86,12 @@ def order_create(
         log.error("BTCPay: %s", exc)
         raise QuoteRefused(_PROCESSOR_DOWN) from exc
     with transaction.atomic():
-        # Locking the card's row serialises orders for the same card, so two
-        # customers cannot both take its last units.
-        gpu = GpuModel.objects.select_for_update().get(pk=plan.gpu.pk)
+        # Every card's row is locked, in one order: quotes are serialised, so
+        # two customers cannot both take a card's last units, and one visitor
+        # cannot pass the open-order caps twice by quoting two cards at once.
+        # Quotes are rare next to the time a lock is held (a few queries).
+        cards = {card.pk: card for card in GpuModel.objects.select_for_update().order_by("pk")}
+        gpu = cards[plan.gpu.pk]
         if not gpu.active:
             raise QuoteRefused(f"{gpu.name} is no longer offered.")
         _check_open_orders(email=email, client_key=client_key, now=now)
@@ -269,7 +272,8 @@ def _admit(*, locked: Order, to: str, note: str, now: datetime) -> tuple[str, st
     later or refund, and provisioning without them is refused: selling a card
     twice is never an outcome.
     """
-    if to not in HOLDS_STOCK or holds_cards(locked, now):
+    # A partial payment takes the cards too, for its window (_transition).
+    if (to not in HOLDS_STOCK and to != Status.UNDERPAID) or holds_cards(locked, now):
         return to, note
     # The card's row lock, as in order_create: no quote takes the cards while
     # they are counted here.
@@ -320,6 +324,14 @@ def _transition(
             update.append("paid_late")
             note = f"{note}; {LATE_NOTE}" if note else LATE_NOTE
         locked.status = to
+        if to == Status.UNDERPAID:
+            # Time to send the difference, no longer: a token payment cannot
+            # keep the cards off sale for good. A top-up after it is admitted
+            # as any late payment (_admit).
+            fields = {
+                **(fields or {}),
+                "held_until": now + timedelta(hours=settings.ORDER_UNDERPAID_HOLD_HOURS),
+            }
         for name, value in (fields or {}).items():
             setattr(locked, name, value)
             update.append(name)

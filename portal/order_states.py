@@ -75,8 +75,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     S.EXPIRED: frozenset(
         {S.PAYMENT_SEEN, S.CONFIRMED, S.UNDERPAID, S.REJECTED, S.AWAITING_CAPACITY}
     ),
-    # The customer tops up the difference; staff confirm once it arrived.
-    S.UNDERPAID: frozenset({S.PAYMENT_SEEN, S.CONFIRMED, S.REJECTED}),
+    # The customer tops up the difference; staff confirm once it arrived. After
+    # its window the order holds no cards, so a top-up may find them gone.
+    S.UNDERPAID: frozenset({S.PAYMENT_SEEN, S.CONFIRMED, S.REJECTED, S.AWAITING_CAPACITY}),
     # Staff's to resolve: provision when the cards are free again, or refund.
     # A confirmation (the processor's settlement of a payment seen earlier)
     # leads to CONFIRMED only if the cards are free by then.
@@ -90,11 +91,13 @@ ALLOWED: dict[str, frozenset[str]] = {
 }
 
 # Orders in these states hold their cards until they move on.
-HOLDS_STOCK = frozenset({S.PAYMENT_SEEN, S.CONFIRMED, S.PROVISIONING, S.ACTIVE, S.UNDERPAID})
-# Unpaid orders hold their cards until `Order.held_until` only: the quote's
-# expiry, then ORDER_NOTICE_HOLD_MINUTES after "I paid". Nothing but a payment
-# holds cards for longer, so a visitor cannot keep stock off sale for free.
-HOLDS_STOCK_UNTIL = frozenset({S.AWAITING_PAYMENT, S.PAYMENT_NOTIFIED})
+HOLDS_STOCK = frozenset({S.PAYMENT_SEEN, S.CONFIRMED, S.PROVISIONING, S.ACTIVE})
+# Orders not (fully) paid hold their cards until `Order.held_until` only: the
+# quote's expiry, then ORDER_NOTICE_HOLD_MINUTES after "I paid", and
+# ORDER_UNDERPAID_HOLD_HOURS after a partial payment. Nothing but a full
+# payment holds cards for longer, so neither a quote nor a token payment keeps
+# stock off sale for good.
+HOLDS_STOCK_UNTIL = frozenset({S.AWAITING_PAYMENT, S.PAYMENT_NOTIFIED, S.UNDERPAID})
 
 
 def holding(now) -> models.Q:
@@ -134,7 +137,9 @@ EXPLANATION: dict[str, str] = {
     S.EXPIRED: 'The quote expired before a payment was seen. If you paid, press "I paid": '
     "staff will look at it.",
     S.UNDERPAID: "Less than the quoted amount arrived. Send the difference to the same address "
-    'and press "I paid" again, or contact us.',
+    'and press "I paid" again, or contact us. Your cards stay reserved for a limited time '
+    "(shown below); after it, your order goes ahead only if they are still free when the rest "
+    "arrives, otherwise you are refunded.",
     S.REJECTED: "The order was rejected. The note below says why.",
     S.HOLD_LAPSED: "No payment was seen in time after your notice, so your cards went back on "
     "sale. Staff still check your notice: if your payment arrives and the cards are still "

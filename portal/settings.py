@@ -241,11 +241,19 @@ ORDER_QUOTE_MINUTES = env.int("ORDER_QUOTE_MINUTES", default=60)
 # After "I paid" the cards stay held this long; with no payment seen by then the
 # sweep releases them and the order waits for staff (docs/ordering.md, "Holds").
 ORDER_NOTICE_HOLD_MINUTES = env.int("ORDER_NOTICE_HOLD_MINUTES", default=120)
-# Open unpaid orders (those holding cards without a payment) one e-mail address,
-# and one client address, may have at once.
+# After a partial payment the cards stay held this long for the difference to
+# arrive; a top-up after it goes ahead only if they are still free.
+ORDER_UNDERPAID_HOLD_HOURS = env.int("ORDER_UNDERPAID_HOLD_HOURS", default=48)
+# Open orders not fully paid (those holding cards for a window) one e-mail
+# address, and one client address, may have at once.
 ORDER_OPEN_PER_EMAIL = env.int("ORDER_OPEN_PER_EMAIL", default=2)
 ORDER_OPEN_PER_CLIENT = env.int("ORDER_OPEN_PER_CLIENT", default=3)
-for _name in ("ORDER_NOTICE_HOLD_MINUTES", "ORDER_OPEN_PER_EMAIL", "ORDER_OPEN_PER_CLIENT"):
+for _name in (
+    "ORDER_NOTICE_HOLD_MINUTES",
+    "ORDER_UNDERPAID_HOLD_HOURS",
+    "ORDER_OPEN_PER_EMAIL",
+    "ORDER_OPEN_PER_CLIENT",
+):
     if globals()[_name] < 1:
         raise ImproperlyConfigured(f"{_name} must be 1 or more.")
 # Staff enter rates in the admin; an older newest rate refuses new quotes.

@@ -9,16 +9,20 @@ oversells. Times are moved by creating orders "in the past" (the services take
 
 from __future__ import annotations
 
+import contextlib
 import re
+import threading
 from datetime import timedelta
 
 import pytest
+from django.db import connection, connections
 from django.db.models import Q, Sum
 from django.utils import timezone
 
 from portal import order_services as svc
-from portal.models import GpuModel, Order
+from portal.models import CryptoCurrency, Environment, GpuModel, Order
 from portal.order_states import Status
+from portal.pricing import QuoteRefused
 from portal.tasks import expire_unpaid_quotes
 from tests.portal.test_order_views import _post_data
 
@@ -37,9 +41,12 @@ def free_shown(client, gpu: str) -> int:
 
 
 def cards_held(gpu: str) -> int:
-    """Cards promised to customers: paid orders' and live quotes' (by the
-    quote's own expiry, whatever the portal's hold rules say)."""
-    paid = Q(status__in=["payment_seen", "confirmed", "provisioning", "active", "underpaid"])
+    """Cards promised to customers: paid orders', partly paid ones' within their
+    window, and live quotes' (by the quote's own expiry, whatever the portal's
+    hold rules say)."""
+    paid = Q(status__in=["payment_seen", "confirmed", "provisioning", "active"]) | Q(
+        status="underpaid", held_until__gt=timezone.now()
+    )
     live = Q(
         status__in=["awaiting_payment", "payment_notified"], quote_expires_at__gt=timezone.now()
     )
@@ -280,3 +287,94 @@ def test_a_confirmation_while_awaiting_capacity_waits_until_the_cards_are_free(l
     svc.order_confirm_payment(order=late, actor=STAFF, note="cards free")
     late.refresh_from_db()
     assert late.status == Status.CONFIRMED
+
+
+# --- a partial payment holds the cards for a window, no longer -------------------------------
+
+
+def test_an_underpaid_order_holds_its_cards_for_the_window_then_releases_them(
+    client, make_order, settings
+):
+    settings.ORDER_UNDERPAID_HOLD_HOURS = 48
+    order = make_order(gpu=A100, quantity=2)
+    svc.order_mark_underpaid(order=order, actor=STAFF, note="half arrived")
+    order.refresh_from_db()
+    assert order.status == Status.UNDERPAID
+    assert free_shown(client, A100) == 0  # reserved while the difference is on its way
+    page = client.get(f"/order/t/{order.tracking_token}/").content.decode()
+    assert "Your cards stay reserved for a limited time" in page
+    assert order.held_until - timezone.now() > timedelta(hours=47)
+
+    # Two days on (the hold moved back rather than the clock forward), the
+    # cards are for sale again: someone else can quote them.
+    Order.objects.filter(pk=order.pk).update(held_until=timezone.now() - timedelta(minutes=1))
+    assert free_shown(client, A100) == 2
+    assert make_order(gpu=A100, quantity=2).status == Status.AWAITING_PAYMENT
+
+    # The difference arrives now: the cards are gone, so the order waits for
+    # capacity or a refund instead of selling them twice.
+    svc.order_confirm_payment(order=order, actor=STAFF, note="the rest arrived")
+    order.refresh_from_db()
+    assert order.status == Status.AWAITING_CAPACITY
+    assert cards_held(A100) == 2
+
+
+def test_a_partial_payment_on_an_expired_quote_takes_the_cards_only_if_free(make_order):
+    order = svc.order_expire(order=make_order(gpu=A100, quantity=2))
+    svc.order_mark_underpaid(order=order, actor=STAFF, note="half arrived, late")
+    order.refresh_from_db()
+    assert order.status == Status.UNDERPAID
+    assert cards_held(A100) == 2
+
+
+# --- the caps hold under concurrent quotes for different cards -------------------------------
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="PostgreSQL's row locks between two connections"
+)
+@pytest.mark.django_db(transaction=True)
+def test_two_quotes_at_once_for_two_cards_cannot_pass_the_cap_twice(
+    catalog, fresh_rates, address_pool, settings, monkeypatch
+):
+    """Both requests count the visitor's open orders before either has made
+    one: without a lock common to both cards both would pass a cap of 1. Each
+    request waits (briefly) for the other after its count, so the race is not
+    left to chance; with the lock the second counts after the first commits."""
+    settings.ORDER_OPEN_PER_EMAIL = 1
+    after_count = threading.Barrier(2)
+    counted = svc._check_open_orders
+
+    def count_then_wait(**kwargs):
+        counted(**kwargs)
+        # Broken when the other request waits for the lock: go on alone.
+        with contextlib.suppress(threading.BrokenBarrierError):
+            after_count.wait(timeout=3)
+
+    monkeypatch.setattr(svc, "_check_open_orders", count_then_wait)
+    outcomes: list[str] = []
+
+    def quote(card: str) -> None:
+        try:
+            plan = svc.Plan(
+                gpu=GpuModel.objects.get(name=card),
+                quantity=1,
+                days=7,
+                environment=Environment.objects.first(),
+                currency=CryptoCurrency.objects.get(code="BTC"),
+            )
+            svc.order_create(plan=plan, first_name="Eve", last_name="X", email="eve@example.org")
+            outcomes.append("quoted")
+        except QuoteRefused as exc:
+            outcomes.append(str(exc))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=quote, args=(card,)) for card in ("L4", "A40")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(outcomes)[-1] == "quoted"
+    assert "already has 1 unpaid order(s)" in sorted(outcomes)[0]
+    assert Order.objects.filter(email="eve@example.org").count() == 1

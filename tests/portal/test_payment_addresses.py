@@ -176,8 +176,9 @@ def test_an_unusable_key_refuses_btc_quotes_readably(xpub, make_order, client, s
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_quotes_never_share_an_index(xpub, catalog, fresh_rates):
     """Quotes from several threads at once (their own database connections), each
-    for another card so the card's row lock does not serialise them, get distinct,
-    consecutive indexes: the key's counter is read and advanced under its own lock."""
+    for another card, get distinct, consecutive indexes: the key's counter is read
+    and advanced under its own lock (quotes are serialised by the cards' row locks
+    too, so this holds twice over)."""
     cards = ["L4", "RTX 4090", "A40", "RTX A6000"]  # 3 or more in stock each
     start = threading.Barrier(len(cards))
     made: list[int] = []

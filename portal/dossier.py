@@ -91,7 +91,7 @@ def dossier_bytes(*, order: Order) -> bytes:
                 ["id", "path", "state", "error_class", "error_message"],
                 _error_rows(campaign),
             )
-            _write(zf, "campaign/estimate.json", date_time, _json(_estimate(order)))
+            _write(zf, "campaign/estimate.json", date_time, _json(order_estimate(order=order)))
     return buf.getvalue()
 
 
@@ -144,7 +144,7 @@ def dossier_fingerprint(*, order: Order) -> str:
     campaign = order.campaign
     if campaign is not None:
         digest.update(_json(_parameter_versions(campaign)))
-        digest.update(_json(_estimate(order)))
+        digest.update(_json(order_estimate(order=order)))
         digest.update(_json(_campaign_counters(campaign), default=str))
     return digest.hexdigest()
 
@@ -379,18 +379,25 @@ def _parameter_versions(campaign: Campaign) -> dict[str, Any]:
     }
 
 
-def _estimate(order: Order) -> dict[str, Any]:
-    """The profile and estimate the rental was sized on.
+def order_estimate(*, order: Order, campaign: Campaign | None = None) -> dict[str, Any]:
+    """The profile and estimate the rental was sized on, for the order's
+    campaign or another campaign of its batch list (the dossier's
+    estimate.json, the staff's order page).
 
     The one the customer ordered from ("Order this plan"), else the latest
     finished before the order was made: a profile run afterwards never
     rewrites what this order was based on.
     """
-    profile, sized_on = order.profile, "the profile the order was made from"
+    campaign = campaign or order.campaign
+    if campaign is None:
+        return dict(_NO_ESTIMATE)
+    profile, sized_on = None, "the profile the order was made from"
+    if order.profile is not None and order.profile.campaign_id == campaign.pk:
+        profile = order.profile
     if profile is None:
         profile = (
             Profile.objects.filter(
-                campaign=order.campaign,
+                campaign=campaign,
                 state=Profile.State.DONE,
                 created_at__lte=order.created_at,
             )

@@ -242,15 +242,6 @@ def stored_keys(order: Order) -> tuple[list[PublicKey], list[str]]:
     return keys, problems
 
 
-def batch_list(order: Order) -> list[str]:
-    """The campaigns of the rental, the one it was sized on first."""
-    names = sorted(order.campaigns.values_list("name", flat=True))
-    if order.campaign_id:
-        first = order.campaign.name
-        names = [first, *(name for name in names if name != first)]
-    return names
-
-
 def ssh_command(*, host: str, port: int, username: str) -> str:
     return f"ssh -p {port} {username}@{host}"
 
@@ -288,7 +279,7 @@ def remaining_text(*, ends_at: datetime, now: datetime) -> str:
 def rental_view(*, order: Order, now: datetime | None = None) -> RentalView:
     now = now or timezone.now()
     keys, problems = stored_keys(order)
-    campaigns = batch_list(order)
+    campaigns = order.batch_list()
     folders = list(order.export_folders or [])
     export_to = folders[0] if folders else DEFAULT_EXPORT_FOLDER
     view = RentalView(

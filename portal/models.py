@@ -253,6 +253,14 @@ class Order(models.Model):
     def cards(self) -> str:
         return f"{self.quantity} × {self.gpu.name}"
 
+    def batch_list(self) -> list[str]:
+        """The names of the campaigns the rental runs, the one it was sized on first."""
+        names = sorted(self.campaigns.values_list("name", flat=True))
+        if self.campaign_id:
+            first = self.campaign.name
+            names = [first, *(name for name in names if name != first)]
+        return names
+
     def payment_uri(self) -> str:
         if self.payment_link:
             # BTCPay's own link may carry more than the amount (payjoin, say).

@@ -162,7 +162,7 @@ def test_an_order_keeps_its_keys_folders_and_batch_list(
     assert order.export_folders == ["results/run1", "exports"]
     assert order.campaign == sized
     assert set(order.campaigns.all()) == {sized, extra}
-    assert access.batch_list(order) == ["texts", "more-texts"]
+    assert order.batch_list() == ["texts", "more-texts"]
 
 
 def test_a_campaign_the_user_may_not_see_cannot_join_the_batch_list(
@@ -567,3 +567,30 @@ def test_a_staff_account_that_may_only_look_gets_no_access_form(client, make_ord
     page = client.get(f"/order/staff/{order.pk}/").content.decode()
     assert 'id="access-form"' not in page
     assert client.post(f"/order/staff/{order.pk}/access/", GOOD_ACCESS).status_code == 403
+
+
+def test_the_dossier_lists_what_the_machines_are_set_up_with_never_how_to_reach_them(
+    make_order, make_campaign
+):
+    import io
+    import json
+    import zipfile
+
+    from portal.dossier import dossier_bytes
+
+    sized = make_campaign("texts")
+    order = _active(
+        make_order, campaign=sized, ssh_public_keys=[ED25519], export_folders=["results/run1"]
+    )
+    zf = zipfile.ZipFile(io.BytesIO(dossier_bytes(order=order)))
+    doc = json.loads(zf.read("order.json"))
+    text = b"".join(zf.read(name) for name in zf.namelist())
+    assert doc["access"] == {
+        "ssh_keys": [
+            {"type": "ssh-ed25519", "fingerprint": ED25519_FINGERPRINT, "comment": "ada@laptop"}
+        ],
+        "export_folders": ["results/run1"],
+        "batch_list": ["texts"],
+    }
+    for secret in (b"gpu-7", NOTEBOOK_TOKEN.encode(), order.tracking_token.encode()):
+        assert secret not in text

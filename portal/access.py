@@ -331,7 +331,7 @@ def linked_campaigns(*, order: Order) -> list[LinkedCampaign]:
     """The batch list's campaigns, the one the order was sized on first, each
     with its counts and the profile and estimate the rental was sized on."""
     chosen = list(order.campaigns.select_related("current_version"))
-    if order.campaign_id and all(c.pk != order.campaign_id for c in chosen):
+    if order.campaign is not None and all(c.pk != order.campaign_id for c in chosen):
         chosen.append(order.campaign)  # an order made before batch lists
     chosen.sort(key=lambda c: (c.pk != order.campaign_id, c.name))
     counts = counts_by_campaign(campaign_ids=[c.pk for c in chosen])

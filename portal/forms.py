@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import unicodedata
+from typing import cast
 
 from django import forms
+from django.http import QueryDict
 
 from campaigns.models import Campaign
 from portal import access, ssh_keys
@@ -119,7 +121,7 @@ class OrderForm(forms.Form):
         super().__init__(*args, **kwargs)
         # The campaigns the signed-in user may see (none without an account).
         if campaigns is not None:
-            self.fields["campaigns"].queryset = campaigns
+            cast(forms.ModelMultipleChoiceField, self.fields["campaigns"]).queryset = campaigns
         else:
             del self.fields["campaigns"]
         # Out-of-stock cards stay visible (with their state) and are refused
@@ -136,8 +138,9 @@ class OrderForm(forms.Form):
         text = self.cleaned_data["ssh_keys"]
         if ssh_keys.looks_private(text):
             # Never sent back into the page, nor kept anywhere.
-            self.data = self.data.copy()
-            self.data[self.add_prefix("ssh_keys")] = ""
+            data = self.data.copy() if isinstance(self.data, QueryDict) else dict(self.data)
+            data[self.add_prefix("ssh_keys")] = ""
+            self.data = data
         keys, errors = ssh_keys.parse_keys(text)
         if errors:
             raise forms.ValidationError(errors)
@@ -279,7 +282,7 @@ class AccessForm(forms.Form):
         return value
 
     def clean(self):
-        cleaned = super().clean()
+        cleaned = super().clean() or {}
         if cleaned.get("notebook_token") and not cleaned.get("notebook_url"):
             self.add_error("notebook_url", "A token needs the notebook's address.")
         return cleaned

@@ -256,7 +256,7 @@ class Order(models.Model):
     def batch_list(self) -> list[str]:
         """The names of the campaigns the rental runs, the one it was sized on first."""
         names = sorted(self.campaigns.values_list("name", flat=True))
-        if self.campaign_id:
+        if self.campaign is not None:
             first = self.campaign.name
             names = [first, *(name for name in names if name != first)]
         return names

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import segno
 from django.conf import settings
 from django.contrib import messages
@@ -124,7 +126,9 @@ def order_new(request: HttpRequest) -> HttpResponse:
     if request.method == "POST" and "update_price" in request.POST:
         # "Update price" (shown without JavaScript): the same page with the
         # summary of the posted choices; nothing is validated or ordered.
-        posted = {k: v for k, v in request.POST.items() if k in OrderForm.base_fields}
+        posted: dict[str, Any] = {
+            k: v for k, v in request.POST.items() if k in OrderForm.base_fields
+        }
         posted["campaigns"] = request.POST.getlist("campaigns")
         if looks_private(posted.get("ssh_keys", "")):
             posted["ssh_keys"] = ""  # a private key pasted by mistake is never shown back

@@ -91,8 +91,8 @@ def _access_form(order: Order) -> AccessForm | None:
     if order.status == Status.PROVISIONING:
         return AccessForm()
     if order.status == Status.ACTIVE:
-        current = RentalAccess.objects.filter(order=order).values().first() or {}
-        return AccessForm(initial=current)
+        current = RentalAccess.objects.filter(order=order).values().first()
+        return AccessForm(initial=dict(current) if current else {})
     return None
 
 

@@ -1,6 +1,6 @@
-"""The whole way to a usable rental, in a real browser: order with an SSH key,
-quote, "I paid", staff confirm, provision with host, port and user, and the
-customer copies the SSH command from the tracking page.
+"""The whole way to a usable rental, in a real browser: order with an SSH key
+and a batch list, quote, "I paid", staff confirm, provision with host, port and
+user, and the customer copies the SSH command from the tracking page.
 
 With DOCS_SCREENSHOTS=<folder> it also saves the configurator, the quote, the
 active rental and the staff's provisioning page there (docs/ordering.md shows them).
@@ -16,6 +16,7 @@ import pytest
 
 from portal.models import CryptoCurrency, GpuModel, Order
 from portal.order_states import Status
+from tests.campaigns.test_profile_views import build_done_profile
 from tests.conftest import SSH_KEY
 
 pytestmark = pytest.mark.e2e
@@ -41,11 +42,25 @@ def _staff_submits(page, form: str) -> None:
 
 
 def test_order_pay_confirm_provision_and_copy_the_ssh_command(
-    page, browser, live_server, staff, fresh_rates, address_pool, transactional_db
+    page,
+    browser,
+    live_server,
+    staff,
+    owner,
+    make_campaign,
+    fresh_rates,
+    address_pool,
+    transactional_db,
 ):
-    # given: a customer at the configurator
+    # given: a signed-in customer with a profiled campaign, at the configurator
+    campaign = make_campaign("texts")
+    profile = build_done_profile(campaign)
     page.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=live_server.url)
-    page.goto(f"{live_server.url}/order/")
+    page.goto(f"{live_server.url}/accounts/login/?next=/order/")
+    page.fill("input[name=username]", "owner")
+    page.fill("input[name=password]", "pw-for-tests")
+    page.click("button[type=submit]")
+    page.wait_for_url("**/order/")
     page.select_option("select[name=gpu]", str(GpuModel.objects.get(name="L40S").pk))
     page.locator("label.duration", has_text="7 days").click()
     page.fill("input[name=first_name]", "Ada")
@@ -53,6 +68,7 @@ def test_order_pay_confirm_provision_and_copy_the_ssh_command(
     page.fill("input[name=email]", "ada@example.org")
     page.fill("textarea[name=ssh_keys]", SSH_KEY)
     page.fill("textarea[name=export_folders]", "results/run1")
+    page.get_by_label("texts").check()  # the batch list
     page.select_option("select[name=currency]", str(CryptoCurrency.objects.get(code="BTC").pk))
     _shot(page, "order-configurator")
     page.fill("textarea[name=ssh_keys]", SHORT_RSA)
@@ -67,6 +83,7 @@ def test_order_pay_confirm_provision_and_copy_the_ssh_command(
     tracking_url = page.url
     order = Order.objects.get()
     assert order.ssh_public_keys == [SSH_KEY]
+    assert order.batch_list() == ["texts"]
 
     # the quote, then "I paid"
     assert page.locator("#amount").inner_text().endswith(" BTC")
@@ -94,6 +111,9 @@ def test_order_pay_confirm_provision_and_copy_the_ssh_command(
 
     staff_page.goto(staff_url)
     assert SSH_KEY in staff_page.locator("#authorized-keys").inner_text()
+    linked = staff_page.locator("#linked-texts").inner_text()
+    assert f"profile {profile.pk} on CPU (2 threads)" in linked
+    assert "Estimate" in linked and " h on " in linked
     staff_page.fill("#access_host", "gpu-7.example.net; reboot")
     staff_page.fill("#access_username", "ada")
     staff_page.click("#access-form button[type=submit]")
@@ -127,6 +147,9 @@ def test_order_pay_confirm_provision_and_copy_the_ssh_command(
     assert not token.is_visible()
     page.click("#notebook-token-reveal summary")
     assert token.is_visible() and token.inner_text() == "nb-token-8f3a1c5e9b"
+    # the batch list's command line, to run on the machine
+    run = "python manage.py campaign run texts --wait"
+    assert page.locator("#campaign-run").inner_text() == run
     # the time left, counted down by the page
     assert re.fullmatch(r"6 d 23 h left", page.locator("#rental-remaining").inner_text())
     _shot(page, "order-active")

@@ -98,6 +98,8 @@ def parse_key(line: str) -> PublicKey:
     if any(unicodedata.category(ch)[0] == "C" for ch in text):
         raise KeyRefused("contains control characters; paste the single line of the .pub file.")
     parts = text.split(None, 2)
+    if not parts:
+        raise KeyRefused("is empty.")
     key_type = parts[0]
     if key_type not in KEY_TYPES:
         raise KeyRefused(_unknown_type(key_type))

@@ -130,9 +130,12 @@ def test_order_pay_confirm_provision_and_copy_the_ssh_command(
     order.refresh_from_db()
     assert order.status == Status.ACTIVE
 
-    # the customer's page shows how to connect; the copy button copies the command
-    page.goto(tracking_url)
+    # the customer's page, left open since "I paid", loads itself again once the
+    # rental is active (its status refreshes every 15 s) and shows how to connect
+    page.wait_for_selector("#ssh-command", timeout=45_000)
+    assert page.url == tracking_url
     assert page.locator("[data-status]").inner_text() == "Active"
+    # the copy button copies the command
     assert page.locator("#ssh-command").inner_text() == SSH_COMMAND
     copy = page.locator('button[data-copy="ssh-command"]')
     copy.click()

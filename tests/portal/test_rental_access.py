@@ -4,17 +4,20 @@ user and notebook out, on the tracking page only; the reminder before the end.""
 from __future__ import annotations
 
 import base64
+import posixpath
 import struct
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from hypothesis import given
+from hypothesis import strategies as st
 
 from portal import access
 from portal import order_services as svc
 from portal.models import Environment, GpuModel, Order, RentalAccess, RentalDuration
 from portal.order_states import Status, TransitionRefused
-from portal.ssh_keys import KeyRefused, parse_key, parse_keys
+from portal.ssh_keys import KEY_TYPES, KeyRefused, parse_key, parse_keys
 
 # Real keys, made with ssh-keygen (OpenSSH 9); fingerprints as `ssh-keygen -l` prints them.
 ED25519 = (
@@ -109,6 +112,23 @@ def test_a_list_names_the_line_of_each_bad_key_and_keeps_a_key_given_twice_once(
     keys, errors = parse_keys(f"{ED25519}\n\n# my laptop\n{RSA_1024}\n{ED25519}\nnot a key\n")
     assert [key.fingerprint for key in keys] == [ED25519_FINGERPRINT]
     assert [error.split(" is ")[0].split(" does ")[0] for error in errors] == ["Line 4", "Line 6"]
+
+
+@given(st.text(max_size=600))
+def test_any_pasted_text_gives_keys_or_reasons_never_an_exception(text):
+    keys, errors = parse_keys(text)
+    assert all(isinstance(error, str) and error for error in errors)
+    for key in keys:  # a kept key reads back as the same key
+        assert parse_key(key.line) == key
+
+
+@given(st.sampled_from(KEY_TYPES), st.binary(max_size=400))
+def test_any_blob_under_any_type_is_a_key_or_a_reason(key_type, blob):
+    try:
+        key = parse_key(f"{key_type} {base64.b64encode(blob).decode()}")
+    except KeyRefused:
+        return
+    assert (key.key_type, key.blob) == (key_type, blob)
 
 
 def test_more_keys_than_an_order_takes_are_refused():
@@ -228,6 +248,16 @@ def test_the_form_refuses_export_folders_outside_the_home_folder(
     assert 'id="error-export_folders"' in page
     assert shown in page.replace("&quot;", '"')
     assert not Order.objects.exists()
+
+
+@given(st.text(max_size=300))
+def test_an_export_folder_is_refused_or_stays_inside_the_home_folder(text):
+    try:
+        folder = access.export_folder(text)
+    except access.FolderRefused:
+        return
+    assert posixpath.normpath(folder) == folder
+    assert not folder.startswith(("/", "~", "-")) and ".." not in folder.split("/")
 
 
 # --- staff provision and correct ----------------------------------------------------------

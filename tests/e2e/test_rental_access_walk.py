@@ -18,14 +18,10 @@ from portal.models import CryptoCurrency, GpuModel, Order
 from portal.order_states import Status
 from tests.campaigns.test_profile_views import build_done_profile
 from tests.conftest import SSH_KEY
+from tests.portal.test_ssh_keys import RSA_1024
 
 pytestmark = pytest.mark.e2e
 
-SHORT_RSA = (
-    "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAAAgQCcEL3f0a5Hh0jlmKdEqM4XGgk4FtyOMlQAPl2v1U9A/rk3bMmZ8a4Is1"
-    "SxdbKhxKFhsSzpkfE1BMlunMNshTuaTgjMsOqBEPXe8BSKVCmCmjqg78zrGN0UxBcwUdr34AZ0I82hz4Do+fDhLpbaTtl"
-    "ZSnhgdz4ODGIHTkPgCrsg2Q== ada@laptop"
-)
 SSH_COMMAND = "ssh -p 2222 ada@gpu-7.example.net"
 
 
@@ -71,7 +67,7 @@ def test_order_pay_confirm_provision_and_copy_the_ssh_command(
     page.get_by_label("texts").check()  # the batch list
     page.select_option("select[name=currency]", str(CryptoCurrency.objects.get(code="BTC").pk))
     _shot(page, "order-configurator")
-    page.fill("textarea[name=ssh_keys]", SHORT_RSA)
+    page.fill("textarea[name=ssh_keys]", RSA_1024)
     page.click("#order-form button[type=submit]")
 
     # the key is refused beside its field, and nothing is ordered

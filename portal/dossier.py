@@ -42,6 +42,7 @@ from campaigns.models import (
 from campaigns.profiles.report import profile_report
 from campaigns.storage.outputs import write_atomic
 from portal.models import Order, format_amount
+from portal.ssh_keys import KeyRefused, parse_key
 
 # Fixed so the same data compresses to the same bytes, on every run.
 _COMPRESSION = zipfile.ZIP_DEFLATED
@@ -57,7 +58,7 @@ _CHUNK = 2000
 _NO_ESTIMATE = {"estimate": None, "note": "no profile has been run for this campaign"}
 # Part of the fingerprint: a change of the layout below must not serve zips
 # kept from the old one. Bump it with any change to what a dossier holds.
-DOSSIER_FORMAT = 2
+DOSSIER_FORMAT = 3
 _HASH_CHUNK = 1024 * 1024
 
 
@@ -91,7 +92,7 @@ def dossier_bytes(*, order: Order) -> bytes:
                 ["id", "path", "state", "error_class", "error_message"],
                 _error_rows(campaign),
             )
-            _write(zf, "campaign/estimate.json", date_time, _json(_estimate(order)))
+            _write(zf, "campaign/estimate.json", date_time, _json(order_estimate(order=order)))
     return buf.getvalue()
 
 
@@ -144,7 +145,7 @@ def dossier_fingerprint(*, order: Order) -> str:
     campaign = order.campaign
     if campaign is not None:
         digest.update(_json(_parameter_versions(campaign)))
-        digest.update(_json(_estimate(order)))
+        digest.update(_json(order_estimate(order=order)))
         digest.update(_json(_campaign_counters(campaign), default=str))
     return digest.hexdigest()
 
@@ -282,6 +283,13 @@ def order_summary(*, order: Order) -> dict[str, Any]:
             "btcpay_invoice": order.btcpay_invoice_id or None,
         },
         "campaign": order.campaign.name if order.campaign_id else None,
+        # What the machines are set up with; never how to reach them (host,
+        # user, notebook token): the file may be forwarded.
+        "access": {
+            "ssh_keys": _ssh_keys(order),
+            "export_folders": list(order.export_folders or []),
+            "batch_list": order.batch_list(),
+        },
         "notices": [
             {
                 "time": _time(notice.created_at),
@@ -302,6 +310,17 @@ def order_summary(*, order: Order) -> dict[str, Any]:
             for event in order.events.order_by("created_at", "pk")
         ],
     }
+
+
+def _ssh_keys(order: Order) -> list[dict[str, str]]:
+    keys = []
+    for line in order.ssh_public_keys or []:
+        try:
+            key = parse_key(line)
+        except KeyRefused:
+            continue  # the tracking page says which; the dossier lists the good ones
+        keys.append({"type": key.key_type, "fingerprint": key.fingerprint, "comment": key.comment})
+    return keys
 
 
 # --- campaign files --------------------------------------------------------------
@@ -379,18 +398,25 @@ def _parameter_versions(campaign: Campaign) -> dict[str, Any]:
     }
 
 
-def _estimate(order: Order) -> dict[str, Any]:
-    """The profile and estimate the rental was sized on.
+def order_estimate(*, order: Order, campaign: Campaign | None = None) -> dict[str, Any]:
+    """The profile and estimate the rental was sized on, for the order's
+    campaign or another campaign of its batch list (the dossier's
+    estimate.json, the staff's order page).
 
     The one the customer ordered from ("Order this plan"), else the latest
     finished before the order was made: a profile run afterwards never
     rewrites what this order was based on.
     """
-    profile, sized_on = order.profile, "the profile the order was made from"
+    campaign = campaign or order.campaign
+    if campaign is None:
+        return dict(_NO_ESTIMATE)
+    profile, sized_on = None, "the profile the order was made from"
+    if order.profile is not None and order.profile.campaign_id == campaign.pk:
+        profile = order.profile
     if profile is None:
         profile = (
             Profile.objects.filter(
-                campaign=order.campaign,
+                campaign=campaign,
                 state=Profile.State.DONE,
                 created_at__lte=order.created_at,
             )
@@ -410,7 +436,8 @@ def _readme(order: Order) -> str:
     lines = [
         f"Dossier of order {order.reference}.",
         "order.json: your choices, prices, locked quote, payment address and URI, "
-        "contact, payment notices and the order's history (times in UTC, ISO 8601).",
+        "contact, the SSH keys (fingerprints), export folders and batch list the machines "
+        "are set up with, payment notices and the order's history (times in UTC, ISO 8601).",
     ]
     if order.campaign_id:
         lines.append(

@@ -15,7 +15,8 @@ log = logging.getLogger(__name__)
 SUBJECTS = {
     "created": "Your order {ref}: payment instructions",
     "notice": "Your order {ref}: we received your payment notice",
-    "ending": "Your order {ref}: the rental ends soon, retrieve your results",
+    "ending": "Your order {ref}: the rental ends soon, collect your results",
+    "access_changed": "Your order {ref}: your access details changed",
     Status.PAYMENT_SEEN: "Your order {ref}: payment seen",
     Status.CONFIRMED: "Your order {ref}: payment confirmed",
     Status.PROVISIONING: "Your order {ref}: machines being prepared",
@@ -42,8 +43,13 @@ def send_order_email(*, order_id: int, kind: str) -> bool:
     if order is None or kind not in SUBJECTS:
         return False  # payment_notified is answered by the "notice" mail
     # A move's e-mail carries the note of the event that made it (a rejection's
-    # reason, say): the page's explanation promises it ("the note below").
-    event = order.events.filter(to_status=kind).last() if kind in Status.values else None
+    # reason, say): the page's explanation promises it ("the note below"). An
+    # access change is an event that keeps the status; its note names the
+    # fields changed (portal/access.py), never their values.
+    if kind == "access_changed":
+        event = order.events.filter(to_status=order.status).last()
+    else:
+        event = order.events.filter(to_status=kind).last() if kind in Status.values else None
     context = {
         "note": event.note if event is not None else "",
         "order": order,

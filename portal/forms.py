@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import unicodedata
+from typing import cast
 
 from django import forms
+from django.http import QueryDict
 
+from campaigns.models import Campaign
+from portal import access, ssh_keys
 from portal.models import CryptoCurrency, Environment, GpuModel, RentalDuration
 from portal.pricing import cards_available
 
@@ -80,9 +84,46 @@ class OrderForm(forms.Form):
         empty_label=None,
         label="Pay with",
     )
+    # What the machines are set up with (portal/access.py, docs/ordering.md).
+    ssh_keys = forms.CharField(
+        label="SSH public keys",
+        max_length=ssh_keys.MAX_KEYS * (ssh_keys.MAX_LINE + 2),
+        widget=forms.Textarea(
+            attrs={
+                "rows": 3,
+                "spellcheck": "false",
+                "placeholder": "ssh-ed25519 AAAAC3Nz… you@laptop",
+            }
+        ),
+        help_text="one per line: the contents of a .pub file such as ~/.ssh/id_ed25519.pub "
+        "(make one with ssh-keygen -t ed25519). Ed25519, ECDSA, RSA of 2048 bits or more and "
+        f"security keys (sk-) are accepted; at most {ssh_keys.MAX_KEYS}.",
+        error_messages={"required": "Give at least one SSH public key: it is how you log in."},
+    )
+    export_folders = forms.CharField(
+        label="Export folders",
+        required=False,
+        initial=access.DEFAULT_EXPORT_FOLDER,
+        max_length=access.EXPORT_FOLDERS_MAX * (access.EXPORT_FOLDER_MAX + 2),
+        widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false"}),
+        help_text="where your results are exported on the machine, one folder per line, "
+        f"relative to your home folder (e.g. results/run1); empty: {access.DEFAULT_EXPORT_FOLDER}.",
+    )
+    campaigns = forms.ModelMultipleChoiceField(
+        queryset=Campaign.objects.none(),
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        label="Campaigns to run on the rental",
+        help_text="your batch list: the page of your rental gives the command lines that run them",
+    )
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, campaigns=None, **kwargs):
         super().__init__(*args, **kwargs)
+        # The campaigns the signed-in user may see (none without an account).
+        if campaigns is not None:
+            cast(forms.ModelMultipleChoiceField, self.fields["campaigns"]).queryset = campaigns
+        else:
+            del self.fields["campaigns"]
         # Out-of-stock cards stay visible (with their state) and are refused
         # on submit with a reason, not hidden.
         gpus = list(GpuModel.objects.filter(active=True))
@@ -92,6 +133,35 @@ class OrderForm(forms.Form):
         field = self.fields["gpu"]
         field.queryset = GpuModel.objects.filter(active=True)
         field.choices = [(gpu.pk, field.label_from_instance(gpu)) for gpu in gpus]
+
+    def clean_ssh_keys(self) -> list[str]:
+        text = self.cleaned_data["ssh_keys"]
+        if ssh_keys.looks_private(text):
+            # Never sent back into the page, nor kept anywhere.
+            data = self.data.copy() if isinstance(self.data, QueryDict) else dict(self.data)
+            data[self.add_prefix("ssh_keys")] = ""
+            self.data = data
+        keys, errors = ssh_keys.parse_keys(text)
+        if errors:
+            raise forms.ValidationError(errors)
+        if not keys:
+            raise forms.ValidationError(self.fields["ssh_keys"].error_messages["required"])
+        return [key.line for key in keys]
+
+    def clean_export_folders(self) -> list[str]:
+        folders, errors = access.parse_export_folders(self.cleaned_data["export_folders"])
+        if errors:
+            raise forms.ValidationError(errors)
+        return folders
+
+    def clean_campaigns(self):
+        chosen = self.cleaned_data["campaigns"]
+        if len(chosen) > access.BATCH_CAMPAIGNS_MAX:
+            raise forms.ValidationError(
+                f"{len(chosen)} campaigns chosen; a rental takes at most "
+                f"{access.BATCH_CAMPAIGNS_MAX}."
+            )
+        return chosen
 
     def clean(self):
         cleaned = super().clean()
@@ -132,7 +202,6 @@ class StaffActionForm(forms.Form):
         ("reject", "Reject"),
         ("seen", "Mark payment seen"),
         ("provisioning", "Start provisioning"),
-        ("provisioned", "Mark provisioned (rental starts now)"),
         ("refund", "Mark refunded"),
     )
     action = forms.ChoiceField(choices=ACTIONS)
@@ -143,3 +212,87 @@ class StaffActionForm(forms.Form):
         label="Note to the customer (shown to the customer, word for word)",
     )
     overpaid = forms.BooleanField(required=False, label="more than the quote arrived")
+
+
+class AccessForm(forms.Form):
+    """What staff record when they provision a rental, or correct later."""
+
+    host = forms.CharField(
+        max_length=253, help_text="the machine's DNS name or IP address, as ssh takes it"
+    )
+    port = forms.IntegerField(min_value=1, max_value=65535, initial=22)
+    username = forms.CharField(
+        max_length=32, label="User", help_text="the account the keys log into"
+    )
+    notebook_url = forms.URLField(
+        max_length=500,
+        required=False,
+        assume_scheme="https",
+        label="Notebook URL (optional)",
+        help_text="e.g. https://gpu-7.example.net:8888/lab — without its token",
+    )
+    notebook_token = forms.CharField(
+        max_length=200,
+        required=False,
+        label="Notebook token (optional)",
+        help_text="shown on the customer's order page only, never e-mailed",
+    )
+    note = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 2}),
+        max_length=2000,
+        required=False,
+        label="Note to the customer (optional; shown to the customer, word for word)",
+    )
+
+    def __init__(self, *args, **kwargs):
+        # Beside the staff action form on one page: ids of its own.
+        kwargs.setdefault("auto_id", "access_%s")
+        super().__init__(*args, **kwargs)
+
+    def clean_host(self) -> str:
+        value = self.cleaned_data["host"].strip()
+        if not access.valid_host(value):
+            raise forms.ValidationError(
+                "Give a DNS name (gpu-7.example.net) or an IP address, nothing else."
+            )
+        return value
+
+    def clean_username(self) -> str:
+        value = self.cleaned_data["username"].strip()
+        if not access.USERNAME.match(value):
+            raise forms.ValidationError(
+                "A user name of lower-case letters, digits, - and _, starting with a letter or _."
+            )
+        return value
+
+    def clean_notebook_url(self) -> str:
+        value = self.cleaned_data["notebook_url"]
+        if value and not value.startswith(("https://", "http://")):
+            raise forms.ValidationError("A notebook address starts with https:// (or http://).")
+        if "token=" in value:
+            raise forms.ValidationError(
+                "Leave the token out of the address and put it in the token field: "
+                "the address may travel further than the page."
+            )
+        return value
+
+    def clean_notebook_token(self) -> str:
+        value = self.cleaned_data["notebook_token"].strip()
+        single_line(value)
+        return value
+
+    def clean(self):
+        cleaned = super().clean() or {}
+        if cleaned.get("notebook_token") and not cleaned.get("notebook_url"):
+            self.add_error("notebook_url", "A token needs the notebook's address.")
+        return cleaned
+
+    def details(self) -> access.AccessDetails:
+        data = self.cleaned_data
+        return access.AccessDetails(
+            host=data["host"],
+            port=data["port"],
+            username=data["username"],
+            notebook_url=data["notebook_url"],
+            notebook_token=data["notebook_token"],
+        )

@@ -197,6 +197,14 @@ class Order(models.Model):
     profile = models.ForeignKey(
         "campaigns.Profile", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
+    # The rest of the rental's batch list: campaigns the customer also runs on
+    # it, beside `campaign` (the one the order was sized on).
+    campaigns = models.ManyToManyField("campaigns.Campaign", blank=True, related_name="+")
+    # What the machines are set up with (portal/access.py): the customer's SSH
+    # public keys, one authorized_keys line each, checked by portal/ssh_keys.py,
+    # and the folders (relative to the home folder) results are exported to.
+    ssh_public_keys = models.JSONField(default=list, blank=True)
+    export_folders = models.JSONField(default=list, blank=True)
     # Staff's flag: a notice arrived after the quote expired (the customer's word).
     paid_late_claim = models.BooleanField(default=False)
     # The payment itself arrived after the quote expired (BTCPay's paidLate).
@@ -245,6 +253,14 @@ class Order(models.Model):
     def cards(self) -> str:
         return f"{self.quantity} × {self.gpu.name}"
 
+    def batch_list(self) -> list[str]:
+        """The names of the campaigns the rental runs, the one it was sized on first."""
+        names = sorted(self.campaigns.values_list("name", flat=True))
+        if self.campaign is not None:
+            first = self.campaign.name
+            names = [first, *(name for name in names if name != first)]
+        return names
+
     def payment_uri(self) -> str:
         if self.payment_link:
             # BTCPay's own link may carry more than the amount (payjoin, say).
@@ -258,6 +274,27 @@ def format_amount(amount: Decimal, decimals: int) -> str:
     """Fixed-point, no exponent, no trailing zeros beyond the currency's unit."""
     text = f"{amount.quantize(Decimal(1).scaleb(-decimals)):f}"
     return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+class RentalAccess(models.Model):
+    """How the customer reaches the rented machines, recorded by staff when they
+    provision it and corrected later if need be (portal/access.py). Shown on the
+    tracking page only, never in an e-mail or the dossier: the page is behind the
+    order's token, an e-mail may be forwarded."""
+
+    order = models.OneToOneField(Order, on_delete=models.CASCADE, related_name="access")
+    host = models.CharField(max_length=253)
+    port = models.PositiveIntegerField(default=22)
+    username = models.CharField(max_length=32)
+    notebook_url = models.URLField(max_length=500, blank=True)
+    notebook_token = models.CharField(max_length=200, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "rental access"
+
+    def __str__(self) -> str:
+        return f"{self.order}: {self.username}@{self.host}:{self.port}"
 
 
 class OrderEvent(models.Model):

@@ -8,7 +8,7 @@ admin, the webhook and the beat tasks all come through here.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -67,6 +67,9 @@ def order_create(
     email: str,
     campaign=None,
     profile=None,
+    campaigns: Sequence = (),
+    ssh_public_keys: Sequence[str] = (),
+    export_folders: Sequence[str] = (),
     client_key: str = "",
     now: datetime | None = None,
 ) -> Order:
@@ -78,8 +81,13 @@ def order_create(
     (docs/btcpay.md), and a BTCPay failure refuses the quote, creating nothing.
     `client_key` (portal/client_ip.py) counts toward the cap on open unpaid
     orders per client address, as `email` does per e-mail address.
+    `campaigns` is the rental's batch list (`campaign` is put in it), the keys
+    and folders what its machines are set up with (portal/access.py).
     """
     now = now or timezone.now()
+    if campaign is None and campaigns:
+        # The dossier carries one campaign's files: the batch list's first.
+        campaign = min(campaigns, key=lambda c: c.name)
     try:
         processor = btcpay_client.client_from_settings()
     except btcpay_client.BTCPayError as exc:
@@ -135,8 +143,13 @@ def order_create(
             profile=profile
             if campaign is not None and profile is not None and profile.campaign_id == campaign.pk
             else None,
+            ssh_public_keys=list(ssh_public_keys),
+            export_folders=list(export_folders),
             **quote,
         )
+        batch = {c.pk: c for c in (*campaigns, *([campaign] if campaign is not None else []))}
+        if batch:
+            order.campaigns.set(batch.values())
         if processor is None:
             payment_addresses.assign(order=order, now=now)
             _quote_locked(order=order, note="")

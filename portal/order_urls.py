@@ -14,4 +14,5 @@ urlpatterns = [
     path("staff/", staff_views.staff_queue, name="staff_queue"),
     path("staff/<int:pk>/", staff_views.staff_order, name="staff_order"),
     path("staff/<int:pk>/action/", staff_views.staff_order_action, name="staff_order_action"),
+    path("staff/<int:pk>/access/", staff_views.staff_order_access, name="staff_order_access"),
 ]

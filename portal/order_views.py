@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import segno
 from django.conf import settings
 from django.contrib import messages
@@ -18,13 +20,14 @@ from django_ratelimit.exceptions import Ratelimited
 
 from campaigns.models import Profile
 from campaigns.selectors import campaigns_for_user
-from portal import order_services
+from portal import access, order_services
 from portal.client_ip import client_key
 from portal.dossier import dossier_open
 from portal.forms import NoticeForm, OrderForm, quantity_refusal
 from portal.models import GpuModel, Order, RentalDuration
 from portal.order_states import ACCEPTS_NOTICE, EXPLANATION, FINAL, TransitionRefused
 from portal.pricing import QuoteRefused, cards_available, plan_price
+from portal.ssh_keys import looks_private
 
 
 def _create_rate(group, request) -> str:
@@ -100,6 +103,15 @@ def _profile_for(request: HttpRequest, campaign):
     return Profile.objects.filter(pk=pk, campaign=campaign, state=Profile.State.DONE).first()
 
 
+def _batch_choices(request: HttpRequest, campaign):
+    """The campaigns a signed-in user may add to the rental's batch list (the
+    one the order starts from is in it already); None without an account."""
+    if not request.user.is_authenticated:
+        return None
+    choices = campaigns_for_user(request.user).order_by("name")
+    return choices.exclude(pk=campaign.pk) if campaign is not None else choices
+
+
 def _min_memory(request: HttpRequest) -> int | None:
     try:
         value = int(request.GET.get("min_memory_gb", ""))
@@ -109,14 +121,21 @@ def _min_memory(request: HttpRequest) -> int | None:
 
 
 def order_new(request: HttpRequest) -> HttpResponse:
+    campaign = _campaign_for(request)
+    batch_choices = _batch_choices(request, campaign)
     if request.method == "POST" and "update_price" in request.POST:
         # "Update price" (shown without JavaScript): the same page with the
         # summary of the posted choices; nothing is validated or ordered.
-        posted = {k: v for k, v in request.POST.items() if k in OrderForm.base_fields}
-        form = OrderForm(initial=posted)
+        posted: dict[str, Any] = {
+            k: v for k, v in request.POST.items() if k in OrderForm.base_fields
+        }
+        posted["campaigns"] = request.POST.getlist("campaigns")
+        if looks_private(posted.get("ssh_keys", "")):
+            posted["ssh_keys"] = ""  # a private key pasted by mistake is never shown back
+        form = OrderForm(initial=posted, campaigns=batch_choices)
         preview = _price_preview(request.POST)
     elif request.method == "POST":
-        form = OrderForm(request.POST)
+        form = OrderForm(request.POST, campaigns=batch_choices)
         if form.is_valid():
             # Only a submission that could order counts toward the limit: a
             # form sent back with an error (a typo, a card just sold out) does not.
@@ -132,7 +151,6 @@ def order_new(request: HttpRequest) -> HttpResponse:
                 environment=data["environment"],
                 currency=data["currency"],
             )
-            campaign = _campaign_for(request)
             try:
                 order = order_services.order_create(
                     plan=plan,
@@ -141,6 +159,9 @@ def order_new(request: HttpRequest) -> HttpResponse:
                     email=data["email"],
                     campaign=campaign,
                     profile=_profile_for(request, campaign),
+                    campaigns=list(data.get("campaigns") or ()),
+                    ssh_public_keys=data["ssh_keys"],
+                    export_folders=data["export_folders"],
                     client_key=client_key(request),
                 )
             except QuoteRefused as exc:
@@ -156,14 +177,13 @@ def order_new(request: HttpRequest) -> HttpResponse:
         }
         shortest = RentalDuration.objects.filter(active=True).values_list("pk", flat=True).first()
         # The duration the summary prices is the one checked, until the user picks another.
-        form = OrderForm(initial={"duration": shortest, **initial})
+        form = OrderForm(initial={"duration": shortest, **initial}, campaigns=batch_choices)
         first = {
             "gpu": form.fields["gpu"].choices[0][0] if form.fields["gpu"].choices else "",
             "duration": shortest,
             "quantity": 1,
         }
         preview = _price_preview({**first, **initial})
-    campaign = _campaign_for(request)
     context = {
         "form": form,
         "preview": preview,
@@ -187,6 +207,7 @@ def order_price(request: HttpRequest) -> HttpResponse:
 @never_cache
 def order_track(request: HttpRequest, token: str) -> HttpResponse:
     order = _order_by_token(token)
+    now = timezone.now()
     context = {
         "order": order,
         "explanation": EXPLANATION.get(order.status, ""),
@@ -195,13 +216,17 @@ def order_track(request: HttpRequest, token: str) -> HttpResponse:
         "accepts_notice": order.status in ACCEPTS_NOTICE,
         "final": order.status in FINAL,
         "notice_form": NoticeForm(),
-        "now": timezone.now(),
+        "now": now,
     }
     if request.htmx and request.htmx.target == "status":
         response = render(request, "orders/order_track.html#status", context)
         if order.status in FINAL:
             response.status_code = HttpResponseStopPolling.status_code
         return response
+    # The access block (orders/_access.html): the keys and batch list given,
+    # and while the rental is active how to connect. Outside the polled status:
+    # a token revealed or a command copied stays as it is.
+    context["rental"] = access.rental_view(order=order, now=now)
     if hasattr(order, "payment_address"):
         uri = order.payment_uri()
         context["payment_uri"] = uri

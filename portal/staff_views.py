@@ -9,11 +9,12 @@ from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from portal import order_services, payment_addresses
-from portal.forms import StaffActionForm
-from portal.models import Order
+from portal import access, order_services, payment_addresses
+from portal.forms import AccessForm, StaffActionForm
+from portal.models import Order, RentalAccess
 from portal.order_states import ALLOWED, FINAL, Status, TransitionRefused, holds_cards
 from portal.pricing import cards_available
 from portal.staff_group import VERIFY_ACT, VERIFY_VIEW
@@ -25,7 +26,6 @@ ACTION_TARGET = {
     "reject": Status.REJECTED,
     "seen": Status.PAYMENT_SEEN,
     "provisioning": Status.PROVISIONING,
-    "provisioned": Status.ACTIVE,
     "refund": Status.REFUNDED,
 }
 
@@ -81,8 +81,24 @@ def staff_queue(request: HttpRequest) -> HttpResponse:
 
 @staff_member_required
 @permission_required(VERIFY_VIEW, raise_exception=True)
+@never_cache  # the access form carries the notebook token
 def staff_order(request: HttpRequest, pk: int) -> HttpResponse:
-    order = get_object_or_404(_orders(), pk=pk)
+    return _staff_order_page(request, get_object_or_404(_orders(), pk=pk))
+
+
+def _access_form(order: Order) -> AccessForm | None:
+    """Provisioning records the access; an active rental's can be corrected."""
+    if order.status == Status.PROVISIONING:
+        return AccessForm()
+    if order.status == Status.ACTIVE:
+        current = RentalAccess.objects.filter(order=order).values().first()
+        return AccessForm(initial=dict(current) if current else {})
+    return None
+
+
+def _staff_order_page(
+    request: HttpRequest, order: Order, access_form: AccessForm | None = None, status: int = 200
+) -> HttpResponse:
     allowed = ALLOWED.get(order.status, frozenset())
     now = timezone.now()
     # Cards the order would take if a payment moved it on now; None while it
@@ -99,7 +115,8 @@ def staff_order(request: HttpRequest, pk: int) -> HttpResponse:
         # Provisioning is offered once the cards are free; the service checks again.
         and not (k == "provisioning" and free is not None and free < order.quantity)
     ]
-    if not request.user.has_perm(VERIFY_ACT):
+    may_act = request.user.has_perm(VERIFY_ACT)
+    if not may_act:
         actions = []  # may look, not act: the action would answer 403
     context = {
         "order": order,
@@ -108,8 +125,50 @@ def staff_order(request: HttpRequest, pk: int) -> HttpResponse:
         "notices": order.notices.all(),
         "actions": actions,
         "form": StaffActionForm(),
+        "rental": access.rental_view(order=order, now=now),
+        "linked_campaigns": access.linked_campaigns(order=order),
+        "access_form": (access_form or _access_form(order)) if may_act else None,
     }
-    return render(request, "orders/staff_order.html", context)
+    return render(request, "orders/staff_order.html", context, status=status)
+
+
+@staff_member_required
+@permission_required(VERIFY_ACT, raise_exception=True)
+@require_POST
+def staff_order_access(request: HttpRequest, pk: int) -> HttpResponse:
+    """Provision (PROVISIONING → ACTIVE, with the access) or correct an active rental's access."""
+    order = get_object_or_404(_orders(), pk=pk)
+    form = AccessForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Nothing changed: correct the access details below.")
+        return _staff_order_page(request, order, access_form=form, status=400)
+    actor = order_services.staff_actor(request.user)
+    note = form.cleaned_data["note"]
+    try:
+        if order.status == Status.ACTIVE:
+            changed = access.access_correct(
+                order=order, actor=actor, details=form.details(), note=note
+            )
+            if not changed:
+                messages.info(request, "Nothing changed: those are the access details already.")
+                return redirect("staff_order", pk=pk)
+            messages.success(
+                request,
+                f"{order.reference}: access corrected ({', '.join(changed)}); "
+                "the customer was e-mailed that it changed.",
+            )
+            return redirect("staff_order", pk=pk)
+        access.access_provision(order=order, actor=actor, details=form.details(), note=note)
+    except TransitionRefused as exc:
+        messages.error(request, f"Nothing changed: {exc}.")
+        return redirect("staff_order", pk=pk)
+    order.refresh_from_db()
+    messages.success(
+        request,
+        f"{order.reference} is now active until {order.ends_at:%Y-%m-%d %H:%M} UTC; "
+        "the customer was e-mailed that it is ready.",
+    )
+    return redirect("staff_queue")
 
 
 @staff_member_required
@@ -138,8 +197,6 @@ def staff_order_action(request: HttpRequest, pk: int) -> HttpResponse:
             order_services.order_mark_payment_seen(order=order, actor=actor, note=note)
         elif action == "provisioning":
             order_services.order_start_provisioning(order=order, actor=actor, note=note)
-        elif action == "provisioned":
-            order_services.order_mark_provisioned(order=order, actor=actor, note=note)
         elif action == "refund":
             order_services.order_refund(order=order, actor=actor, note=note)
     except TransitionRefused as exc:

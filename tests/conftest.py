@@ -141,6 +141,11 @@ def run_here(django_capture_on_commit_callbacks):
 # The catalog (GPUs, environments, durations, currencies) comes from the data
 # migration; rates and payment addresses are the operator's, made here.
 
+# A real public key (ssh-keygen -t ed25519): the order form asks for one.
+SSH_KEY = (
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIIh+nxitNU7kERRlaGoH5vq6fcDua12EgrPILaB6+y81 ada@laptop"
+)
+
 
 def waiting_at_checkpoint(campaign):
     """The campaign's first group (5 units and the holdout) done by one batch, and

@@ -8,6 +8,7 @@ import pytest
 
 from portal.models import CryptoCurrency, GpuModel, Order
 from portal.order_states import Status
+from tests.conftest import SSH_KEY
 
 pytestmark = pytest.mark.e2e
 
@@ -35,6 +36,7 @@ def test_order_pay_notify_confirm_and_follow(
     page.fill("input[name=first_name]", "Grace")
     page.fill("input[name=last_name]", "Hopper")
     page.fill("input[name=email]", "grace@example.org")
+    page.fill("textarea[name=ssh_keys]", SSH_KEY)
     page.select_option("select[name=currency]", str(CryptoCurrency.objects.get(code="BTC").pk))
     page.click("button[type=submit]")
     page.wait_for_url(re.compile(r".*/order/t/[\w-]{32,}/$"))

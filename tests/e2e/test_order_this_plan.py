@@ -10,6 +10,7 @@ import pytest
 
 from portal.models import CryptoCurrency, Environment, GpuModel, Order, RentalDuration
 from tests.campaigns.test_profile_views import build_done_profile
+from tests.conftest import SSH_KEY
 
 pytestmark = pytest.mark.e2e
 
@@ -51,6 +52,7 @@ def test_order_this_plan_prefills_the_configurator_and_links_the_order_to_the_ca
     page.fill("input[name=first_name]", "Ada")
     page.fill("input[name=last_name]", "Lovelace")
     page.fill("input[name=email]", "ada@example.org")
+    page.fill("textarea[name=ssh_keys]", SSH_KEY)
     page.select_option("select[name=currency]", str(CryptoCurrency.objects.get(code="BTC").pk))
     page.click("#order-form button[type=submit]")  # not the header's "Log out"
     page.wait_for_url(re.compile(r".*/order/t/[\w-]{32,}/$"))

@@ -4,6 +4,7 @@ from django.core.management import call_command
 from django.http import HttpRequest  # django-axes checks logins against a request
 
 from portal.models import PaymentAddress
+from tests.conftest import SSH_KEY
 
 
 def test_demo_lets_a_visitor_get_a_quote_in_every_currency(client, db, catalog, settings):
@@ -27,6 +28,7 @@ def test_demo_lets_a_visitor_get_a_quote_in_every_currency(client, db, catalog, 
                 # One visitor per currency: an address has two unpaid orders at most.
                 "email": f"demo.{currency.code.lower()}@example.org",
                 "currency": currency.pk,
+                "ssh_keys": SSH_KEY,
             },
         )
         assert response.status_code == 302, response.content.decode()[:500]

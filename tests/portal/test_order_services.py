@@ -137,10 +137,10 @@ def test_rental_runs_its_days_then_reminds_then_completes(
     [reminder] = mailoutbox
     assert reminder.to == ["ada@example.org"]
     assert reminder.subject == (
-        f"Your order {order.reference}: the rental ends soon, retrieve your results"
+        f"Your order {order.reference}: the rental ends soon, collect your results"
     )
     assert f"ends on {order.ends_at:%Y-%m-%d %H:%M} UTC" in reminder.body
-    assert "Retrieve your results" in reminder.body
+    assert "Collect your results" in reminder.body
     assert f"/order/t/{order.tracking_token}/" in reminder.body
 
     with django_capture_on_commit_callbacks(execute=True):

@@ -9,6 +9,7 @@ from django.test import Client
 
 from portal.models import Environment, GpuModel, Order, RentalDuration
 from portal.order_states import Status
+from tests.conftest import SSH_KEY
 
 
 def _post_data(**overrides) -> dict:
@@ -23,6 +24,7 @@ def _post_data(**overrides) -> dict:
         "last_name": "Hopper",
         "email": "grace@example.org",
         "currency": CryptoCurrency.objects.get(code="BTC").pk,
+        "ssh_keys": SSH_KEY,
     }
     data.update(overrides)
     return data
@@ -335,10 +337,10 @@ def test_staff_illegal_transition_is_explained(client, staff, make_order):
     client.force_login(staff)
     page = client.post(
         f"/order/staff/{order.pk}/action/",
-        {"action": "provisioned", "note": "too early"},
+        {"action": "provisioning", "note": "too early"},
         follow=True,
     ).content.decode()
-    assert "cannot become active" in page
+    assert "cannot become provisioning" in page
 
 
 def test_i_paid_on_a_settled_order_is_explained_and_records_nothing(client, make_order):

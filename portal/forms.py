@@ -5,6 +5,7 @@ from __future__ import annotations
 import unicodedata
 
 from django import forms
+from django.conf import settings
 
 from portal.models import CryptoCurrency, Environment, GpuModel, RentalDuration
 from portal.pricing import cards_available
@@ -34,7 +35,7 @@ class GpuChoiceField(forms.ModelChoiceField):
         stock = " — out of stock" if free == 0 else (f" — {free} free" if free else "")
         return (
             f"{gpu.name} ({gpu.architecture}, {gpu.memory_gb} GB) · "
-            f"{gpu.price_per_day} per day{stock}"
+            f"{gpu.price_per_day} {settings.FIAT_CURRENCY} per day{stock}"
         )
 
 
@@ -143,3 +144,18 @@ class StaffActionForm(forms.Form):
         label="Note to the customer (shown to the customer, word for word)",
     )
     overpaid = forms.BooleanField(required=False, label="more than the quote arrived")
+    # The customer's page of an underpaid order says how much is missing from it.
+    paid_amount = forms.DecimalField(
+        max_digits=30,
+        decimal_places=12,
+        min_value=0,
+        required=False,
+        label="Amount that arrived, in the order's currency "
+        "(required to mark partially paid: the customer sees what is missing)",
+    )
+
+    def clean(self):
+        cleaned = super().clean()
+        if cleaned.get("action") == "partial" and cleaned.get("paid_amount") is None:
+            self.add_error("paid_amount", "Say how much arrived: the customer sees what is missing.")
+        return cleaned

@@ -206,6 +206,10 @@ class Order(models.Model):
     # Set when the quote came from a BTCPay Server invoice (docs/btcpay.md):
     # the webhook finds the order by it, and the customer pays BTCPay's link.
     btcpay_invoice_id = models.CharField(max_length=100, blank=True)
+    # What arrived, in the order's crypto currency, when staff or the processor
+    # said so (an underpayment, an overpayment): the tracking page tells an
+    # underpaid customer how much is missing from it.
+    paid_amount = models.DecimalField(max_digits=30, decimal_places=12, null=True, blank=True)
     payment_link = models.CharField(
         max_length=1000, blank=True, help_text="the processor's payment URI, when it gave one"
     )

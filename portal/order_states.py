@@ -8,6 +8,7 @@ call a service in portal/order_services.py, which checks this table.
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
 
@@ -134,7 +135,7 @@ EXPLANATION: dict[str, str] = {
     S.EXPIRED: 'The quote expired before a payment was seen. If you paid, press "I paid": '
     "staff will look at it.",
     S.UNDERPAID: "Less than the quoted amount arrived. Send the difference to the same address "
-    'and press "I paid" again, or contact us.',
+    'and press "I paid" again, or write to {operator_email} quoting your order reference.',
     S.REJECTED: "The order was rejected. The note below says why.",
     S.HOLD_LAPSED: "No payment was seen in time after your notice, so your cards went back on "
     "sale. Staff still check your notice: if your payment arrives and the cards are still "
@@ -143,6 +144,12 @@ EXPLANATION: dict[str, str] = {
     "meantime. Staff will prepare your machines as soon as cards are free, or refund you.",
     S.REFUNDED: "Your payment was refunded. The note below says how.",
 }
+
+
+def explanation(status: str) -> str:
+    """What the tracking page and the e-mails say under `status`, with the
+    operator's contact where the customer may need to write."""
+    return EXPLANATION.get(status, "").format(operator_email=settings.OPERATOR_EMAIL)
 
 
 class TransitionRefused(Exception):

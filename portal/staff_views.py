@@ -14,6 +14,7 @@ from django.views.decorators.http import require_POST
 from portal import order_services, payment_addresses
 from portal.forms import StaffActionForm
 from portal.models import Order
+from portal.order_page import missing_amount
 from portal.order_states import ALLOWED, FINAL, Status, TransitionRefused, holds_cards
 from portal.pricing import cards_available
 from portal.staff_group import VERIFY_ACT, VERIFY_VIEW
@@ -108,6 +109,7 @@ def staff_order(request: HttpRequest, pk: int) -> HttpResponse:
         "notices": order.notices.all(),
         "actions": actions,
         "form": StaffActionForm(),
+        "missing": missing_amount(order),
     }
     return render(request, "orders/staff_order.html", context)
 
@@ -125,13 +127,20 @@ def staff_order_action(request: HttpRequest, pk: int) -> HttpResponse:
     actor = order_services.staff_actor(request.user)
     note = form.cleaned_data["note"]
     action = form.cleaned_data["action"]
+    paid_amount = form.cleaned_data["paid_amount"]
     try:
         if action == "confirm":
             order_services.order_confirm_payment(
-                order=order, actor=actor, note=note, overpaid=form.cleaned_data["overpaid"]
+                order=order,
+                actor=actor,
+                note=note,
+                overpaid=form.cleaned_data["overpaid"],
+                paid_amount=paid_amount,
             )
         elif action == "partial":
-            order_services.order_mark_underpaid(order=order, actor=actor, note=note)
+            order_services.order_mark_underpaid(
+                order=order, actor=actor, note=note, paid_amount=paid_amount
+            )
         elif action == "reject":
             order_services.order_reject(order=order, actor=actor, note=note)
         elif action == "seen":

@@ -157,5 +157,7 @@ class StaffActionForm(forms.Form):
     def clean(self):
         cleaned = super().clean()
         if cleaned.get("action") == "partial" and cleaned.get("paid_amount") is None:
-            self.add_error("paid_amount", "Say how much arrived: the customer sees what is missing.")
+            self.add_error(
+                "paid_amount", "Say how much arrived: the customer sees what is missing."
+            )
         return cleaned

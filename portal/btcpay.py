@@ -210,8 +210,8 @@ def _plan(
     if event_type == "InvoiceExpired":
         if flag("partiallyPaid"):
             if paid is not None and paid < order.crypto_amount:
-                quoted = _amount(order.crypto_amount, order)
-                received = f"; {_amount(paid, order)} received of {quoted}"
+                quote = _amount(order.crypto_amount, order)
+                received = f"; {_amount(paid, order)} received of {quote}"
                 extra = {"paid_amount": paid}
             else:
                 received, extra = "", {}

@@ -155,7 +155,8 @@ class StaffActionForm(forms.Form):
     )
 
     def clean(self):
-        cleaned = super().clean()
+        super().clean()
+        cleaned = self.cleaned_data
         if cleaned.get("action") == "partial" and cleaned.get("paid_amount") is None:
             self.add_error(
                 "paid_amount", "Say how much arrived: the customer sees what is missing."

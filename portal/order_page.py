@@ -146,8 +146,9 @@ def requote_url(order: Order) -> str:
     )
     if duration is not None:
         params["duration"] = duration
-    if order.campaign_id is not None:
-        params["campaign"] = order.campaign.name
+    campaign = order.campaign
+    if campaign is not None:
+        params["campaign"] = campaign.name
         if order.profile_id is not None:
             params["profile"] = order.profile_id
     return f"{reverse('order_new')}?{urlencode(params)}"

@@ -119,6 +119,11 @@ class NoticeForm(forms.Form):
         label="Amount you sent (optional)",
     )
 
+    def __init__(self, *args, unit: str = "", **kwargs):
+        super().__init__(*args, **kwargs)
+        if unit:  # the order's crypto currency: an amount always says its unit
+            self.fields["claimed_amount"].label = f"Amount you sent, in {unit} (optional)"
+
     def clean_transaction_id(self) -> str:
         value = self.cleaned_data["transaction_id"].strip()
         if value and not value.replace("-", "").replace("_", "").isalnum():
@@ -150,8 +155,7 @@ class StaffActionForm(forms.Form):
         decimal_places=12,
         min_value=0,
         required=False,
-        label="Amount that arrived, in the order's currency "
-        "(required to mark partially paid: the customer sees what is missing)",
+        label="Amount that arrived",
     )
 
     def clean(self):

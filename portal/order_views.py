@@ -196,7 +196,7 @@ def order_track(request: HttpRequest, token: str) -> HttpResponse:
         "page": page,
         "events": events,
         "notices": notices,
-        "notice_form": NoticeForm(),
+        "notice_form": NoticeForm(unit=order.currency.code),
         "now": now,
     }
     if request.htmx and request.htmx.target == "order-state":

@@ -21,7 +21,7 @@ from django.urls import reverse
 from django.utils.safestring import SafeString, mark_safe
 
 from portal.models import Order, RentalDuration, format_amount
-from portal.order_states import FINAL, Status, explanation
+from portal.order_states import FINAL, HOLDS_STOCK_UNTIL, Status, explanation
 
 S = Status
 
@@ -87,6 +87,9 @@ class TrackPage:
     # Underpaid: what arrived and what is missing, when staff or BTCPay said.
     paid_amount: Decimal | None
     missing: Decimal | None
+    # Until when the cards stay reserved for a top-up, where a partial payment
+    # holds them for a window only (order_states.HOLDS_STOCK_UNTIL).
+    reserved_until: datetime | None
     show_address: bool
     paid: bool
     notice_heading: tuple[str, str] | None
@@ -183,6 +186,9 @@ def track_page(*, order: Order, now: datetime, events: int, notices: int) -> Tra
         request=request,
         paid_amount=order.paid_amount if status == S.UNDERPAID else None,
         missing=missing,
+        reserved_until=order.held_until
+        if status == S.UNDERPAID and S.UNDERPAID in HOLDS_STOCK_UNTIL and order.held_until
+        else None,
         show_address=has_address and status not in NO_ADDRESS,
         paid=status in PAID,
         notice_heading=NOTICE_HEADINGS.get(status),

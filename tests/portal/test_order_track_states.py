@@ -121,9 +121,7 @@ def test_the_notice_form_is_offered_only_where_a_notice_is_taken():
 def test_a_quote_past_its_expiry_asks_for_nothing_before_the_sweep_comes(client, make_order):
     # given: the quote ran out a minute ago; the sweep has not moved the order yet
     order = make_order()
-    Order.objects.filter(pk=order.pk).update(
-        quote_expires_at=timezone.now() - timedelta(minutes=1)
-    )
+    Order.objects.filter(pk=order.pk).update(quote_expires_at=timezone.now() - timedelta(minutes=1))
     order.refresh_from_db()
     assert order.status == S.AWAITING_PAYMENT
 
@@ -134,7 +132,7 @@ def test_a_quote_past_its_expiry_asks_for_nothing_before_the_sweep_comes(client,
     assert 'data-status="expired"' in html
     assert not found & set(ASKS_PAYMENT)
     assert order.payment_address.address not in words
-    assert "Pay before" not in words and "Press \"I paid\" after sending" not in words
+    assert "Pay before" not in words and 'Press "I paid" after sending' not in words
     assert "requote" in found
     assert "Paid before the quote expired?" in words
 
@@ -197,6 +195,20 @@ def test_an_underpaid_order_without_the_amount_names_whom_to_ask(client, make_or
     assert "missing-unknown" in ids(html)
     assert 'href="mailto:help@gpu-rentals.example"' in html
     assert not ids(html) & {"qr", "payment-uri"}
+
+
+def test_an_underpaid_order_that_holds_its_cards_for_a_window_says_until_when(
+    client, make_order, monkeypatch
+):
+    # Where a partial payment holds the cards until `held_until` only, the
+    # customer reads until when they can top up.
+    monkeypatch.setattr("portal.order_page.HOLDS_STOCK_UNTIL", ACCEPTS_NOTICE | {S.UNDERPAID})
+    order = svc.order_mark_underpaid(order=make_order(), actor=STAFF, note="short")
+    until = timezone.now() + timedelta(hours=20)
+    Order.objects.filter(pk=order.pk).update(held_until=until)
+    html = track(client, order)
+    assert {"reserved-until", "reserved-countdown"} <= ids(html)
+    assert until.strftime("%Y-%m-%d %H:%M UTC") in text(html)
 
 
 def test_marking_partially_paid_needs_the_amount_that_arrived(client, staff, make_order):

@@ -249,13 +249,16 @@ class Order(models.Model):
     def cards(self) -> str:
         return f"{self.quantity} × {self.gpu.name}"
 
-    def payment_uri(self) -> str:
-        if self.payment_link:
+    def payment_uri(self, amount: Decimal | None = None) -> str:
+        """The payment URI of the quote, or of `amount` to the same address
+        (what an underpaid order still lacks)."""
+        if self.payment_link and (amount is None or amount == self.crypto_amount):
             # BTCPay's own link may carry more than the amount (payjoin, say).
             return self.payment_link
         address = self.payment_address.address
-        amount = format_amount(self.crypto_amount, self.currency.decimals)
-        return f"{self.currency.uri_scheme}:{address}?{self.currency.amount_param}={amount}"
+        amount = self.crypto_amount if amount is None else amount
+        text = format_amount(amount, self.currency.decimals)
+        return f"{self.currency.uri_scheme}:{address}?{self.currency.amount_param}={text}"
 
 
 def format_amount(amount: Decimal, decimals: int) -> str:

@@ -20,7 +20,7 @@ import segno
 from django.urls import reverse
 from django.utils.safestring import SafeString, mark_safe
 
-from portal.models import Order, RentalDuration, format_amount
+from portal.models import Order, RentalDuration
 from portal.order_states import FINAL, HOLDS_STOCK_UNTIL, Status, explanation
 
 S = Status
@@ -116,18 +116,8 @@ def missing_amount(order: Order) -> Decimal | None:
     return max(Decimal(0), order.crypto_amount - order.paid_amount)
 
 
-def payment_uri(order: Order, amount: Decimal) -> str:
-    """The payment URI for `amount` to the order's address; the processor's own
-    link for the quoted amount when it gave one (it may carry more, payjoin say)."""
-    if order.payment_link and amount == order.crypto_amount:
-        return order.payment_link
-    currency = order.currency
-    text = format_amount(amount, currency.decimals)
-    return f"{currency.uri_scheme}:{order.payment_address.address}?{currency.amount_param}={text}"
-
-
 def _request(order: Order, amount: Decimal) -> PaymentRequest:
-    uri = payment_uri(order, amount)
+    uri = order.payment_uri(amount)
     svg = segno.make(uri, error="m").svg_inline(scale=4, title="Payment QR code")
     return PaymentRequest(amount=amount, uri=uri, qr_svg=mark_safe(svg))  # noqa: S308 — segno's SVG of our URI
 

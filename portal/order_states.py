@@ -132,8 +132,9 @@ EXPLANATION: dict[str, str] = {
     S.PROVISIONING: "Your machines are being prepared: credentials, export folders, batch list.",
     S.ACTIVE: "Your rental is running. Retrieve your results before it ends.",
     S.COMPLETED: "The rental has ended.",
-    S.EXPIRED: 'The quote expired before a payment was seen. If you paid, press "I paid": '
-    "staff will look at it.",
+    S.EXPIRED: "The quote expired before a payment was seen: do not pay it any more. Get a new "
+    'quote for the same plan from your order page; if you had paid already, press "I paid" '
+    "there and staff will look for your payment.",
     S.UNDERPAID: "Less than the quoted amount arrived. Send the difference to the same address "
     'and press "I paid" again, or write to {operator_email} quoting your order reference.',
     S.REJECTED: "The order was rejected. The note below says why.",

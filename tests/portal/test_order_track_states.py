@@ -135,6 +135,7 @@ def test_a_quote_past_its_expiry_asks_for_nothing_before_the_sweep_comes(client,
     assert "Pay before" not in words and 'Press "I paid" after sending' not in words
     assert "requote" in found
     assert "Paid before the quote expired?" in words
+    assert "do not pay it any more" in words
 
 
 def test_a_new_quote_for_the_plan_opens_the_form_with_the_same_plan(client, make_order):

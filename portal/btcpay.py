@@ -81,7 +81,7 @@ def handle_delivery(*, body: bytes, signature_header: str) -> WebhookResult:
         return WebhookResult(200, "already applied")  # before asking BTCPay anything
     order = _find_order(invoice_id=invoice_id)
     payment: btcpay_client.InvoicePayment | str | None = None
-    if order is not None and event_type in PAYMENT_EVENTS:
+    if order is not None and _asks_payment(event_type, payload):
         try:
             payment = _invoice_payment(order=order, invoice_id=invoice_id)
         except btcpay_client.BTCPayError as exc:
@@ -117,6 +117,15 @@ def handle_delivery(*, body: bytes, signature_header: str) -> WebhookResult:
         delivery.outcome,
     )
     return WebhookResult(200, delivery.outcome)
+
+
+def _asks_payment(event_type: str, payload: dict) -> bool:
+    """Whether the event is applied only after BTCPay said what arrived: the
+    payment events, and an expiry with a partial payment (the customer's page
+    says how much is missing)."""
+    if event_type in PAYMENT_EVENTS:
+        return True
+    return event_type == "InvoiceExpired" and payload.get("partiallyPaid") is True
 
 
 def _find_order(*, invoice_id: str) -> Order | None:
@@ -187,7 +196,7 @@ def _plan(
                 Status.UNDERPAID,
                 order_services.order_mark_underpaid,
                 f"{received}, short by {_amount(quoted - paid, order)}{marked}",
-                {},
+                {"paid_amount": paid},
             )
         if event_type == "InvoiceReceivedPayment":
             late = "; after the invoice expired" if flag("afterExpiration") else ""
@@ -196,10 +205,18 @@ def _plan(
             suffix = ("; overpaid" if over else "") + received
             return Status.PAYMENT_SEEN, order_services.order_mark_payment_seen, suffix, {}
         suffix = ("; overpaid" if over else "") + received + marked
-        return Status.CONFIRMED, order_services.order_confirm_payment, suffix, {"overpaid": over}
+        extra = {"overpaid": over, "paid_amount": paid}
+        return Status.CONFIRMED, order_services.order_confirm_payment, suffix, extra
     if event_type == "InvoiceExpired":
         if flag("partiallyPaid"):
-            return Status.UNDERPAID, order_services.order_mark_underpaid, "; partially paid", {}
+            if paid is not None and paid < order.crypto_amount:
+                quote = _amount(order.crypto_amount, order)
+                received = f"; {_amount(paid, order)} received of {quote}"
+                extra = {"paid_amount": paid}
+            else:
+                received, extra = "", {}
+            suffix = f"; partially paid{received}"
+            return Status.UNDERPAID, order_services.order_mark_underpaid, suffix, extra
         return Status.EXPIRED, order_services.order_expire, "", {}
     if event_type == "InvoiceInvalid":
         return Status.REJECTED, order_services.order_reject, marked, {}

@@ -267,3 +267,50 @@ def watch_key_problems(*, key: str, script: str) -> list[Error | Warning]:
             )
         ]
     return []
+
+
+# Not a deploy-only check: `migrate` and every management command say it.
+@register()
+def check_operator(app_configs, **kwargs):
+    names = settings.OPERATOR_DEFAULTS
+    return operator_placeholder_warnings(
+        debug=settings.DEBUG,
+        values={name: getattr(settings, name) for name in names},
+        defaults=names,
+    ) + operator_text_errors(
+        paths={name: getattr(settings, name) for name in names if name.endswith("_FILE")}
+    )
+
+
+def operator_placeholder_warnings(
+    *, debug: bool, values: dict[str, str], defaults: dict[str, str]
+) -> list[Warning]:
+    """Customers sending money read the operator's name, address, terms and refund
+    policy on every page: in production they must be the operator's own."""
+    left = [name for name, value in values.items() if value == defaults.get(name)]
+    if debug or not left:
+        return []
+    return [
+        Warning(
+            f"Placeholder defaults still in use: {', '.join(left)}. Every page's footer and "
+            "the contact, terms and refund pages show them to customers.",
+            hint="Set them to the operator's own name, e-mail, postal address and "
+            "policy texts (docs/deployment.md, 'The operator').",
+            id="portal.W008",
+        )
+    ]
+
+
+def operator_text_errors(*, paths: dict[str, str]) -> list[Error]:
+    from portal.legal_views import read_blocks
+
+    return [
+        Error(
+            f"{name}={path} cannot be read as UTF-8 text: its page shows only the "
+            "operator's e-mail address.",
+            hint="Point it at a readable plain-text file (docs/deployment.md, 'The operator').",
+            id="portal.E008",
+        )
+        for name, path in paths.items()
+        if read_blocks(path) is None
+    ]

@@ -8,7 +8,8 @@ from django.conf import settings
 from django.core.mail import send_mail
 from django.template.loader import render_to_string
 
-from portal.order_states import EXPLANATION, Status
+from portal.order_page import missing_amount
+from portal.order_states import Status, explanation
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,10 @@ def send_order_email(*, order_id: int, kind: str) -> bool:
         "order": order,
         "kind": kind,
         "status_label": order.get_status_display(),
-        "explanation": EXPLANATION.get(order.status, ""),
+        "explanation": explanation(order.status),
+        "operator_name": settings.OPERATOR_NAME,
+        "operator_email": settings.OPERATOR_EMAIL,
+        "missing": missing_amount(order),
         "tracking_url": tracking_url(order),
     }
     try:

@@ -7,6 +7,7 @@ from typing import cast
 
 from django import forms
 from django.http import QueryDict
+from django.conf import settings
 
 from campaigns.models import Campaign
 from portal import access, ssh_keys
@@ -38,7 +39,7 @@ class GpuChoiceField(forms.ModelChoiceField):
         stock = " — out of stock" if free == 0 else (f" — {free} free" if free else "")
         return (
             f"{gpu.name} ({gpu.architecture}, {gpu.memory_gb} GB) · "
-            f"{gpu.price_per_day} per day{stock}"
+            f"{gpu.price_per_day} {settings.FIAT_CURRENCY} per day{stock}"
         )
 
 
@@ -188,6 +189,11 @@ class NoticeForm(forms.Form):
         label="Amount you sent (optional)",
     )
 
+    def __init__(self, *args, unit: str = "", **kwargs):
+        super().__init__(*args, **kwargs)
+        if unit:  # the order's crypto currency: an amount always says its unit
+            self.fields["claimed_amount"].label = f"Amount you sent, in {unit} (optional)"
+
     def clean_transaction_id(self) -> str:
         value = self.cleaned_data["transaction_id"].strip()
         if value and not value.replace("-", "").replace("_", "").isalnum():
@@ -212,6 +218,23 @@ class StaffActionForm(forms.Form):
         label="Note to the customer (shown to the customer, word for word)",
     )
     overpaid = forms.BooleanField(required=False, label="more than the quote arrived")
+    # The customer's page of an underpaid order says how much is missing from it.
+    paid_amount = forms.DecimalField(
+        max_digits=30,
+        decimal_places=12,
+        min_value=0,
+        required=False,
+        label="Amount that arrived",
+    )
+
+    def clean(self):
+        super().clean()
+        cleaned = self.cleaned_data
+        if cleaned.get("action") == "partial" and cleaned.get("paid_amount") is None:
+            self.add_error(
+                "paid_amount", "Say how much arrived: the customer sees what is missing."
+            )
+        return cleaned
 
 
 class AccessForm(forms.Form):

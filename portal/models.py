@@ -214,6 +214,10 @@ class Order(models.Model):
     # Set when the quote came from a BTCPay Server invoice (docs/btcpay.md):
     # the webhook finds the order by it, and the customer pays BTCPay's link.
     btcpay_invoice_id = models.CharField(max_length=100, blank=True)
+    # What arrived, in the order's crypto currency, when staff or the processor
+    # said so (an underpayment, an overpayment): the tracking page tells an
+    # underpaid customer how much is missing from it.
+    paid_amount = models.DecimalField(max_digits=30, decimal_places=12, null=True, blank=True)
     payment_link = models.CharField(
         max_length=1000, blank=True, help_text="the processor's payment URI, when it gave one"
     )
@@ -261,13 +265,16 @@ class Order(models.Model):
             names = [first, *(name for name in names if name != first)]
         return names
 
-    def payment_uri(self) -> str:
-        if self.payment_link:
+    def payment_uri(self, amount: Decimal | None = None) -> str:
+        """The payment URI of the quote, or of `amount` to the same address
+        (what an underpaid order still lacks)."""
+        if self.payment_link and (amount is None or amount == self.crypto_amount):
             # BTCPay's own link may carry more than the amount (payjoin, say).
             return self.payment_link
         address = self.payment_address.address
-        amount = format_amount(self.crypto_amount, self.currency.decimals)
-        return f"{self.currency.uri_scheme}:{address}?{self.currency.amount_param}={amount}"
+        amount = self.crypto_amount if amount is None else amount
+        text = format_amount(amount, self.currency.decimals)
+        return f"{self.currency.uri_scheme}:{address}?{self.currency.amount_param}={text}"
 
 
 def format_amount(amount: Decimal, decimals: int) -> str:

@@ -468,21 +468,46 @@ def order_mark_payment_seen(*, order: Order, actor: str, note: str = "") -> Orde
     )
 
 
-def order_confirm_payment(*, order: Order, actor: str, note: str, overpaid: bool = False) -> Order:
+def order_confirm_payment(
+    *,
+    order: Order,
+    actor: str,
+    note: str,
+    overpaid: bool = False,
+    paid_amount: Decimal | None = None,
+) -> Order:
     # Overpaid wins the `exception` field; lateness stays in `paid_late` (_transition).
     exception = PaymentException.PAID_OVER if overpaid else _late_or(PaymentException.NONE)
+    fields = {"paid_amount": paid_amount} if paid_amount is not None else None
     return _transition(
-        order=order, to=Status.CONFIRMED, actor=actor, note=note, exception=exception
+        order=order,
+        to=Status.CONFIRMED,
+        actor=actor,
+        note=note,
+        exception=exception,
+        fields=fields,
     )
 
 
-def order_mark_underpaid(*, order: Order, actor: str, note: str) -> Order:
+def order_mark_underpaid(
+    *, order: Order, actor: str, note: str, paid_amount: Decimal | None = None
+) -> Order:
+    """`paid_amount` is what arrived, in the order's currency: the customer's
+    page says how much is missing. Without it the page says to ask."""
+    if paid_amount is not None and not 0 <= paid_amount < order.crypto_amount:
+        raise TransitionRefused(
+            order.status,
+            Status.UNDERPAID,
+            f"{paid_amount.normalize():f} {order.currency.code} is not less than the quote "
+            f"({order.crypto_amount.normalize():f} {order.currency.code}): confirm instead",
+        )
     return _transition(
         order=order,
         to=Status.UNDERPAID,
         actor=actor,
         note=note,
         exception=PaymentException.PAID_PARTIAL,
+        fields={"paid_amount": paid_amount},
     )
 
 

@@ -8,6 +8,7 @@ call a service in portal/order_services.py, which checks this table.
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
 
@@ -134,12 +135,13 @@ EXPLANATION: dict[str, str] = {
     S.PROVISIONING: "Your machines are being prepared: credentials, export folders, batch list.",
     S.ACTIVE: "Your rental is running. Retrieve your results before it ends.",
     S.COMPLETED: "The rental has ended.",
-    S.EXPIRED: 'The quote expired before a payment was seen. If you paid, press "I paid": '
-    "staff will look at it.",
+    S.EXPIRED: "The quote expired before a payment was seen: do not pay it any more. Get a new "
+    'quote for the same plan from your order page; if you had paid already, press "I paid" '
+    "there and staff will look for your payment.",
     S.UNDERPAID: "Less than the quoted amount arrived. Send the difference to the same address "
-    'and press "I paid" again, or contact us. Your cards stay reserved for a limited time '
-    "(shown below); after it, your order goes ahead only if they are still free when the rest "
-    "arrives, otherwise you are refunded.",
+    'and press "I paid" again, or write to {operator_email} quoting your order reference. '
+    "Your cards stay reserved for a limited time (shown below); after it, your order goes "
+    "ahead only if they are still free when the rest arrives, otherwise you are refunded.",
     S.REJECTED: "The order was rejected. The note below says why.",
     S.HOLD_LAPSED: "No payment was seen in time after your notice, so your cards went back on "
     "sale. Staff still check your notice: if your payment arrives and the cards are still "
@@ -148,6 +150,12 @@ EXPLANATION: dict[str, str] = {
     "meantime. Staff will prepare your machines as soon as cards are free, or refund you.",
     S.REFUNDED: "Your payment was refunded. The note below says how.",
 }
+
+
+def explanation(status: str) -> str:
+    """What the tracking page and the e-mails say under `status`, with the
+    operator's contact where the customer may need to write."""
+    return EXPLANATION.get(status, "").format(operator_email=settings.OPERATOR_EMAIL)
 
 
 class TransitionRefused(Exception):

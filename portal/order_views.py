@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import segno
 from django.conf import settings
 from django.contrib import messages
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
-from django.utils.safestring import mark_safe
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseStopPolling
@@ -25,7 +23,8 @@ from portal.client_ip import client_key
 from portal.dossier import dossier_open
 from portal.forms import NoticeForm, OrderForm, quantity_refusal
 from portal.models import GpuModel, Order, RentalDuration
-from portal.order_states import ACCEPTS_NOTICE, EXPLANATION, FINAL, TransitionRefused
+from portal.order_page import track_page
+from portal.order_states import FINAL, TransitionRefused
 from portal.pricing import QuoteRefused, cards_available, plan_price
 from portal.ssh_keys import looks_private
 
@@ -173,7 +172,8 @@ def order_new(request: HttpRequest) -> HttpResponse:
         initial = {
             k: v
             for k, v in request.GET.items()
-            if k in ("gpu", "quantity", "duration", "environment")
+            # "Get a new quote for this plan" (portal/order_page.py) names the currency too.
+            if k in ("gpu", "quantity", "duration", "environment", "currency")
         }
         shortest = RentalDuration.objects.filter(active=True).values_list("pk", flat=True).first()
         # The duration the summary prices is the one checked, until the user picks another.
@@ -208,31 +208,29 @@ def order_price(request: HttpRequest) -> HttpResponse:
 def order_track(request: HttpRequest, token: str) -> HttpResponse:
     order = _order_by_token(token)
     now = timezone.now()
+    events = list(order.events.all())
+    notices = list(order.notices.all())
+    page = track_page(order=order, now=now, events=len(events), notices=len(notices))
     context = {
         "order": order,
-        "explanation": EXPLANATION.get(order.status, ""),
-        "events": order.events.all(),
-        "notices": order.notices.all(),
-        "accepts_notice": order.status in ACCEPTS_NOTICE,
-        "final": order.status in FINAL,
-        "notice_form": NoticeForm(),
+        "page": page,
+        "events": events,
+        "notices": notices,
+        "notice_form": NoticeForm(unit=order.currency.code),
         "now": now,
     }
-    if request.htmx and request.htmx.target == "status":
-        response = render(request, "orders/order_track.html#status", context)
+    if request.htmx and request.htmx.target == "order-state":
+        # The auto-refresh: everything that depends on the state, as one partial.
+        if order.status not in FINAL and request.GET.get("v") == page.version:
+            # Nothing changed: no swap, so a half-typed notice stays as typed.
+            return HttpResponse(status=204)
+        response = render(request, "orders/order_track.html#state", context)
         if order.status in FINAL:
             response.status_code = HttpResponseStopPolling.status_code
         return response
     # The access block (orders/_access.html): the keys and batch list given,
-    # and while the rental is active how to connect. Outside the polled status:
-    # a token revealed or a command copied stays as it is.
+    # and while the rental is active how to connect.
     context["rental"] = access.rental_view(order=order, now=now)
-    if hasattr(order, "payment_address"):
-        uri = order.payment_uri()
-        context["payment_uri"] = uri
-        context["qr_svg"] = mark_safe(  # noqa: S308 — segno's own SVG of our URI
-            segno.make(uri, error="m").svg_inline(scale=4, title="Payment QR code")
-        )
     return render(request, "orders/order_track.html", context)
 
 

@@ -120,6 +120,8 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                # The operator's name and contact, for every page's footer.
+                "portal.context_processors.operator",
             ],
         },
     },
@@ -233,6 +235,32 @@ CHECKPOINT_DEFECT_SHARE = env.float("CHECKPOINT_DEFECT_SHARE", default=0.2)
 REVIEW_IDLE_SECONDS = env.int("REVIEW_IDLE_SECONDS", default=300)
 if REVIEW_IDLE_SECONDS < 1:
     raise ImproperlyConfigured("REVIEW_IDLE_SECONDS is a number of seconds: 1 or more.")
+
+# --- The operator: who sells the rentals (docs/deployment.md, "The operator") ---
+# Shown in every page's footer, on /contact/, /terms/ and /refunds/, and in the
+# e-mails. The defaults are placeholders for development and the demo: check
+# portal.W008 warns in production until each one is set.
+OPERATOR_DEFAULTS = {
+    "OPERATOR_NAME": "BriefGPU demo operator",
+    "OPERATOR_EMAIL": "support@briefgpu.local",
+    # One line: the postal address where the operator is established (legal notice).
+    "OPERATOR_ADDRESS": "1 Example Street, 00000 Example City (placeholder address)",
+    # Plain-text files, paragraphs separated by blank lines, a line starting
+    # "# " a heading; the defaults are generic texts shipped in portal/legal/.
+    "OPERATOR_TERMS_FILE": str(BASE_DIR / "portal" / "legal" / "terms.txt"),
+    "OPERATOR_REFUNDS_FILE": str(BASE_DIR / "portal" / "legal" / "refunds.txt"),
+}
+OPERATOR_NAME = env.str("OPERATOR_NAME", default=OPERATOR_DEFAULTS["OPERATOR_NAME"])
+OPERATOR_EMAIL = env.str("OPERATOR_EMAIL", default=OPERATOR_DEFAULTS["OPERATOR_EMAIL"])
+OPERATOR_ADDRESS = env.str("OPERATOR_ADDRESS", default=OPERATOR_DEFAULTS["OPERATOR_ADDRESS"])
+# Optional: company registration, VAT number; empty, not shown.
+OPERATOR_REGISTRATION = env.str("OPERATOR_REGISTRATION", default="")
+OPERATOR_TERMS_FILE = str(
+    _path(env.str("OPERATOR_TERMS_FILE", default=OPERATOR_DEFAULTS["OPERATOR_TERMS_FILE"]))
+)
+OPERATOR_REFUNDS_FILE = str(
+    _path(env.str("OPERATOR_REFUNDS_FILE", default=OPERATOR_DEFAULTS["OPERATOR_REFUNDS_FILE"]))
+)
 
 # --- Ordering portal ----------------------------------------------------------
 FIAT_CURRENCY = env.str("FIAT_CURRENCY", default="EUR")

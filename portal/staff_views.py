@@ -15,6 +15,7 @@ from django.views.decorators.http import require_POST
 from portal import access, order_services, payment_addresses
 from portal.forms import AccessForm, StaffActionForm
 from portal.models import Order, RentalAccess
+from portal.order_page import missing_amount
 from portal.order_states import ALLOWED, FINAL, Status, TransitionRefused, holds_cards
 from portal.pricing import cards_available
 from portal.staff_group import VERIFY_ACT, VERIFY_VIEW
@@ -128,6 +129,7 @@ def _staff_order_page(
         "rental": access.rental_view(order=order, now=now),
         "linked_campaigns": access.linked_campaigns(order=order),
         "access_form": (access_form or _access_form(order)) if may_act else None,
+        "missing": missing_amount(order),
     }
     return render(request, "orders/staff_order.html", context, status=status)
 
@@ -184,13 +186,20 @@ def staff_order_action(request: HttpRequest, pk: int) -> HttpResponse:
     actor = order_services.staff_actor(request.user)
     note = form.cleaned_data["note"]
     action = form.cleaned_data["action"]
+    paid_amount = form.cleaned_data["paid_amount"]
     try:
         if action == "confirm":
             order_services.order_confirm_payment(
-                order=order, actor=actor, note=note, overpaid=form.cleaned_data["overpaid"]
+                order=order,
+                actor=actor,
+                note=note,
+                overpaid=form.cleaned_data["overpaid"],
+                paid_amount=paid_amount,
             )
         elif action == "partial":
-            order_services.order_mark_underpaid(order=order, actor=actor, note=note)
+            order_services.order_mark_underpaid(
+                order=order, actor=actor, note=note, paid_amount=paid_amount
+            )
         elif action == "reject":
             order_services.order_reject(order=order, actor=actor, note=note)
         elif action == "seen":

@@ -357,6 +357,32 @@ def test_a_settlement_short_of_the_quote_makes_the_order_underpaid(make_order):
     )
 
 
+def test_a_settlement_short_of_the_quote_records_what_arrived_for_the_customer(make_order):
+    # The tracking page says how much is missing: it needs what arrived.
+    order = make_order()
+    half = (order.crypto_amount / 2).quantize(Decimal("0.00000001"))
+    deliver(event(order, "InvoiceSettled", paid=half))
+    order.refresh_from_db()
+    assert order.paid_amount == half
+
+
+def test_an_expiry_partially_paid_records_what_btcpay_says_arrived(make_order):
+    order = make_order()
+    _store.invoices[order.btcpay_invoice_id]["paid"] = "0.0001"
+    status, detail = deliver(event(order, "InvoiceExpired", partiallyPaid=True))
+    order.refresh_from_db()
+    assert (status, detail) == (200, "applied: underpaid")
+    assert (order.status, order.paid_amount) == ("underpaid", Decimal("0.0001"))
+    assert "0.0001 BTC received of" in btcpay_events(order)[0].note
+
+
+def test_an_overpayment_records_what_arrived(make_order):
+    order = make_order()
+    deliver(event(order, "InvoiceSettled", paid=order.crypto_amount + Decimal("0.01")))
+    order.refresh_from_db()
+    assert order.paid_amount == order.crypto_amount + Decimal("0.01")
+
+
 def test_a_processing_invoice_short_of_the_quote_makes_the_order_underpaid(make_order):
     order = make_order()
     deliver(event(order, "InvoiceProcessing", paid=Decimal("0.00000001")))

@@ -6,8 +6,8 @@ import unicodedata
 from typing import cast
 
 from django import forms
-from django.http import QueryDict
 from django.conf import settings
+from django.http import QueryDict
 
 from campaigns.models import Campaign
 from portal import access, ssh_keys

@@ -2,15 +2,13 @@
 and a batch list, quote, "I paid", staff confirm, provision with host, port and
 user, and the customer copies the SSH command from the tracking page.
 
-With DOCS_SCREENSHOTS=<folder> it also saves the configurator, the quote, the
-active rental and the staff's provisioning page there (docs/ordering.md shows them).
+With DOCS_SCREENSHOTS=1 it also saves the configurator, the quote, the active
+rental and the staff's provisioning page in docs/img/ (docs/ordering.md shows them).
 """
 
 from __future__ import annotations
 
-import os
 import re
-from pathlib import Path
 
 import pytest
 
@@ -18,6 +16,7 @@ from portal.models import CryptoCurrency, GpuModel, Order
 from portal.order_states import Status
 from tests.campaigns.test_profile_views import build_done_profile
 from tests.conftest import SSH_KEY
+from tests.e2e.test_screenshots import shoot
 from tests.portal.test_ssh_keys import RSA_1024
 
 pytestmark = pytest.mark.e2e
@@ -26,10 +25,7 @@ SSH_COMMAND = "ssh -p 2222 ada@gpu-7.example.net"
 
 
 def _shot(page, name: str) -> None:
-    folder = os.environ.get("DOCS_SCREENSHOTS")
-    if folder:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=True)
+    shoot(page, name)  # the screenshots test's writer: one variable, one folder, one size cap
 
 
 def _staff_submits(page, form: str) -> None:

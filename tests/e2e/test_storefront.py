@@ -16,6 +16,7 @@ from django.utils import timezone
 from portal import order_services as svc
 from portal.models import Order, PaymentAddress
 from portal.order_states import Status
+from tests.conftest import SSH_KEY
 
 pytestmark = pytest.mark.e2e
 
@@ -84,6 +85,7 @@ def test_an_expired_quote_asks_for_no_payment_and_quotes_the_same_plan_again(
     page.fill("input[name=first_name]", "Ada")
     page.fill("input[name=last_name]", "Lovelace")
     page.fill("input[name=email]", "ada.again@example.org")
+    page.fill("textarea[name=ssh_keys]", SSH_KEY)  # keys are the customer's own, never carried over
     page.click("#order-form button[type=submit]")
     page.wait_for_url(re.compile(r".*/order/t/[\w-]{32,}/$"))
     new = Order.objects.exclude(pk=old.pk).get()

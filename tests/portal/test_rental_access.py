@@ -330,8 +330,9 @@ def test_the_tracking_page_shows_how_to_connect_only_once_active(client, make_or
     assert page.index("<summary>Show the notebook token</summary>") < page.index(NOTEBOOK_TOKEN)
     assert 'id="rental-remaining"' in page and "6 d 23 h left" in page
 
-    # the polled status fragment never carries it
-    fragment = client.get(url, headers={"HX-Request": "true", "HX-Target": "status"})
+    # the polled state fragment never carries it
+    fragment = client.get(url, headers={"HX-Request": "true", "HX-Target": "order-state"})
+    assert fragment.status_code == 200 and 'id="order-state"' in fragment.content.decode()
     assert "gpu-7" not in fragment.content.decode()
 
 

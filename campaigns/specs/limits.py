@@ -51,6 +51,17 @@ MAX_INPUT_BYTES = ParamSpec(
 )
 
 
+# A training example is read whole (its JSON parsed) and its texts kept for
+# the whole training: this bounds each file. A pair of a query and a few
+# paragraphs is a few KiB; only the first max_tokens tokens of each text train.
+TEXT_EXAMPLE_MAX_INPUT_BYTES = ParamSpec(
+    16 << 20,
+    type=int,
+    minimum=0,
+    help="examples larger than this many bytes fail as input_invalid before they are read; "
+    "0: no limit",
+)
+
 # An image is read whole before its header says what it is: this bounds
 # that read. No image under max_pixels needs more (64 Mpx of 16-bit RGBA
 # uncompressed is 512 MiB).

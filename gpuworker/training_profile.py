@@ -179,7 +179,7 @@ def measure(profile: Profile) -> None:
     # The device and its budget on the page while the steps come in.
     profile.save(update_fields=["memory_budget", "runtime", "device"])
     units = list(Unit.objects.filter(pk__in=profile.sample).order_by("pk"))
-    train, _heldout, _rows = read_examples(campaign, parse, units, fail=False)
+    train, _heldout, _rows = read_examples(campaign, parse, units, params=params, fail=False)
     if not train:
         raise ValueError("no example of the sample could be read: nothing to measure")
     steps, chosen = sweep(

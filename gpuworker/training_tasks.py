@@ -23,10 +23,11 @@ from django.utils import timezone
 
 from campaigns.adaptation import services as adaptation
 from campaigns.intake.images import decode_image
-from campaigns.intake.inputs import InputError, read_bytes
+from campaigns.intake.inputs import InputError, corpus_real_path, read_bytes
 from campaigns.models import ErrorClass, ModelCheckpoint, Training, Unit, UnitState
 from campaigns.specs.adaptation import parse_pair
 from campaigns.specs.builtin import resolve_model_path
+from campaigns.specs.processors import get_spec
 from campaigns.specs.software import software_versions
 from campaigns.storage import checkpoint_files as checkpoints
 from common.log_context import bound
@@ -54,17 +55,25 @@ def _fail_unit(unit: Unit, error: InputError) -> None:
 
 
 def read_examples(
-    campaign, parse, units=None, *, fail=True
+    campaign, parse, units=None, *, params: dict | None = None, fail=True
 ) -> tuple[list, list, list[tuple[str, str, bool]]]:
     """(training examples, held-out examples, checksum rows); a bad input fails its
-    unit (or, with fail=False, is left out), and the rest goes on."""
+    unit (or, with fail=False, is left out), and the rest goes on.
+
+    Each example is read as every input is, under the processor's limits for
+    `params` (default: the campaign's current version): a file over
+    max_input_bytes fails from its size, before any of it is read."""
     root = Path(campaign.input_root)
+    if params is None:
+        params = campaign.current_version.params
+    limits = get_spec(campaign.processor).input_limits(params)
+    real_root = corpus_real_path(root)
     train: list = []
     heldout: list = []
     rows: list[tuple[str, str, bool]] = []
     for unit in adaptation.examples_rows(campaign) if units is None else units:
         try:
-            data = read_bytes(root, unit.source_path)
+            data = read_bytes(root, unit.source_path, real_root, limits)
             digest = hashlib.sha256(data).hexdigest()
             if unit.sha256 and digest != unit.sha256:
                 raise InputError(
@@ -175,7 +184,7 @@ def run_training(training_id: int) -> str:
 def _train(training: Training, heartbeat: Heartbeat) -> str:
     campaign, version = training.campaign, training.version
     trainer, parse, base = TRAINERS[campaign.processor](version.params)
-    train, heldout, rows = read_examples(campaign, parse)
+    train, heldout, rows = read_examples(campaign, parse, params=version.params)
     data_sha256 = adaptation.data_checksum(rows)
     if training.data_sha256 and training.data_sha256 != data_sha256:
         raise RuntimeError(

@@ -14,13 +14,13 @@ import logging
 from datetime import timedelta
 from pathlib import Path
 
-from celery import current_app as celery_app
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
 from campaigns.models import Campaign, ModelCheckpoint, ParameterVersion, Training, Unit, UnitState
+from campaigns.runs.start import work_send
 from campaigns.specs.processors import get_spec
 from campaigns.verify.reconcile import CHECKPOINTS_FOLDER
 
@@ -52,7 +52,9 @@ def data_checksum(rows: list[tuple[str, str, bool]]) -> str:
 
 
 def _send(training: Training) -> None:
-    celery_app.send_task(TASK, args=[training.pk], queue="gpu")
+    # Routed to the gpu queue (CELERY_TASK_ROUTES). A broker that does not
+    # answer leaves the training queued for the lost-message sweep.
+    work_send(task=TASK, args=[training.pk], what="the training")
 
 
 def training_start(*, campaign: Campaign) -> Training:

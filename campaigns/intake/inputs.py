@@ -254,7 +254,7 @@ def decode_text(data: bytes) -> str:
     if not any(map(_is_content, text)):  # stops at the first visible character
         raise InputError(
             ErrorClass.INPUT_INVALID,
-            f"control or zero-width characters only ({_invisible_named(text)}), nothing to embed",
+            f"control or zero-width characters only ({chars_named(text)}), nothing to embed",
         )
     if cut:
         # rsplit drops the last whitespace run and what follows it, in C.
@@ -274,8 +274,10 @@ def _is_content(char: str) -> bool:
     return not char.isspace() and unicodedata.category(char) not in _INVISIBLE
 
 
-def _invisible_named(text: str, shown: int = 3) -> str:
-    """The first few distinct invisible characters, as U+XXXX."""
+def chars_named(text: str, shown: int = 3) -> str:
+    """The first few distinct characters other than whitespace, as U+XXXX:
+    what a text of invisible characters (or of characters its tokenizer
+    drops) holds."""
     named: dict[str, None] = {}
     for char in text:
         if not char.isspace():

@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from campaigns.models import Campaign, Profile
 from campaigns.profiles.sample import sample_build
+from campaigns.runs.start import work_send
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +114,11 @@ def profiles_fail_stale(*, now: dt.datetime | None = None) -> list[int]:
 
 
 def _queue(profile: Profile) -> None:
-    from celery import current_app as celery_app
-
-    transaction.on_commit(lambda: celery_app.send_task(PROFILE_TASK, args=[profile.pk]))
+    # A broker that does not answer leaves the profile queued for the
+    # lost-message sweep (campaigns/runs/start.py, work_send).
+    transaction.on_commit(
+        lambda: work_send(task=PROFILE_TASK, args=[profile.pk], what="the profile")
+    )
 
 
 def profile_start(

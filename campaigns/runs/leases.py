@@ -1,7 +1,7 @@
 """The lease sweeps: running batches whose worker stopped renewing its lease
-go back in the queue (or fail, after too many deliveries), and queued batches
-whose broker message is gone get it sent again. The periodic task and resume
-call these."""
+go back in the queue (or fail, after too many deliveries), and queued batches,
+trainings and profiles whose broker message is gone get it sent again. The
+periodic task and resume call these."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from campaigns.models import Batch, Campaign, ErrorClass, Unit, UnitState
-from campaigns.runs.start import batches_enqueue
+from campaigns.adaptation import services as adaptation
+from campaigns.models import Batch, Campaign, ErrorClass, Profile, Training, Unit, UnitState
+from campaigns.profiles.services import PROFILE_TASK
+from campaigns.runs.start import batches_enqueue, work_send
 
 # The queue batches go to (CELERY_TASK_ROUTES).
 BATCH_QUEUE = "gpu"
@@ -70,38 +72,53 @@ def batches_resend_lost(*, grace: float | None = None, confirm_after: float = 1.
 
     A broker restarted without persistence (Redis with appendonly no), a queue
     purged by hand, a worker that died after taking a message but before
-    claiming its batch (Redis keeps that message aside for visibility_timeout):
-    the batch stays queued and no message will ever start it. No lease covers
-    it, since nobody claimed it. The broker only tells how many messages wait,
-    so: when the queue holds fewer than there are batches queued for longer
-    than `grace` (default: one lease), some of them have none, and all of them
-    are sent again. A batch that still had its message runs once all the same:
-    the second message finds it claimed and returns quietly.
+    claiming its batch (Redis keeps that message aside for visibility_timeout),
+    a broker that was down when the batch was planned: the batch stays queued
+    and no message will ever start it. No lease covers it, since nobody
+    claimed it. The broker only tells how many messages wait, so: when the
+    queue holds fewer than there are batches queued for longer than `grace`
+    (default: one lease), some of them have none, and all of them are sent
+    again. A batch that still had its message runs once all the same: the
+    second message finds it claimed and returns quietly.
+
+    Queued trainings and profiles wait in the same queue and are claimed the
+    same way: they count with the batches, and are sent again with them.
 
     The shortfall must hold twice, `confirm_after` seconds apart: a worker that
     has just taken a message has not claimed its batch yet, for a few
-    milliseconds, and that alone must not double the queue.
+    milliseconds, and that alone must not double the queue. Returns the batches
+    sent again.
     """
     grace = settings.BATCH_LEASE_SECONDS if grace is None else grace
     for check in range(2):
         if check:
             time.sleep(confirm_after)
         waiting = broker_queue_waiting(BATCH_QUEUE)
-        stale = Batch.objects.filter(
-            state=Batch.State.QUEUED, created_at__lt=timezone.now() - dt.timedelta(seconds=grace)
-        )
-        queued = stale.count()
+        before = timezone.now() - dt.timedelta(seconds=grace)
+        stale = Batch.objects.filter(state=Batch.State.QUEUED, created_at__lt=before)
+        trainings = Training.objects.filter(state=Training.State.QUEUED, created_at__lt=before)
+        profiles = Profile.objects.filter(state=Profile.State.QUEUED, created_at__lt=before)
+        queued = stale.count() + trainings.count() + profiles.count()
         if not queued or waiting is None or waiting >= queued:
             return []
     resend = list(stale.order_by("pk").values_list("pk", flat=True))
+    others = {
+        adaptation.TASK: list(trainings.order_by("pk").values_list("pk", flat=True)),
+        PROFILE_TASK: list(profiles.order_by("pk").values_list("pk", flat=True)),
+    }
     log.warning(
-        "%s batches queued, %s messages in the broker's %s queue: sending again %s",
+        "%s batches, trainings and profiles queued, %s messages in the broker's %s queue: "
+        "sending again batches %s, %s",
         queued,
         waiting,
         BATCH_QUEUE,
         resend,
+        others,
     )
     batches_enqueue(batch_ids=resend)
+    for task, ids in others.items():
+        for pk in ids:
+            work_send(task=task, args=[pk], what=f"{task} {pk}")
     return resend
 
 

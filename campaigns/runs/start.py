@@ -9,7 +9,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from celery import current_app as celery_app
 from django.core.exceptions import ValidationError
@@ -145,10 +145,12 @@ class BrokerOutage:
 
     unsent_batches: int = 0
     planning_unsent: bool = False
+    # Other work recorded as queued whose message did not go ("the training").
+    unsent_work: list[str] = field(default_factory=list)
     error: str = ""
 
     def __bool__(self) -> bool:
-        return bool(self.unsent_batches or self.planning_unsent)
+        return bool(self.unsent_batches or self.planning_unsent or self.unsent_work)
 
 
 _outage: ContextVar[BrokerOutage | None] = ContextVar("broker_outage", default=None)
@@ -157,10 +159,10 @@ _outage: ContextVar[BrokerOutage | None] = ContextVar("broker_outage", default=N
 @contextmanager
 def broker_outage_noted() -> Iterator[BrokerOutage]:
     """Within this block a broker that does not answer is noted, not raised:
-    the batches stay queued in the database, and the lost-message sweep
-    (campaigns/runs/leases.py, batches_resend_lost) sends them once the broker
-    answers again. Run and Resume, on the page and in the CLI, say so instead
-    of failing."""
+    the batches (and a training or a profile, sent with work_send) stay queued
+    in the database, and the lost-message sweep (campaigns/runs/leases.py,
+    batches_resend_lost) sends them once the broker answers again. Run, Resume,
+    Train and Profile, on the page and in the CLI, say so instead of failing."""
     outage = BrokerOutage()
     token = _outage.set(outage)
     try:
@@ -187,14 +189,30 @@ def _send(name: str, args: list) -> bool:
     return True
 
 
+def work_send(*, task: str, args: list, what: str) -> None:
+    """Send the task of work recorded as queued in the database (`what`: "the
+    training", "the profile"). Within broker_outage_noted a broker that does
+    not answer is noted, and the lost-message sweep sends it later; outside,
+    BrokerUnavailable."""
+    if not _send(task, args):
+        outage = _outage.get()
+        assert outage is not None
+        outage.unsent_work.append(what)
+
+
 def broker_outage_reason(outage: BrokerOutage) -> str:
-    """What Run or Resume says when the broker did not take their messages."""
+    """What Run, Resume, Train or Profile says when the broker did not take their messages."""
     parts = [f"The broker does not answer ({outage.error}), so no worker was told."]
     if outage.unsent_batches:
         n = outage.unsent_batches
         parts.append(
             f"{n} batch{'es are' if n != 1 else ' is'} queued in the database and will be "
             "sent by the sweeper (Celery beat) once the broker answers again; nothing is lost."
+        )
+    for what in outage.unsent_work:
+        parts.append(
+            f"{what[:1].upper()}{what[1:]} is queued in the database and will be sent by the "
+            "sweeper (Celery beat) once the broker answers again; nothing is lost."
         )
     if outage.planning_unsent:
         parts.append("The rest of the campaign stays pending: press Run again once it answers.")

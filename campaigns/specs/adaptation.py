@@ -12,6 +12,7 @@ import json
 from campaigns.intake.inputs import InputError, decode_text
 from campaigns.models import ErrorClass
 from campaigns.specs.builtin import DEFAULT_TEXT_MODEL, IMAGE_CLASSIFICATION, decode_image
+from campaigns.specs.limits import IMAGE_MAX_INPUT_BYTES, TEXT_EXAMPLE_MAX_INPUT_BYTES
 from campaigns.specs.processors import ParamSpec, ProcessorSpec
 
 TRAINING_PARAMS = {
@@ -74,6 +75,7 @@ TEXT_ADAPTATION = ProcessorSpec(
             20.0, type=float, minimum=1, maximum=100, help="similarity scale of the loss"
         ),
         **TRAINING_PARAMS,
+        "max_input_bytes": TEXT_EXAMPLE_MAX_INPUT_BYTES,
     },
     check_input=lambda data, _params: parse_pair(data),
 )
@@ -103,6 +105,7 @@ IMAGE_ADAPTATION = ProcessorSpec(
         **TRAINING_PARAMS,
         "learning_rate": ParamSpec(1e-3, type=float, minimum=0, maximum=1),
         "batch_size": ParamSpec(32, type=int, minimum=1, maximum=4096),
+        "max_input_bytes": IMAGE_MAX_INPUT_BYTES,
     },
     check_input=_check_image,
     cost_unit="pixels",

@@ -27,6 +27,7 @@ from campaigns.specs.limits import (
     input_read_limits,
     output_pixel_bound,
     refuse_over_max_tokens,
+    refuse_without_tokens,
     text_read_limits,
     validate_transform,
 )
@@ -132,6 +133,7 @@ def text_token_costs(root: Path, source_paths: list[str], params: dict) -> list[
 def _check_text_input(data: bytes, params: dict) -> str:
     """What the worker's prepare refuses, said by the setup page's preview."""
     text = decode_text(data)
+    refuse_without_tokens(text, _tokenizer(params["model"]))
     if params["truncation"] == "refuse":
         tokens = len(_tokenizer(params["model"]).encode(text).ids)
         refuse_over_max_tokens(data, tokens, int(params["max_tokens"]))

@@ -8,11 +8,12 @@ large outputs", says what a user sees of them.
 from __future__ import annotations
 
 import io
+import unicodedata
 
 from django.core.exceptions import ValidationError
 
 from campaigns.intake.images import MAX_PIXELS, open_image
-from campaigns.intake.inputs import InputError, ReadLimits
+from campaigns.intake.inputs import InputError, ReadLimits, chars_named
 from campaigns.models import ErrorClass
 from campaigns.specs.processors import ParamSpec
 
@@ -50,6 +51,17 @@ MAX_INPUT_BYTES = ParamSpec(
 )
 
 
+# A training example is read whole (its JSON parsed) and its texts kept for
+# the whole training: this bounds each file. A pair of a query and a few
+# paragraphs is a few KiB; only the first max_tokens tokens of each text train.
+TEXT_EXAMPLE_MAX_INPUT_BYTES = ParamSpec(
+    16 << 20,
+    type=int,
+    minimum=0,
+    help="examples larger than this many bytes fail as input_invalid before they are read; "
+    "0: no limit",
+)
+
 # An image is read whole before its header says what it is: this bounds
 # that read. No image under max_pixels needs more (64 Mpx of 16-bit RGBA
 # uncompressed is 512 MiB).
@@ -80,6 +92,30 @@ def refuse_over_max_tokens(data: bytes, tokens: int, max_tokens: int) -> None:
             ErrorClass.INPUT_INVALID,
             f"{tokens} tokens, over max_tokens {max_tokens} (truncation=refuse)",
         )
+
+
+# The Unicode categories some tokenizers drop whole: marks (Mn, Mc, Me; a
+# model that strips accents drops them, variation selectors are Mn), control,
+# format, private-use and unassigned characters (C*), separators (Z*). A text
+# with any other character (a letter, a digit, punctuation, a symbol) leaves
+# at least one token, if only [UNK], so only a text of these alone is
+# tokenized to find out.
+_DROPPABLE = frozenset("MCZ")
+
+
+def refuse_without_tokens(text: str, tokenizer) -> None:
+    """A text its model's tokenizer reduces to nothing fails input_invalid: it
+    would embed as the special tokens alone, one vector for every such file.
+    `tokenizer`: a `tokenizers.Tokenizer` without padding."""
+    if any(unicodedata.category(char)[0] not in _DROPPABLE for char in text):
+        return
+    if tokenizer.encode(text, add_special_tokens=False).ids:
+        return
+    raise InputError(
+        ErrorClass.INPUT_INVALID,
+        f"only characters the model's tokenizer drops ({chars_named(text)}: combining "
+        "marks, variation selectors or the like), nothing to embed",
+    )
 
 
 def expected_size(width: int, height: int, params: dict) -> tuple[int, int]:

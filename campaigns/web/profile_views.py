@@ -24,6 +24,7 @@ from campaigns.profiles.extrapolation import (
 )
 from campaigns.profiles.report import CAP_REACHED, profile_comparison, profile_report
 from campaigns.profiles.services import latest_profile, profile_rerun_start, profile_start
+from campaigns.runs import start
 from campaigns.specs import processors as processor_specs
 from campaigns.web.access import campaign_for_user_or_404
 
@@ -142,15 +143,19 @@ def campaign_profile_rerun(request: HttpRequest, name: str, pk: int) -> HttpResp
         messages.error(request, f"Profile {measuring.pk} is still measuring: nothing was queued.")
         return redirect("campaign_profile", name=campaign.name)
     try:
-        again = profile_rerun_start(profile=profile)
+        with start.broker_outage_noted() as outage:
+            again = profile_rerun_start(profile=profile)
     except ValueError as exc:
         messages.error(request, f"{exc}: nothing was queued.")
         return redirect("campaign_profile", name=campaign.name)
-    messages.success(
-        request,
-        f"Profile {again.pk} queued: the sample of profile {profile.pk} again, with its "
-        "parameters; the report compares the two when it is done.",
-    )
+    if outage:
+        messages.warning(request, start.broker_outage_reason(outage))
+    else:
+        messages.success(
+            request,
+            f"Profile {again.pk} queued: the sample of profile {profile.pk} again, with its "
+            "parameters; the report compares the two when it is done.",
+        )
     url = reverse("campaign_profile", args=[campaign.name])
     return redirect(f"{url}?{urlencode({'compare': profile.pk})}")
 
@@ -199,10 +204,14 @@ def campaign_profile_start(request: HttpRequest, name: str) -> HttpResponse:
             "nothing was queued.",
         )
         return redirect("campaign_profile", name=campaign.name)
-    profile_start(campaign=campaign, margin=margin / 100, max_batch_size=max_batch)
-    messages.success(
-        request,
-        f"Profile queued: a worker measures the largest batch that keeps {margin:g}% of "
-        "memory free on this campaign's heaviest inputs, then estimates the whole corpus.",
-    )
+    with start.broker_outage_noted() as outage:
+        profile_start(campaign=campaign, margin=margin / 100, max_batch_size=max_batch)
+    if outage:
+        messages.warning(request, start.broker_outage_reason(outage))
+    else:
+        messages.success(
+            request,
+            f"Profile queued: a worker measures the largest batch that keeps {margin:g}% of "
+            "memory free on this campaign's heaviest inputs, then estimates the whole corpus.",
+        )
     return redirect("campaign_profile", name=campaign.name)

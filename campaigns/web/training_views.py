@@ -14,6 +14,7 @@ from campaigns import selectors
 from campaigns.adaptation import charts as training_charts
 from campaigns.adaptation import services as adaptation
 from campaigns.models import Campaign, ModelCheckpoint, Training
+from campaigns.runs import start
 
 # What a checkpoint of each kind can become the model of.
 TARGET_PROCESSOR = {"text-adaptation": "text-embedding", "image-adaptation": "image-classification"}
@@ -58,10 +59,15 @@ def training_page(request: HttpRequest, name: str) -> HttpResponse:
 def training_start(request: HttpRequest, name: str) -> HttpResponse:
     campaign = _adaptation_campaign(request, name)
     try:
-        training = adaptation.training_start(campaign=campaign)
-        messages.success(request, f"Training {training.get_state_display().lower()}.")
+        with start.broker_outage_noted() as outage:
+            training = adaptation.training_start(campaign=campaign)
     except ValidationError as exc:
         messages.error(request, "; ".join(exc.messages))
+    else:
+        if outage:
+            messages.warning(request, start.broker_outage_reason(outage))
+        else:
+            messages.success(request, f"Training {training.get_state_display().lower()}.")
     return redirect("training_page", campaign.name)
 
 

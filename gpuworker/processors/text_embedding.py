@@ -23,7 +23,7 @@ from transformers import AutoModel, AutoTokenizer
 from campaigns.intake.inputs import decode_text
 from campaigns.review.flags import norm_flags, truncation_flags
 from campaigns.specs.builtin import embedding_row_check, resolve_model_path
-from campaigns.specs.limits import refuse_over_max_tokens
+from campaigns.specs.limits import refuse_over_max_tokens, refuse_without_tokens
 from campaigns.storage import checkpoint_files as checkpoints
 from campaigns.storage.outputs import validate_embedding_file, vector_to_npy
 from gpuworker.memory import MemoryProbe, device_and_dtype
@@ -111,6 +111,7 @@ class TextEmbeddingProcessor:
 
     def prepare(self, data: bytes) -> str:
         text = decode_text(data)
+        refuse_without_tokens(text, self.counter)
         size = getattr(data, "size", len(data))
         if size > len(data):
             return self._cut(text, data, size)

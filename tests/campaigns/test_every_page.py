@@ -60,7 +60,7 @@ from campaigns.models import (
 )
 from campaigns.profiles.services import profile_create, profile_rerun
 from campaigns.review import queue as review
-from campaigns.runs import setup
+from campaigns.runs import setup, start
 from campaigns.specs import processors as processor_specs
 from campaigns.web.training_views import TARGET_PROCESSOR
 from campaigns.web.version_views import DOWNLOADS
@@ -549,7 +549,7 @@ def _batch_life(campaign: Campaign, inputs: Inputs, run_here, owner) -> Iterator
 def _train_here(campaign: Campaign, capture_on_commit) -> Training:
     """Start the training as the page does, and run the task it sends in this process."""
     with (
-        mock.patch.object(adaptation.celery_app, "send_task") as send,
+        mock.patch.object(start.celery_app, "send_task") as send,
         capture_on_commit(execute=True),
     ):
         training = adaptation.training_start(campaign=campaign)

@@ -431,7 +431,6 @@ def test_create_and_start_of_an_adaptation_campaign_starts_its_training(
     # given: a folder of example pairs in an allowed root
     import json
 
-    from campaigns.adaptation import services as adaptation
     from campaigns.models import Training
     from campaigns.specs.adaptation import TEXT_ADAPTATION
 
@@ -452,7 +451,7 @@ def test_create_and_start_of_an_adaptation_campaign_starts_its_training(
 
     # when
     with (
-        mock.patch.object(adaptation.celery_app, "send_task") as send,
+        mock.patch.object(start.celery_app, "send_task") as send,
         django_capture_on_commit_callbacks(execute=True),
     ):
         response = client.post(NEW, form)

@@ -15,7 +15,7 @@ from django.urls import reverse
 
 from campaigns.adaptation import services as adaptation
 from campaigns.models import ModelCheckpoint, ParameterVersion, Training
-from campaigns.runs import setup
+from campaigns.runs import setup, start
 from campaigns.specs.builtin import resolve_model_path
 from tests.conftest import ProjectFactory
 
@@ -148,7 +148,7 @@ def test_start_sends_one_training_and_a_second_press_changes_nothing(
     )
     client.force_login(owner)
     with (
-        mock.patch.object(adaptation.celery_app, "send_task") as send,
+        mock.patch.object(start.celery_app, "send_task") as send,
         django_capture_on_commit_callbacks(execute=True),
     ):
         client.post(reverse("training_start", args=["fresh"]))

@@ -13,7 +13,6 @@ from unittest import mock
 import pytest
 from django.urls import reverse
 
-from campaigns.adaptation import services as adaptation
 from campaigns.models import Batch, Campaign, Training, Unit, UnitState
 from campaigns.runs import setup, start
 from campaigns.specs import processors as processor_specs
@@ -104,7 +103,7 @@ def test_create_and_start_of_an_adaptation_campaign_lands_on_its_queued_training
     page.select_option("select[name=folder]", str(pairs))
 
     # when: Create and start
-    with mock.patch.object(adaptation.celery_app, "send_task") as send:
+    with mock.patch.object(start.celery_app, "send_task") as send:
         page.click("button[value=create]")
         page.wait_for_url("**/campaigns/web-tuned/training/")
 

@@ -10,7 +10,7 @@ import pytest
 
 from campaigns.adaptation import services as adaptation
 from campaigns.models import Batch, ModelCheckpoint, Training, Unit, UnitState
-from campaigns.runs import setup
+from campaigns.runs import setup, start
 from campaigns.verify.reconcile import campaign_verify
 from gpuworker.processors import forget_loaded
 from gpuworker.training_tasks import run_training
@@ -53,7 +53,7 @@ def train_here(django_capture_on_commit_callbacks):
 
     def train(campaign) -> Training:
         with (
-            mock.patch.object(adaptation.celery_app, "send_task") as send,
+            mock.patch.object(start.celery_app, "send_task") as send,
             django_capture_on_commit_callbacks(execute=True),
         ):
             training = adaptation.training_start(campaign=campaign)

@@ -275,22 +275,30 @@ def test_the_failed_attempt_is_released_before_the_halves_run(queued):
     ) == {"succeeded"}
 
 
-def test_a_text_of_only_zero_width_characters_fails_like_a_whitespace_only_one(
+def test_a_text_of_only_zero_width_characters_or_marks_fails_like_a_whitespace_only_one(
     project, tmp_path, output_root, run_here
 ):
     root = tmp_path / "texts"
     root.mkdir()
     (root / "invisible.txt").write_text("\u200b\u200c\u2060\x01\n", encoding="utf-8")
     (root / "blank.txt").write_text(" \n\t\n")
+    # combining marks and variation selectors alone: the packaged model's
+    # tokenizer (all-MiniLM-L6-v2, accents stripped) leaves only [CLS] [SEP]
+    (root / "marks.txt").write_text("\u0301\u0301", encoding="utf-8")
+    (root / "selector.txt").write_text("\ufe0f", encoding="utf-8")
     (root / "words.txt").write_text("The harbour reopens on Monday.\n")
+    (root / "accent.txt").write_text("cafe\u0301 \u2764\ufe0f", encoding="utf-8")
     campaign, _ = setup.campaign_create(
         name="invisible", processor="text-embedding", project=project, input_folder=root
     )
     run_here(campaign)
     units = {u.uid: u for u in campaign.units.all()}
-    assert units["words.txt"].state == UnitState.SUCCEEDED
-    for uid in ("invisible.txt", "blank.txt"):
+    for uid in ("words.txt", "accent.txt"):
+        assert units[uid].state == UnitState.SUCCEEDED, uid
+    for uid in ("invisible.txt", "blank.txt", "marks.txt", "selector.txt"):
         assert units[uid].state == UnitState.FAILED, uid
         assert units[uid].error_class == "input_invalid"
-        assert units[uid].error_message.endswith("nothing to embed")
-    assert not units["invisible.txt"].output_path
+        assert units[uid].error_message.endswith("nothing to embed"), units[uid].error_message
+        assert not units[uid].output_path
+    assert "U+0301" in units["marks.txt"].error_message
+    assert "U+FE0F" in units["selector.txt"].error_message

@@ -13,7 +13,7 @@ from safetensors.numpy import load_file
 
 from campaigns.adaptation import services as adaptation
 from campaigns.models import Campaign, ModelCheckpoint, Training
-from campaigns.runs import setup
+from campaigns.runs import setup, start
 from campaigns.verify.reconcile import campaign_verify
 from gpuworker.training import ContrastiveTrainer
 from gpuworker.training_tasks import run_training
@@ -53,7 +53,7 @@ def train(django_capture_on_commit_callbacks):
             return load(self, folder)
 
         with (
-            mock.patch.object(adaptation.celery_app, "send_task") as send,
+            mock.patch.object(start.celery_app, "send_task") as send,
             django_capture_on_commit_callbacks(execute=True),
         ):
             training = adaptation.training_start(campaign=campaign)

@@ -448,10 +448,13 @@ class Command(verify_cli.VerifyCommands, version_cli.VersionCommands, BaseComman
                 "(save changed parameters: a new parameter version)"
             )
             return
-        batches = start.campaign_run(campaign=campaign)
+        with start.broker_outage_noted() as outage:
+            batches = start.campaign_run(campaign=campaign)
         self.stdout.write(
             f"checkpoint passed: enqueued {batches} batch{'es' if batches != 1 else ''}"
         )
+        if outage:
+            raise CommandError(start.broker_outage_reason(outage))
 
     def _status(self, *, name, json: bool, **_):
         campaign = self._campaign(name)
@@ -485,11 +488,14 @@ class Command(verify_cli.VerifyCommands, version_cli.VersionCommands, BaseComman
 
     def _train(self, *, name, wait, timeout, **_):
         campaign = self._campaign(name)
-        training = adaptation.training_start(campaign=campaign)
+        with start.broker_outage_noted() as outage:
+            training = adaptation.training_start(campaign=campaign)
         self.stdout.write(
             f"training of version {campaign.current_version.number}: {training.state}"
             + (f", from step {training.step}" if training.step else "")
         )
+        if outage:
+            raise CommandError(start.broker_outage_reason(outage))
         if not wait:
             return
         started = time.monotonic()

@@ -199,7 +199,11 @@ def campaign_profile_start(request: HttpRequest, name: str) -> HttpResponse:
             "nothing was queued.",
         )
         return redirect("campaign_profile", name=campaign.name)
-    profile_start(campaign=campaign, margin=margin / 100, max_batch_size=max_batch)
+    try:
+        profile_start(campaign=campaign, margin=margin / 100, max_batch_size=max_batch)
+    except ValueError as exc:
+        messages.error(request, f"{exc}: nothing was queued.")
+        return redirect("campaign_profile", name=campaign.name)
     messages.success(
         request,
         f"Profile queued: a worker measures the largest batch that keeps {margin:g}% of "

@@ -12,6 +12,7 @@ import torch
 from django.conf import settings
 
 from campaigns.intake.inputs import corpus_real_path
+from campaigns.intake.project_folders import campaign_folder_refusal
 from campaigns.models import Batch, ErrorClass
 from campaigns.runs.memory_errors import alone_message
 from campaigns.specs.processors import get_spec
@@ -38,6 +39,15 @@ def compute(
     With `prefetch_next`, the next batch's inputs are prepared while the model runs.
     """
     ahead = prefetch.take(batch.pk)  # what was prepared while the last batch ran
+    # Checked again here, as at import and run: a batch queued before the
+    # campaign's folder was swapped for a symlink (or taken from its project)
+    # reads nothing from it. Its units fail with the reason; once the folder is
+    # right again, resume --retry-failed runs them.
+    refusal = campaign_folder_refusal(batch.campaign)
+    if refusal is not None:
+        for outcome in outcomes:
+            outcome.fail(ErrorClass.INPUT_UNREADABLE, refusal)
+        return [], 0, []
     root = Path(batch.campaign.input_root)
     output_root = Path(settings.OUTPUT_ROOT)
     if not sharded(processor):

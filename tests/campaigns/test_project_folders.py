@@ -73,9 +73,7 @@ def _call(*args) -> str:
 # --- the setup page -------------------------------------------------------------
 
 
-def test_the_setup_page_offers_only_the_folders_of_the_users_projects(
-    client, owner, customers
-):
+def test_the_setup_page_offers_only_the_folders_of_the_users_projects(client, owner, customers):
     client.force_login(owner)
     html = client.get(NEW).content.decode()
     assert f'value="{customers / "acme"}"' in html
@@ -172,9 +170,7 @@ def test_a_folder_whose_name_only_begins_like_a_project_folder_is_outside_it(
 
 
 @pytest.mark.parametrize("way", ["symlink", "dotdot"])
-def test_a_path_that_leads_out_of_the_project_folder_is_refused(
-    client, owner, customers, way
-):
+def test_a_path_that_leads_out_of_the_project_folder_is_refused(client, owner, customers, way):
     acme = customers / "acme"
     if way == "symlink":
         os.symlink(customers / "beta" / "private", acme / "shortcut")
@@ -409,13 +405,17 @@ def test_the_operators_campaign_create_gives_the_project_its_folder_and_keeps_wo
     # then: created, and its folder recorded as project x's (said once)
     assert "created campaign ops" in out
     assert f"project x may now read {corpus}" in out
-    assert list(ProjectFolder.objects.values_list("project__name", "path")) == [
-        ("x", str(corpus))
-    ]
+    assert list(ProjectFolder.objects.values_list("project__name", "path")) == [("x", str(corpus))]
     assert "0 new units" in _call("import", "ops")
     out = _call(
-        "create", "ops2", "--processor", "text-embedding", "--input", str(corpus / "news"),
-        "--project", "x",
+        "create",
+        "ops2",
+        "--processor",
+        "text-embedding",
+        "--input",
+        str(corpus / "news"),
+        "--project",
+        "x",
     )
     assert "may now read" not in out  # covered already
     assert "outside CORPUS_ROOTS" in _call("folders", "list", "x")
@@ -427,8 +427,14 @@ def test_a_refused_operator_create_leaves_no_folder_behind(tmp_path):
     (bad / "m.csv").write_bytes("id,path\ncafé,a.txt\n".encode("latin-1"))
     with pytest.raises(CommandError, match="not UTF-8"):
         _call(
-            "create", "bad", "--processor", "text-embedding", "--manifest", str(bad / "m.csv"),
-            "--project", "x",
+            "create",
+            "bad",
+            "--processor",
+            "text-embedding",
+            "--manifest",
+            str(bad / "m.csv"),
+            "--project",
+            "x",
         )
     assert not ProjectFolder.objects.exists() and not Campaign.objects.exists()
 

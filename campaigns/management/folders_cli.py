@@ -46,10 +46,12 @@ class FolderCommands:
     stdout: Any
 
     def _folders(self, *, folders_action: str, **options: Any) -> None:
-        handler = {"add": self._folder_add, "list": self._folder_list}.get(
-            folders_action, self._folder_remove
-        )
-        handler(**options)
+        if folders_action == "add":
+            self._folder_add(**options)
+        elif folders_action == "list":
+            self._folder_list(**options)
+        else:
+            self._folder_remove(**options)
 
     def _folder_add(
         self, *, project: str, path: str, create_project: bool, user: str | None, **_: Any

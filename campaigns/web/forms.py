@@ -173,10 +173,10 @@ class CampaignSetupForm(ParamsMixin, forms.Form):
         # What the user may read: the folders of their projects inside
         # CORPUS_ROOTS, grouped by project (project_folders.browsable_folders).
         self.browsable = project_folders.browsable_folders(user)
-        self.fields["project"].choices = [
-            (p.name, p.name) for p in project_folders.projects_for_user(user)
-        ]
-        self.fields["folder"].choices = [
+        projects, folders = self.fields["project"], self.fields["folder"]
+        assert isinstance(projects, forms.ChoiceField) and isinstance(folders, forms.ChoiceField)
+        projects.choices = [(p.name, p.name) for p in project_folders.projects_for_user(user)]
+        folders.choices = [
             (b.project.name, [(str(f), str(f)) for f in b.folders]) for b in self.browsable
         ]
         self.fields["processor"].initial = chosen
@@ -222,7 +222,8 @@ class CampaignSetupForm(ParamsMixin, forms.Form):
         return value / 100
 
     def clean(self):
-        cleaned = super().clean()
+        super().clean()
+        cleaned = self.cleaned_data
         name, folder = cleaned.get("project"), cleaned.get("folder")
         if name and folder:
             project = project_folders.projects_for_user(self.user).get(name=name)

@@ -220,10 +220,13 @@ def folder_for_user(*, user: Any, project: Project, path: str | os.PathLike[str]
 # --- every import and run ---------------------------------------------------------
 
 
-def campaign_folder_refusal(campaign: Campaign) -> str | None:
+def campaign_folder_refusal(campaign: Campaign, *, real: str | None = None) -> str | None:
     """Why nothing may be read from the campaign's folder now, or None: its real
-    path at this moment must lie inside a folder of its project."""
-    real = real_path(campaign.input_root)
+    path at this moment must lie inside a folder of its project. `real`: that
+    path as the caller resolved it already (the worker, from the folder it
+    opened and then reads through), else resolved here."""
+    if real is None:
+        real = real_path(campaign.input_root)
     folders = ProjectFolder.objects.filter(project_id=campaign.project_id)
     if any(is_inside(real, path) for path in folders.values_list("path", flat=True)):
         return None

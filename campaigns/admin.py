@@ -1,12 +1,75 @@
+from django import forms
 from django.contrib import admin
 
-from campaigns.models import Attempt, Batch, Campaign, ParameterVersion, Project, Unit
+from campaigns.intake import project_folders
+from campaigns.models import (
+    Attempt,
+    Batch,
+    Campaign,
+    ParameterVersion,
+    Project,
+    ProjectFolder,
+    Unit,
+)
+
+
+class ProjectFolderForm(forms.ModelForm):
+    """A folder as `campaign folders add` takes it: resolved, existing, inside CORPUS_ROOTS."""
+
+    class Meta:
+        model = ProjectFolder
+        fields = ["project", "path"]
+        help_texts = {
+            "path": "a folder on the server inside CORPUS_ROOTS; symlinks are resolved and "
+            "the real path is kept. The project's members may make campaigns over it "
+            "and everything below it."
+        }
+
+    def clean_path(self):
+        return project_folders.addable(self.cleaned_data["path"])
+
+
+class ProjectFolderInline(admin.TabularInline):
+    model = ProjectFolder
+    form = ProjectFolderForm
+    fields = ["path", "added_by", "created_at"]
+    readonly_fields = ["added_by", "created_at"]
+    extra = 1
+
+
+def _added_by(request, folders) -> None:
+    for folder in folders:
+        if folder.pk is None and folder.added_by_id is None:
+            folder.added_by = request.user
 
 
 @admin.register(Project)
 class ProjectAdmin(admin.ModelAdmin):
     list_display = ["name", "created_at"]
     filter_horizontal = ["members"]
+    inlines = [ProjectFolderInline]
+
+    def save_formset(self, request, form, formset, change):
+        folders = formset.save(commit=False)
+        _added_by(request, [f for f in folders if isinstance(f, ProjectFolder)])
+        for folder in folders:
+            folder.save()
+        for gone in formset.deleted_objects:
+            gone.delete()
+        formset.save_m2m()
+
+
+@admin.register(ProjectFolder)
+class ProjectFolderAdmin(admin.ModelAdmin):
+    form = ProjectFolderForm
+    list_display = ["path", "project", "added_by", "created_at"]
+    list_filter = ["project"]
+    search_fields = ["path", "project__name"]
+    readonly_fields = ["added_by", "created_at"]
+
+    def save_model(self, request, obj, form, change):
+        _added_by(request, [obj])
+        super().save_model(request, obj, form, change)
 
 
 @admin.register(Campaign)

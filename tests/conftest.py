@@ -83,6 +83,27 @@ def project(owner):
 
 
 @pytest.fixture
+def allow_folder(request, settings, owner):
+    """Give a project a folder as staff do (`campaign folders add`): `project`
+    (default acme, the `project` fixture's, with `owner` as its member) may then
+    make campaigns over `folder` on the setup page. The folder's parent joins
+    CORPUS_ROOTS unless a root holds it already."""
+    from campaigns.intake import project_folders
+
+    def allow(folder: Path, *, project: str = "acme", members=None):
+        if not project_folders.in_corpus_roots(project_folders.real_path(folder)):
+            settings.CORPUS_ROOTS = [*settings.CORPUS_ROOTS, Path(folder).parent]
+        if project == "acme":
+            owning = request.getfixturevalue("project")
+        else:
+            owning, _ = Project.objects.get_or_create(name=project)
+        owning.members.add(*(members if members is not None else [owner]))
+        return project_folders.folder_add(project=owning, path=folder)[0]
+
+    return allow
+
+
+@pytest.fixture
 def corpus(tmp_path) -> Path:
     """A private copy of the demo corpus: tests must never write next to originals."""
     target = tmp_path / "corpus"

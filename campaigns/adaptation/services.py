@@ -19,6 +19,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
+from campaigns.intake.project_folders import campaign_folder_check
 from campaigns.models import Campaign, ModelCheckpoint, ParameterVersion, Training, Unit, UnitState
 from campaigns.runs.start import work_send
 from campaigns.specs.processors import get_spec
@@ -64,6 +65,8 @@ def training_start(*, campaign: Campaign) -> Training:
     version = campaign.current_version
     if version is None:
         raise ValidationError(f"campaign {campaign.name} has no parameter version")
+    # The training reads the campaign's folder, as a run does.
+    campaign_folder_check(campaign)
     with transaction.atomic():
         training, created = Training.objects.select_for_update().get_or_create(
             version=version, defaults={"campaign": campaign}

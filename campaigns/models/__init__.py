@@ -7,7 +7,7 @@ from __future__ import annotations
 # isort: off
 # In the order the models were declared in one module, so that the app
 # registry lists them (and everything that walks it) in that same order.
-from campaigns.models.campaign import Campaign, ParameterVersion, Project
+from campaigns.models.campaign import Campaign, ParameterVersion, Project, ProjectFolder
 from campaigns.models.batch import Batch
 from campaigns.models.unit import (
     IN_FLIGHT,
@@ -42,6 +42,7 @@ __all__ = [
     "ParameterVersion",
     "Profile",
     "Project",
+    "ProjectFolder",
     "Reconciliation",
     "ReviewCount",
     "ReviewDecision",

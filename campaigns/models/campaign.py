@@ -1,6 +1,7 @@
-"""A campaign and what owns it: the Project it belongs to, the Campaign (its
-processor and input folder), and its ParameterVersions, each a frozen set of
-parameters and software that outputs are made under."""
+"""A campaign and what owns it: the Project it belongs to and the folders that
+project may read (ProjectFolder), the Campaign (its processor and input
+folder), and its ParameterVersions, each a frozen set of parameters and
+software that outputs are made under."""
 
 from __future__ import annotations
 
@@ -15,6 +16,36 @@ class Project(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class ProjectFolder(models.Model):
+    """A folder a project's members may make campaigns over, with everything under
+    it (campaigns/intake/project_folders.py keeps the rules)."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="folders")
+    # The real path (symlinks resolved) when it was given: a check compares a
+    # campaign folder's real path of the moment with this text, so a folder
+    # swapped for a symlink afterwards leads outside it.
+    path = models.CharField(max_length=1000)
+    # None: recorded by the operator's `campaign create` or the migration that
+    # introduced project folders, not by a person in the admin or `campaign folders add`.
+    added_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "path"], name="project_folder_unique"),
+        ]
+        ordering = ["project", "path"]
+
+    def __str__(self) -> str:
+        return f"{self.project.name}: {self.path}"
 
 
 class Campaign(models.Model):

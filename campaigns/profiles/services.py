@@ -15,6 +15,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from campaigns.intake.project_folders import campaign_folder_refusal
 from campaigns.models import Campaign, Profile
 from campaigns.profiles.sample import sample_build
 from campaigns.runs.start import work_send
@@ -36,6 +37,7 @@ def profile_create(
     """A profile to run in this process (`campaign profile`), its sample built now."""
     if not 0 <= margin < 1:
         raise ValueError("margin is a fraction of memory between 0 and 1 (0.2 keeps 20% free)")
+    _folder_readable(campaign)
     version = campaign.current_version
     sample, heaviest = sample_build(
         campaign=campaign, size=sample_size, heavy=heavy, version=version
@@ -63,6 +65,7 @@ def profile_rerun(*, profile: Profile, memory_budget: int | None = None) -> Prof
     """
     if not profile.sample:
         raise ValueError(f"profile {profile.pk} has no saved sample to run again")
+    _folder_readable(profile.campaign)
     if memory_budget is None and profile.runtime.get("budget_source") == "given":
         memory_budget = profile.memory_budget
     return Profile.objects.create(
@@ -74,6 +77,13 @@ def profile_rerun(*, profile: Profile, memory_budget: int | None = None) -> Prof
         memory_budget=memory_budget,
         max_batch_size=profile.max_batch_size,
     )
+
+
+def _folder_readable(campaign: Campaign) -> None:
+    """A profile reads the campaign's inputs, as a run does: refused on the same terms."""
+    refusal = campaign_folder_refusal(campaign)
+    if refusal is not None:
+        raise ValueError(refusal)
 
 
 def latest_profile(*, campaign: Campaign) -> Profile | None:
@@ -128,6 +138,7 @@ def profile_start(
     unit's cost, which is no work for a web request on a large corpus)."""
     if not 0 <= margin < 1:
         raise ValueError("margin is a fraction of memory between 0 and 1 (0.2 keeps 20% free)")
+    _folder_readable(campaign)
     profile = Profile.objects.create(
         campaign=campaign,
         version=campaign.current_version,

@@ -20,7 +20,8 @@ from django.conf import settings
 
 from campaigns.intake.images import MAX_ASPECT, MAX_PIXELS, decode_image, open_image
 from campaigns.intake.inputs import InputError, ReadLimits, decode_text, read_bytes
-from campaigns.models import Attempt, Campaign, Unit
+from campaigns.intake.project_folders import campaign_folder_refusal
+from campaigns.models import Attempt, Campaign, ErrorClass, Unit
 from campaigns.review import holdout
 from campaigns.specs.limits import output_pixel_bound
 from campaigns.storage.outputs import InvalidOutput, load_npz
@@ -75,6 +76,10 @@ def input_preview(*, unit: Unit, campaign: Campaign, params: dict) -> Preview:
     is_image = (
         campaign.processor in IMAGE_PROCESSORS or Path(unit.source_path).suffix in IMAGE_SUFFIXES
     )
+    refusal = campaign_folder_refusal(campaign)
+    if refusal is not None:
+        # The folder leads somewhere else now: what is there is not this campaign's to show.
+        return Preview("error", error=f"{ErrorClass.INPUT_UNREADABLE}: {refusal}")
     root = Path(campaign.input_root)
     try:
         if is_image:

@@ -11,6 +11,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from campaigns.intake.project_folders import campaign_folder_check
 from campaigns.intake.rows import file_identity
 from campaigns.models import Batch, Campaign, ErrorClass, Unit, UnitState
 from campaigns.review.queue import units_reviewed_out
@@ -59,6 +60,8 @@ def campaign_resume(
     web process or broker); a duplicate message is a no-op for the worker.
     Returns verify's report, the units retried and the batches enqueued.
     """
+    # Before verify, which would read a swapped folder's files as this campaign's.
+    campaign_folder_check(campaign)
     batches_requeue_expired(campaign=campaign)
     report = campaign_verify(campaign=campaign)
     if retry_failed:

@@ -13,6 +13,7 @@ from django.db import connection, transaction
 from django.db.models import Max
 from django.utils.text import slugify
 
+from campaigns.intake import project_folders
 from campaigns.intake.importing import (
     ImportReport,
     ManifestError,
@@ -88,11 +89,16 @@ def campaign_create(
     checkpoint_after: int | None = None,
     holdout_share: float = 0.05,
     folder_categories: bool = True,
+    user=None,
 ) -> tuple[Campaign, ImportReport]:
     """Create a campaign, its first parameter version, and import its units.
 
     checkpoint_after: units before the checkpoint (None: max(1%, 200); 0: none).
     folder_categories: a unit without a category takes its top folder's name.
+    user: the person creating it on the setup page, whose project's folders
+    must hold its folder (FolderRefused otherwise). None: the operator (the
+    `campaign` command, `demo`), whose folder becomes a folder of the project
+    if none of the project's covers it (campaigns/intake/project_folders.py).
     """
     if slugify(name) != name:
         raise ValidationError(
@@ -113,12 +119,14 @@ def campaign_create(
     spec = get_spec(processor)
     # Bad parameters, and a model file that is not there, refused before anything is written.
     model_files.digests(spec.model_params, spec.clean(params))
-    if manifest is not None:
-        root = (input_root or manifest.parent).resolve()
+    root = campaign_root(input_folder=input_folder, manifest=manifest, input_root=input_root)
+    if manifest is None and not root.is_dir():
+        raise ManifestError(f"input folder not found: {root}")
+    recorded = None
+    if user is not None:
+        root = project_folders.folder_for_user(user=user, project=project, path=root)
     else:
-        root = input_folder.resolve()
-        if not root.is_dir():
-            raise ManifestError(f"input folder not found: {root}")
+        recorded = project_folders.folder_record(project=project, path=root)
     campaign = Campaign.objects.create(
         project=project,
         name=name,
@@ -135,9 +143,11 @@ def campaign_create(
     except BaseException as exc:
         # A create is all or nothing: a manifest refused halfway (not UTF-8
         # on line 900,000), an interrupt or a crash leaves no campaign whose
-        # name would refuse the corrected command.
+        # name would refuse the corrected command, and no folder it gave the project.
         try:
             _discard(campaign)
+            if recorded is not None:
+                recorded.delete()
         except Exception as cleanup:
             left = (
                 f"campaign {name!r} was created before this error and could not be removed "
@@ -150,6 +160,18 @@ def campaign_create(
             raise ManifestError("; ".join([*messages, left])) from exc
         raise
     return campaign, report
+
+
+def campaign_root(
+    *, input_folder: Path | None, manifest: Path | None, input_root: Path | None
+) -> Path:
+    """The folder a new campaign reads (resolved): the input folder, or the
+    folder a manifest's paths are relative to (`input_root`, else the manifest's)."""
+    if manifest is not None:
+        return (input_root or manifest.parent).resolve()
+    if input_folder is None:
+        raise ValidationError("give either an input folder or a manifest")
+    return input_folder.resolve()
 
 
 def _discard(campaign: Campaign) -> None:
@@ -166,6 +188,9 @@ def _discard(campaign: Campaign) -> None:
 def campaign_import(
     *, campaign: Campaign, manifest: Path | None = None, folder_categories: bool = True
 ) -> ImportReport:
+    # Again at every import, not only at creation: the folder may have been
+    # swapped for a symlink, or taken from the project, since.
+    project_folders.campaign_folder_check(campaign)
     if manifest is not None:
         return import_manifest(campaign, manifest, folder_categories=folder_categories)
     return import_folder(campaign, folder_categories=folder_categories)

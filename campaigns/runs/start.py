@@ -20,6 +20,7 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 
 from campaigns import selectors
 from campaigns.db.unit_claims import units_claim
+from campaigns.intake.project_folders import campaign_folder_check
 from campaigns.models import Batch, Campaign, ParameterVersion, Unit, UnitState
 from campaigns.review.cross_section import first_group
 from campaigns.review.queue import run_allowance, units_runnable
@@ -244,6 +245,8 @@ def _run(
             f"{campaign.name} is an adaptation campaign: it trains (campaign train), "
             "it has no batches to run"
         )
+    # Every run, as every import: the folder may have changed since the campaign was made.
+    campaign_folder_check(campaign)
     # A Pause holds until the next Run or Resume, this one: the campaign stops
     # reading "Paused" (selectors.run_state). A Pause after `since` is kept,
     # and stops this run at its next slice.

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
 from django import forms
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.utils.text import slugify
 
+from campaigns.intake import project_folders
 from campaigns.specs import model_files
 from campaigns.specs.processors import ProcessorSpec, all_specs, get_spec
 
@@ -26,23 +27,6 @@ HOLDOUT_ERROR = (
 )
 # The hidden field naming the processor whose parameter fields the form holds.
 PARAMS_FOR = "params_for"
-
-
-def corpus_folders() -> list[Path]:
-    """Folders under CORPUS_ROOTS, two levels deep: the only inputs the browser may pick."""
-    found: list[Path] = []
-    for root in settings.CORPUS_ROOTS:
-        root = Path(root)
-        if not root.is_dir():
-            continue
-        found.append(root)
-        for dirpath, dirnames, _files in os.walk(root):
-            depth = len(Path(dirpath).relative_to(root).parts)
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            if depth >= 2:
-                dirnames[:] = []
-            found.extend(Path(dirpath) / d for d in dirnames)
-    return found
 
 
 def param_fields(spec: ProcessorSpec, *, initial: dict | None = None) -> dict[str, forms.Field]:
@@ -115,12 +99,24 @@ class ParamsMixin:
 
 
 class CampaignSetupForm(ParamsMixin, forms.Form):
-    project = forms.CharField(
-        max_length=200, help_text="an existing project of yours, or a new one"
+    # Projects, and the folders they may read, are the operator's to make
+    # (docs/operations.md, "Giving a project its folders"): a user picks among theirs.
+    project = forms.ChoiceField(
+        help_text="a project of yours; its folders are the ones offered below",
+        error_messages={
+            "invalid_choice": "that project is not one of yours: choose one of those offered"
+        },
     )
     name = forms.SlugField(max_length=100, help_text="lowercase letters, digits and dashes")
     processor = forms.ChoiceField()
-    folder = forms.ChoiceField(help_text="inputs are read from here, never written")
+    folder = forms.ChoiceField(
+        help_text="a folder of the project, or one below it; inputs are read from here, "
+        "never written",
+        error_messages={
+            "invalid_choice": "that folder is not one your projects may read: choose one "
+            "of those offered"
+        },
+    )
     manifest = forms.FileField(
         required=False,
         help_text="optional CSV or JSONL (id, path, category…); paths relative to the folder",
@@ -157,6 +153,7 @@ class CampaignSetupForm(ParamsMixin, forms.Form):
         *args,
         processor: str | None = None,
         refused_uploads: Collection[str] = (),
+        user: Any,
         **kwargs,
     ):
         specs = all_specs()
@@ -172,7 +169,16 @@ class CampaignSetupForm(ParamsMixin, forms.Form):
         # Files the view's upload handler stopped as they arrived (over the cap).
         self.refused_uploads = refused_uploads
         self.fields["processor"].choices = [(n, s.title) for n, s in sorted(specs.items())]
-        self.fields["folder"].choices = [(str(p), str(p)) for p in corpus_folders()]
+        self.user = user
+        # What the user may read: the folders of their projects inside
+        # CORPUS_ROOTS, grouped by project (project_folders.browsable_folders).
+        self.browsable = project_folders.browsable_folders(user)
+        projects, folders = self.fields["project"], self.fields["folder"]
+        assert isinstance(projects, forms.ChoiceField) and isinstance(folders, forms.ChoiceField)
+        projects.choices = [(p.name, p.name) for p in project_folders.projects_for_user(user)]
+        folders.choices = [
+            (b.project.name, [(str(f), str(f)) for f in b.folders]) for b in self.browsable
+        ]
         self.fields["processor"].initial = chosen
         self.add_params(get_spec(chosen))
 
@@ -216,7 +222,21 @@ class CampaignSetupForm(ParamsMixin, forms.Form):
         return value / 100
 
     def clean(self):
-        cleaned = super().clean()
+        super().clean()
+        cleaned = self.cleaned_data
+        name, folder = cleaned.get("project"), cleaned.get("folder")
+        if name and folder:
+            project = project_folders.projects_for_user(self.user).get(name=name)
+            try:
+                # Resolved and checked against the chosen project's folders: a
+                # folder offered is one of some project of the user's, not
+                # necessarily of this one, and a symlink may lead anywhere.
+                cleaned["folder"] = project_folders.folder_for_user(
+                    user=self.user, project=project, path=folder
+                )
+            except ValidationError as exc:
+                self.add_error("folder", exc)
+            cleaned["project"] = project
         self.check_params()
         return cleaned
 

@@ -204,8 +204,12 @@ def campaign_profile_start(request: HttpRequest, name: str) -> HttpResponse:
             "nothing was queued.",
         )
         return redirect("campaign_profile", name=campaign.name)
-    with start.broker_outage_noted() as outage:
-        profile_start(campaign=campaign, margin=margin / 100, max_batch_size=max_batch)
+    try:
+        with start.broker_outage_noted() as outage:
+            profile_start(campaign=campaign, margin=margin / 100, max_batch_size=max_batch)
+    except ValueError as exc:
+        messages.error(request, f"{exc}: nothing was queued.")
+        return redirect("campaign_profile", name=campaign.name)
     if outage:
         messages.warning(request, start.broker_outage_reason(outage))
     else:

@@ -24,7 +24,6 @@ from campaigns.intake import importing, uploads
 from campaigns.models import (
     Campaign,
     ErrorClass,
-    Project,
     UnitState,
 )
 from campaigns.review import previews, reasons
@@ -328,12 +327,16 @@ def campaign_new(request: HttpRequest) -> HttpResponse:
 def _campaign_new(request: HttpRequest, *, refused_uploads: set[str]) -> HttpResponse:
     processor = request.POST.get("processor") or request.GET.get("processor")
     if request.method != "POST":
-        form = CampaignSetupForm(processor=processor)
+        form = CampaignSetupForm(processor=processor, user=request.user)
         if request.htmx and request.htmx.target == "params":
             return render(request, "campaigns/campaign_new.html#params", {"form": form})
         return render(request, "campaigns/campaign_new.html", {"form": form})
     form = CampaignSetupForm(
-        request.POST, request.FILES, processor=processor, refused_uploads=refused_uploads
+        request.POST,
+        request.FILES,
+        processor=processor,
+        refused_uploads=refused_uploads,
+        user=request.user,
     )
     if not form.is_valid():
         return render(request, "campaigns/campaign_new.html", {"form": form}, status=400)
@@ -364,7 +367,7 @@ def _campaign_new(request: HttpRequest, *, refused_uploads: set[str]) -> HttpRes
     if request.POST.get("action") != "create":
         spec = form.spec
         result = importing.preview(
-            root=Path(data["folder"]),
+            root=data["folder"],
             manifest=manifest,
             check_input=spec.check_input,
             params=data["params"],
@@ -376,22 +379,21 @@ def _campaign_new(request: HttpRequest, *, refused_uploads: set[str]) -> HttpRes
             "campaigns/campaign_new.html",
             {"form": form, "preview": result, "manifest_token": manifest.name if manifest else ""},
         )
-    project = _project_for(request, data["project"])
-    if project is None:
-        form.add_error("project", "that project belongs to someone else; choose another name")
-        return render(request, "campaigns/campaign_new.html", {"form": form}, status=400)
     try:
         campaign, report = setup.campaign_create(
             name=data["name"],
             processor=data["processor"],
-            project=project,
-            input_folder=None if manifest else Path(data["folder"]),
+            project=data["project"],
+            input_folder=None if manifest else data["folder"],
             manifest=manifest,
-            input_root=Path(data["folder"]) if manifest else None,
+            input_root=data["folder"] if manifest else None,
             params=data["params"],
             checkpoint_after=data["checkpoint_after"],
             holdout_share=data["holdout_share"],
             folder_categories=not data["no_folder_categories"],
+            # The folder checked again where the campaign is made (the form's
+            # check and this one are the same rule: project_folders).
+            user=request.user,
         )
     except (ValidationError, importing.ManifestError) as exc:
         form.add_error(None, "; ".join(getattr(exc, "messages", [str(exc)])))
@@ -424,15 +426,6 @@ def _say_report(request: HttpRequest, report: importing.ImportReport) -> None:
         messages.info(request, identical)
     if skipped := report.skipped_lines(shown=5):
         messages.warning(request, " ".join(skipped))
-
-
-def _project_for(request: HttpRequest, name: str):
-    project = Project.objects.filter(name=name).first()
-    if project is None:
-        return setup.project_for_user(name=name, user=request.user)
-    if request.user.is_staff or project.members.filter(pk=request.user.pk).exists():
-        return project
-    return None
 
 
 @login_required

@@ -12,6 +12,7 @@ import torch
 from django.conf import settings
 
 from campaigns.intake.inputs import corpus_real_path
+from campaigns.intake.project_folders import campaign_folder_refusal
 from campaigns.models import Batch, ErrorClass
 from campaigns.runs.memory_errors import alone_message
 from campaigns.specs.processors import get_spec
@@ -39,6 +40,17 @@ def compute(
     """
     ahead = prefetch.take(batch.pk)  # what was prepared while the last batch ran
     root = Path(batch.campaign.input_root)
+    real_root = corpus_real_path(root)  # once a batch, not once an input
+    # Checked again here, as at import and run, on the real path every read
+    # of this batch is held to: a batch queued before the campaign's folder
+    # was swapped for a symlink (or taken from its project) reads nothing from
+    # it. Its units fail with the reason; once the folder is right again,
+    # resume --retry-failed runs them.
+    refusal = campaign_folder_refusal(batch.campaign, real=real_root)
+    if refusal is not None:
+        for outcome in outcomes:
+            outcome.fail(ErrorClass.INPUT_UNREADABLE, refusal)
+        return [], 0, []
     output_root = Path(settings.OUTPUT_ROOT)
     if not sharded(processor):
         for outcome in outcomes:
@@ -53,13 +65,12 @@ def compute(
             outcome.path = output_root / outcome.target
     # Only a batch delivered again (its worker died before recording) looks.
     adoption = adoption_for(batch, processor)
-    # Reading and decoding in threads: file I/O and image decoding release
-    # the GIL, so a slow disk or a large image does not serialise the batch.
-    real_root = corpus_real_path(root)  # once a batch, not once an input
     # A text only as far as the model uses it, the rest hashed as it streams by.
     limits = dataclasses.replace(
         get_spec(batch.campaign.processor).input_limits(batch.version.params), digest=True
     )
+    # Reading and decoding in threads: file I/O and image decoding release
+    # the GIL, so a slow disk or a large image does not serialise the batch.
     prepared = in_threads(
         lambda o: prepare_unit(
             processor, root, real_root, o, adoption, ahead.get(o.unit.pk), limits

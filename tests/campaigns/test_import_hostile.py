@@ -287,9 +287,10 @@ def test_the_import_command_prints_the_folders_it_did_not_read(tmp_path, db):
     assert report["skipped_count"] == 1
 
 
-def test_the_setup_preview_lists_a_linked_folder(client, owner, tmp_path, settings):
+def test_the_setup_preview_lists_a_linked_folder(client, owner, tmp_path, settings, allow_folder):
     settings.CORPUS_ROOTS = [str(tmp_path)]
     root = _folder(tmp_path)
+    allow_folder(root)
     os.symlink(root / "letters", root / "mirror")
     client.force_login(owner)
     response = client.post(
@@ -325,7 +326,7 @@ def test_a_create_whose_clean_up_fails_says_how_to_continue(project, tmp_path, m
 
 
 def test_the_setup_page_refuses_a_bad_manifest_and_takes_the_corrected_one(
-    client, owner, tmp_path, settings
+    client, owner, tmp_path, settings, allow_folder
 ):
     from unittest import mock
 
@@ -336,6 +337,7 @@ def test_the_setup_page_refuses_a_bad_manifest_and_takes_the_corrected_one(
 
     settings.CORPUS_ROOTS = [str(tmp_path)]
     root = _folder(tmp_path)
+    allow_folder(root)
     form = {"project": "acme", "name": "web-made", "processor": "text-embedding"}
     form.update({f"param_{k}": v for k, v in TEXT_EMBEDDING.clean({}).items()})
     form.update({"folder": str(root), "action": "create"})

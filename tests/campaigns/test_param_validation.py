@@ -95,9 +95,10 @@ def test_good_normalisation_values_pass(tmp_path):
 
 @pytest.mark.django_db
 def test_the_preview_lists_texts_over_the_cap_when_truncation_refuses(
-    client, owner, settings, corpus
+    client, owner, settings, corpus, allow_folder
 ):
     settings.CORPUS_ROOTS = [corpus.parent]
+    allow_folder(corpus)
     client.force_login(owner)
     form = {
         "project": "acme",

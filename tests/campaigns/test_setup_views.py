@@ -10,15 +10,17 @@ from django.urls import reverse
 
 from campaigns.models import Batch, Campaign, Unit, UnitState
 from campaigns.runs import start
-from tests.conftest import DEMO_BAD, DEMO_GOOD, ProjectFactory
+from tests.conftest import DEMO_BAD, DEMO_GOOD
 
 pytestmark = pytest.mark.django_db
 NEW = reverse("campaign_new")
 
 
 @pytest.fixture
-def roots(settings, corpus):
+def roots(settings, corpus, allow_folder):
+    """The corpus, a folder of owner's project acme inside CORPUS_ROOTS."""
     settings.CORPUS_ROOTS = [corpus.parent]
+    allow_folder(corpus)
     return corpus
 
 
@@ -159,7 +161,7 @@ def test_a_bad_checkpoint_size_or_holdout_share_is_refused_with_what_it_should_b
 @pytest.mark.parametrize(
     ("tamper", "message"),
     [
-        ({"folder": "/etc"}, "Select a valid choice"),
+        ({"folder": "/etc"}, "that folder is not one your projects may read"),
         ({"param_pooling": "median"}, "Select a valid choice"),
         ({"param_max_tokens": "999999"}, "less than or equal to 8192"),
         ({"name": "Bad Name"}, "Enter a valid"),
@@ -177,11 +179,11 @@ def test_tampered_fields_are_refused_and_nothing_is_created(
 
 
 def test_someone_elses_project_cannot_be_used(client, outsider, roots, send):
-    ProjectFactory(name="acme")  # outsider is not a member
-    client.force_login(outsider)
+    client.force_login(outsider)  # acme is owner's, not outsider's
     response = client.post(NEW, _form(roots, action="create"))
     assert response.status_code == 400
-    assert "belongs to someone else" in response.content.decode()
+    assert "that project is not one of yours" in response.content.decode()
+    assert not Campaign.objects.exists() and not send.called
 
 
 def test_a_manifest_upload_is_size_capped_and_kept_between_preview_and_create(
@@ -426,7 +428,7 @@ def test_the_setup_form_still_needs_its_csrf_token(owner, roots, send):
 
 
 def test_create_and_start_of_an_adaptation_campaign_starts_its_training(
-    client, owner, roots, tmp_path, settings, django_capture_on_commit_callbacks
+    client, owner, roots, tmp_path, settings, allow_folder, django_capture_on_commit_callbacks
 ):
     # given: a folder of example pairs in an allowed root
     import json
@@ -439,6 +441,7 @@ def test_create_and_start_of_an_adaptation_campaign_starts_its_training(
     for i in range(8):
         (pairs / f"p{i}.json").write_text(json.dumps({"anchor": f"q {i}", "positive": f"a {i}"}))
     settings.CORPUS_ROOTS = [tmp_path]
+    allow_folder(pairs)
     form = {
         "project": "acme",
         "name": "web-tuned",

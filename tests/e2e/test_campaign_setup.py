@@ -14,9 +14,10 @@ pytestmark = pytest.mark.e2e
 
 
 def test_set_up_preview_and_start_a_campaign(
-    page, live_server, owner, corpus, settings, transactional_db
+    page, live_server, owner, corpus, settings, transactional_db, allow_folder
 ):
     settings.CORPUS_ROOTS = [corpus.parent]
+    allow_folder(corpus)
     page.goto(f"{live_server.url}/campaigns/new/")
     page.fill("input[name=username]", "owner")
     page.fill("input[name=password]", "pw-for-tests")
@@ -32,7 +33,7 @@ def test_set_up_preview_and_start_a_campaign(
     page.wait_for_selector("input[name=param_max_tokens]")
     assert page.evaluate("window.__notReloaded") is True
 
-    page.fill("input[name=project]", "acme")
+    page.select_option("select[name=project]", "acme")
     page.fill("input[name=name]", "from-the-browser")
     page.select_option("select[name=folder]", str(corpus))
     page.select_option("select[name=param_batch_policy]", "token_budget")
@@ -56,7 +57,7 @@ def test_set_up_preview_and_start_a_campaign(
 
 
 def test_the_checkpoint_size_and_holdout_share_are_set_in_the_browser(
-    page, live_server, owner, tmp_path, settings, transactional_db
+    page, live_server, owner, tmp_path, settings, transactional_db, allow_folder
 ):
     # given: a corpus in three folders, the first holding six copies of one file
     corpus = tmp_path / "corpora" / "mail"
@@ -67,12 +68,13 @@ def test_the_checkpoint_size_and_holdout_share_are_set_in_the_browser(
         (corpus / "letters" / f"letter-{i}.txt").write_text(f"Dear reader {i}, " + "yes " * i)
         (corpus / "notes" / f"note-{i}.txt").write_text(f"Note {i}: " + "remember " * i)
     settings.CORPUS_ROOTS = [corpus.parent]
+    allow_folder(corpus)
     page.goto(f"{live_server.url}/campaigns/new/")
     page.fill("input[name=username]", "owner")
     page.fill("input[name=password]", "pw-for-tests")
     page.click("button[type=submit]")
     page.wait_for_url("**/campaigns/new/")
-    page.fill("input[name=project]", "acme")
+    page.select_option("select[name=project]", "acme")
     page.fill("input[name=name]", "mail")
     page.select_option("select[name=folder]", str(corpus))
 

@@ -95,9 +95,10 @@ def _pass_checkpoint(page, base: str, campaign: Campaign, number: int) -> Checkp
 
 
 def test_the_method_from_folder_import_to_a_fine_tuned_version_over_the_whole_corpus(
-    page, live_server, owner, corpus, settings, fine_tuned, transactional_db, tmp_path
+    page, live_server, owner, corpus, settings, fine_tuned, transactional_db, tmp_path, allow_folder
 ):
     settings.CORPUS_ROOTS = [corpus.parent]
+    allow_folder(corpus)
     base = live_server.url
     send = mock.patch.object(start.celery_app, "send_task")
     send.start()
@@ -109,7 +110,7 @@ def test_the_method_from_folder_import_to_a_fine_tuned_version_over_the_whole_co
         page.wait_for_url("**/campaigns/new/")
 
         # 1. a plain folder import: the top folders become categories
-        page.fill("input[name=project]", "acme")
+        page.select_option("select[name=project]", "acme")
         page.fill("input[name=name]", "walk")
         page.select_option("select[name=folder]", str(corpus))
         page.fill("input[name=checkpoint_after]", "10")

@@ -87,7 +87,7 @@ def test_the_plugin_examples_campaign_page_shows_its_batches_without_a_padding_f
 
 
 def test_create_and_start_of_an_adaptation_campaign_lands_on_its_queued_training(
-    page, live_server, owner, tmp_path, settings, transactional_db
+    page, live_server, owner, tmp_path, settings, transactional_db, allow_folder
 ):
     # given: a folder of example pairs in an allowed root
     pairs = tmp_path / "pairs"
@@ -95,8 +95,9 @@ def test_create_and_start_of_an_adaptation_campaign_lands_on_its_queued_training
     for i in range(8):
         (pairs / f"p{i}.json").write_text(json.dumps({"anchor": f"q {i}", "positive": f"a {i}"}))
     settings.CORPUS_ROOTS = [tmp_path]
+    allow_folder(pairs)
     _sign_in(page, f"{live_server.url}/campaigns/new/")
-    page.fill("input[name=project]", "acme")
+    page.select_option("select[name=project]", "acme")
     page.fill("input[name=name]", "web-tuned")
     page.select_option("select[name=processor]", "text-adaptation")
     page.wait_for_selector("input[name=param_base_model]")

@@ -19,7 +19,8 @@ from campaigns.adaptation import services as adaptation
 from campaigns.exports.inventory import ExportError, export
 from campaigns.intake import importing
 from campaigns.intake.importing import ManifestError
-from campaigns.management import verify_cli, version_cli
+from campaigns.intake.project_folders import covering, real_path
+from campaigns.management import folders_cli, verify_cli, version_cli
 from campaigns.models import Campaign, Checkpoint, Training
 from campaigns.review.queue import checkpoint_decide, verification_status
 from campaigns.runs import control, setup, start
@@ -33,7 +34,9 @@ def _param(text: str) -> tuple[str, str]:
     return key, value
 
 
-class Command(verify_cli.VerifyCommands, version_cli.VersionCommands, BaseCommand):
+class Command(
+    folders_cli.FolderCommands, verify_cli.VerifyCommands, version_cli.VersionCommands, BaseCommand
+):
     help = "Create, run and inspect campaigns."
 
     def add_arguments(self, parser):
@@ -173,6 +176,7 @@ class Command(verify_cli.VerifyCommands, version_cli.VersionCommands, BaseComman
         checkpoint.add_argument("--as", dest="user", default=None, help="the reviewer's username")
 
         version_cli.add_parsers(sub)
+        folders_cli.add_parsers(sub)
 
         status = sub.add_parser("status", help="counts of one campaign")
         status.add_argument("name")
@@ -228,13 +232,18 @@ class Command(verify_cli.VerifyCommands, version_cli.VersionCommands, BaseComman
         **_,
     ):
         params = dict(_param(p) for p in param)
+        owner = setup.project_for_user(name=project)
+        # The operator's command: a folder none of the project's covers becomes
+        # one of them (docs/operations.md, "Giving a project its folders").
+        top = setup.campaign_root(input_folder=input, manifest=manifest, input_root=root)
+        granted = covering(project=owner, path=real_path(top)) is None
         with self._import_progress(quiet=json):
             campaign, report = setup.campaign_create(
                 checkpoint_after=checkpoint,
                 holdout_share=holdout,
                 name=name,
                 processor=processor,
-                project=setup.project_for_user(name=project),
+                project=owner,
                 input_folder=input,
                 manifest=manifest,
                 input_root=root,
@@ -248,6 +257,8 @@ class Command(verify_cli.VerifyCommands, version_cli.VersionCommands, BaseComman
             f"created campaign {campaign.name} ({campaign.current_version.label}): "
             f"{report.created} units, {report.failed} failed at import"
         )
+        if granted:
+            self.stdout.write(f"project {owner.name} may now read {campaign.input_root}")
         self._print_problems(report)
 
     def _import(self, *, name, manifest, folder_categories: bool, json: bool, **_):

@@ -20,12 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from campaigns.intake.importing import (
-    ManifestError,
-    _manifest_rows,
-    _staged_rows,
-    import_manifest,
-)
+from campaigns.intake.importing import _staged_rows, import_manifest
+from campaigns.intake.manifests import ManifestError, manifest_rows
 from campaigns.models import ErrorClass
 from campaigns.runs import setup
 from tests.fuzzing import damaged
@@ -112,7 +108,7 @@ def folder(tmp_path_factory) -> Path:
 def _check_rows(folder: Path, manifest: Path) -> None:
     """The property: ManifestError for the whole, or rows the database takes."""
     try:
-        rows = list(_manifest_rows(manifest))
+        rows = list(manifest_rows(manifest))
     except ManifestError:
         return
     campaign = SimpleNamespace(input_root=str(folder / "corpus"), holdout_share=0.1)

@@ -11,6 +11,7 @@ import csv
 import json
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from campaigns.intake.rows import CATEGORY_MAX, PATH_MAX, UID_MAX, Row, top_folder
@@ -26,7 +27,15 @@ class ManifestError(Exception):
     """The manifest as a whole cannot be read."""
 
 
-def _manifest_records(manifest: Path) -> Iterator[tuple[int, dict]]:
+@dataclass(frozen=True, slots=True)
+class BadLine:
+    """A manifest line that is no usable record, and why: a type of its own,
+    so that no key or value a row may hold reads as the mark of a bad line."""
+
+    reason: str
+
+
+def _manifest_records(manifest: Path) -> Iterator[tuple[int, dict | BadLine]]:
     suffix = manifest.suffix.lower()
     # utf-8-sig: a spreadsheet's "CSV UTF-8" starts with a byte-order mark,
     # which plain utf-8 would make part of the first column's name.
@@ -58,21 +67,21 @@ def _manifest_records(manifest: Path) -> Iterator[tuple[int, dict]]:
         raise ManifestError(f"{manifest.name} is not UTF-8 text: {exc}") from exc
 
 
-def _json_record(lineno: int, line: str) -> dict:
-    """One JSONL line's object, or {"__error__": why} for a row that fails alone."""
+def _json_record(lineno: int, line: str) -> dict | BadLine:
+    """One JSONL line's object, or the BadLine of a row that fails alone."""
     try:
         record = json.loads(line, parse_constant=_not_json)
     except json.JSONDecodeError as exc:
-        return {"__error__": f"line {lineno} is not JSON: {exc.msg}"}
+        return BadLine(f"line {lineno} is not JSON: {exc.msg}")
     except (ValueError, RecursionError) as exc:
         # NaN or Infinity (which PostgreSQL's jsonb refuses), an integer of
         # thousands of digits, arrays nested past Python's recursion limit.
-        return {"__error__": f"line {lineno} is not JSON: {str(exc)[:120]}"}
+        return BadLine(f"line {lineno} is not JSON: {str(exc)[:120]}")
     if not isinstance(record, dict):
-        return {"__error__": f"line {lineno} is not a JSON object"}
+        return BadLine(f"line {lineno} is not a JSON object")
     if ("\\ud" in line or "\\uD" in line) and not _encodes(record):
         # A "\ud800" escape alone is no character: no database stores it.
-        return {"__error__": f"line {lineno} holds a lone surrogate escape (\\udXXX), not text"}
+        return BadLine(f"line {lineno} holds a lone surrogate escape (\\udXXX), not text")
     return record
 
 
@@ -117,9 +126,9 @@ def _text(value) -> str:
     return value if type(value) is str else str(value or "")
 
 
-def _manifest_row(lineno: int, record: dict) -> Row:
-    if "__error__" in record:
-        return Row(lineno, f"manifest-line-{lineno}", "").fail(record["__error__"])
+def _manifest_row(lineno: int, record: dict | BadLine) -> Row:
+    if isinstance(record, BadLine):
+        return Row(lineno, f"manifest-line-{lineno}", "").fail(record.reason)
     path = _text(record.get("path")).strip()
     uid = _text(record.get("id")).strip() or (normalise_uid(path) if path else "")
     if not uid:

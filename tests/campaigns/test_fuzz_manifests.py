@@ -17,7 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from campaigns.intake.importing import _staged_rows, import_manifest
@@ -26,7 +26,7 @@ from campaigns.models import ErrorClass
 from campaigns.runs import setup
 from tests.fuzzing import damaged
 
-_COLUMN_NAMES = ["id", "path", "category", "size", "sha256", "note", "", "path "]
+_COLUMN_NAMES = ["id", "path", "category", "size", "sha256", "note", "", "path ", "__error__"]
 _SHA = "ab" * 32
 #: Text as manifests carry it, surrogates included (JSON's "\ud800" escapes).
 texts = st.one_of(
@@ -145,6 +145,32 @@ def test_a_csv_manifest_is_refused_whole_or_read_row_by_row(folder, data):
     manifest = folder / "m.csv"
     manifest.write_bytes(data)
     _check_rows(folder, manifest)
+
+
+#: Text every column holds: no NUL, no lone surrogate.
+storable_texts = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"))
+
+
+@given(
+    extra=st.dictionaries(
+        storable_texts | st.sampled_from(["__error__", "error", "__line__"]),
+        st.none() | st.booleans() | st.integers(-(2**62), 2**62) | storable_texts,
+        max_size=4,
+    )
+)
+@example(extra={"__error__": "line 1 is not JSON"})  # once the importer's own mark of a bad line
+def test_columns_without_a_meaning_are_the_rows_metadata_whatever_their_names(folder, extra):
+    extra = {key: value for key, value in extra.items() if key not in _MEANINGFUL}
+    manifest = folder / "m.jsonl"
+    manifest.write_text(json.dumps({"id": "x", "path": "a.txt", **extra}) + "\n")
+    campaign = SimpleNamespace(input_root=str(folder / "corpus"), holdout_share=0.1)
+    [staged] = _staged_rows(campaign, manifest_rows(manifest))
+    uid, source_path, metadata, state = staged[1], staged[2], staged[7], staged[9]
+    assert (uid, source_path, state) == ("x", "a.txt", "pending"), staged[-1]
+    assert json.loads(metadata) == extra
+
+
+_MEANINGFUL = {"id", "path", "category", "size", "sha256"}
 
 
 @pytest.fixture

@@ -73,6 +73,21 @@ def test_bad_manifest_rows_become_failed_units_with_reasons(project, corpus):
     assert all(u.state == UnitState.FAILED for uid, u in units.items() if uid != "ok")
 
 
+def test_a_manifest_column_named_like_the_importers_own_marker_is_metadata(project, corpus):
+    # The importer marks a broken line with an object of its own, never with a
+    # key a row could also hold.
+    manifest = corpus / "manifest.jsonl"
+    manifest.write_text(
+        json.dumps({"id": "ok", "path": "short/question.txt", "__error__": "boom"}) + "\n",
+        encoding="utf-8",
+    )
+    campaign, report = _create(project, manifest=manifest)
+    unit = Unit.objects.get(campaign=campaign)
+    assert (unit.uid, unit.state, unit.error_message) == ("ok", UnitState.PENDING, "")
+    assert unit.metadata == {"__error__": "boom"}
+    assert report.failed == 0
+
+
 def test_a_manifest_that_is_not_utf8_is_refused_as_a_whole(project, corpus):
     manifest = corpus / "manifest.csv"
     manifest.write_bytes("id,path\ncafé,a.txt\n".encode("latin-1"))

@@ -35,10 +35,18 @@ from django.db.models import Count, Sum
 
 from campaigns.db.import_staging import Staging
 from campaigns.intake.manifests import ManifestError, manifest_rows
-from campaigns.intake.rows import NotARegularFile, Row, file_identity, walk_folder
+from campaigns.intake.rows import (
+    CATEGORY_MAX,
+    PATH_MAX,
+    UID_MAX,
+    NotARegularFile,
+    Row,
+    file_identity,
+    walk_folder,
+)
 from campaigns.models import Campaign, ErrorClass, Unit, UnitState
 from campaigns.review.holdout import is_holdout
-from campaigns.storage.paths import InputLocator, resolve_input
+from campaigns.storage.paths import InputLocator, escape_path, resolve_input, storable
 
 if TYPE_CHECKING:
     from campaigns.intake.inputs import ReadLimits
@@ -223,6 +231,10 @@ def _staged_rows(campaign: Campaign, rows: Iterable[Row]) -> Iterator[tuple]:
             # PostgreSQL's jsonb cannot hold a NUL character.
             row.fail(f"line {row.line}: a metadata value holds a NUL character")
             metadata = "{}"
+        elif not storable(metadata):
+            row.fail(f"line {row.line}: a metadata value holds a lone surrogate, not text")
+            metadata = "{}"
+        _keep_storable(row)
         if row.error_class:
             size, sha256, mtime_ns, state = None, "", None, failed
         else:
@@ -241,6 +253,29 @@ def _staged_rows(campaign: Campaign, rows: Iterable[Row]) -> Iterator[tuple]:
             row.error_class,
             row.error_message,
         )
+
+
+_TEXT_COLUMNS = (("uid", UID_MAX), ("source_path", PATH_MAX), ("category", CATEGORY_MAX))
+
+
+def _keep_storable(row: Row) -> None:
+    """Every text of the row as a database column takes it: one with a NUL or
+    a lone surrogate is written escaped (storage/paths.py), and fails its row.
+
+    The readers refuse such text row by row already; this is the guard at the
+    database's door, where one row's NUL would refuse a whole chunk on PostgreSQL.
+    """
+    for name, limit in _TEXT_COLUMNS:
+        text = getattr(row, name)
+        if not storable(text):
+            setattr(row, name, escape_path(text)[:limit])
+            if not row.error_class:
+                row.fail(
+                    f"line {row.line}: the {name.replace('_', ' ')} holds a NUL character "
+                    "or a lone surrogate, which no database column holds"
+                )
+    if not storable(row.error_message):
+        row.error_message = escape_path(row.error_message)
 
 
 def _counted(rows: Iterator[tuple], progress: Progress | None) -> Iterator[tuple]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from campaigns.intake.rows import CATEGORY_MAX, PATH_MAX, UID_MAX, Row, top_folder
-from campaigns.storage.paths import normalise_uid
+from campaigns.storage.paths import escape_path, normalise_uid, storable
 
 # Manifest columns with a meaning; any other column is kept as metadata.
 _COLUMNS = frozenset({"id", "path", "category", "size", "sha256"})
@@ -130,23 +130,31 @@ def _manifest_row(lineno: int, record: dict | BadLine) -> Row:
     if isinstance(record, BadLine):
         return Row(lineno, f"manifest-line-{lineno}", "").fail(record.reason)
     path = _text(record.get("path")).strip()
-    uid = _text(record.get("id")).strip() or (normalise_uid(path) if path else "")
+    given_id = _text(record.get("id")).strip()
+    uid = given_id or (normalise_uid(path) if path else "")
+    # A manifest writes paths as the campaign shows them (storage/paths.py:
+    # `\xNN` a byte that is not UTF-8, `\\` a backslash where the text would
+    # read as an escape). One that no column holds (a NUL) fails its row,
+    # shown escaped.
+    source_path = path if storable(path) else escape_path(path)
     if not uid:
         return Row(lineno, f"manifest-line-{lineno}", "").fail(
             f"line {lineno} has neither id nor path"
         )
     if len(uid) > UID_MAX or "\x00" in uid:
-        return Row(lineno, f"manifest-line-{lineno}", path[:PATH_MAX]).fail(
-            f"line {lineno}: the id is longer than {UID_MAX} characters or holds a NUL character"
+        what = "id" if given_id else "path (the row's id, as it gives none)"
+        return Row(lineno, f"manifest-line-{lineno}", source_path[:PATH_MAX]).fail(
+            f"line {lineno}: the {what} is longer than {UID_MAX} characters "
+            "or holds a NUL character"
         )
-    row = Row(lineno, uid, path, _text(record.get("category")))
+    row = Row(lineno, uid, source_path, _text(record.get("category")))
     if not _COLUMNS.issuperset(record):
         row.metadata = {k: v for k, v in record.items() if k not in _COLUMNS}
     if not path:
         return row.fail(f"line {lineno} has no path")
     # The columns' sizes; PostgreSQL refuses longer text, and NUL in any text.
-    if len(path) > PATH_MAX or "\x00" in path:
-        row.source_path = path[:PATH_MAX].replace("\x00", "")
+    if len(source_path) > PATH_MAX or "\x00" in path:
+        row.source_path = source_path[:PATH_MAX]
         return row.fail(
             f"line {lineno}: the path is longer than {PATH_MAX} characters or holds a NUL character"
         )

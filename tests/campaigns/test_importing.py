@@ -308,6 +308,39 @@ def test_overlong_ids_and_nul_characters_fail_their_row_only(project, tmp_path):
     assert report.failed == 4
 
 
+@pytest.mark.parametrize("kind", ["jsonl", "csv"])
+def test_a_nul_in_a_failed_rows_path_is_shown_escaped_and_the_import_goes_on(
+    project, tmp_path, kind
+):
+    """PostgreSQL refuses a NUL in any text column: a failed row keeps its path
+    readable, `\\x00` where the NUL was, and the rest of the manifest imports."""
+    (tmp_path / "fine.txt").write_text("fine")
+    rows = [
+        {"path": "no-id\u0000.txt"},
+        {"id": "nul\u0000id", "path": "both\u0000.txt"},
+        {"id": "nul-path", "path": "a\u0000.txt"},
+        {"id": "fine", "path": "fine.txt"},
+    ]
+    if kind == "jsonl":
+        manifest = _jsonl(tmp_path / "manifest.jsonl", rows)
+    else:
+        manifest = tmp_path / "manifest.csv"
+        lines = ["id,path"] + [f"{row.get('id', '')},{row['path']}" for row in rows]
+        manifest.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    campaign, report = _create(project, manifest=manifest)
+    units = {u.uid: u for u in Unit.objects.filter(campaign=campaign)}
+    first = 1 if kind == "jsonl" else 2  # a CSV's line 1 is its header
+    assert set(units) == {f"manifest-line-{first}", f"manifest-line-{first + 1}", "nul-path", "fine"}
+    assert units["fine"].state == UnitState.PENDING
+    paths = sorted(u.source_path for u in units.values() if u.state == UnitState.FAILED)
+    assert paths == ["a\\x00.txt", "both\\x00.txt", "no-id\\x00.txt"]
+    for unit in units.values():
+        for text in (unit.uid, unit.source_path, unit.error_message):
+            assert "\x00" not in text
+            text.encode("utf-8")
+    assert report.failed == 3
+
+
 def test_duplicate_ids_are_counted_and_the_first_kept_within_and_across_chunks(
     project, tmp_path, monkeypatch
 ):

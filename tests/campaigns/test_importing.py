@@ -330,7 +330,12 @@ def test_a_nul_in_a_failed_rows_path_is_shown_escaped_and_the_import_goes_on(
     campaign, report = _create(project, manifest=manifest)
     units = {u.uid: u for u in Unit.objects.filter(campaign=campaign)}
     first = 1 if kind == "jsonl" else 2  # a CSV's line 1 is its header
-    assert set(units) == {f"manifest-line-{first}", f"manifest-line-{first + 1}", "nul-path", "fine"}
+    assert set(units) == {
+        f"manifest-line-{first}",
+        f"manifest-line-{first + 1}",
+        "nul-path",
+        "fine",
+    }
     assert units["fine"].state == UnitState.PENDING
     paths = sorted(u.source_path for u in units.values() if u.state == UnitState.FAILED)
     assert paths == ["a\\x00.txt", "both\\x00.txt", "no-id\\x00.txt"]

@@ -265,6 +265,8 @@ def _keep_storable(row: Row) -> None:
     The readers refuse such text row by row already; this is the guard at the
     database's door, where one row's NUL would refuse a whole chunk on PostgreSQL.
     """
+    if storable(f"{row.uid}{row.source_path}{row.category}{row.error_message}"):
+        return  # every row but a broken one: one look at its text
     for name, limit in _TEXT_COLUMNS:
         text = getattr(row, name)
         if not storable(text):

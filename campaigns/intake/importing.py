@@ -23,6 +23,7 @@ import contextvars
 import itertools
 import json
 import queue
+import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import closing, contextmanager
@@ -227,7 +228,7 @@ def _staged_rows(campaign: Campaign, rows: Iterable[Row]) -> Iterator[tuple]:
         except ValueError:  # 1e400 reads as infinity, which PostgreSQL's jsonb refuses
             row.fail(f"line {row.line}: a metadata value is not a finite number")
             metadata = "{}"
-        if "\\u0000" in metadata:
+        if "\\u0000" in metadata and _JSON_NUL.search(metadata):
             # PostgreSQL's jsonb cannot hold a NUL character.
             row.fail(f"line {row.line}: a metadata value holds a NUL character")
             metadata = "{}"
@@ -253,6 +254,12 @@ def _staged_rows(campaign: Campaign, rows: Iterable[Row]) -> Iterator[tuple]:
             row.error_class,
             row.error_message,
         )
+
+
+# A NUL in JSON text is the escape \u0000 after an even run of backslashes:
+# after an odd one it is the text "\u0000" (a Windows path, say), which
+# PostgreSQL's jsonb takes.
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 _TEXT_COLUMNS = (("uid", UID_MAX), ("source_path", PATH_MAX), ("category", CATEGORY_MAX))

@@ -191,6 +191,7 @@ storable_texts = st.text(st.characters(exclude_categories=["Cs"], exclude_charac
     )
 )
 @example(extra={"__error__": "line 1 is not JSON"})  # once the importer's own mark of a bad line
+@example(extra={"path-on-windows": "C:\\u0000\\x"})  # the text of a NUL's escape, no NUL
 def test_columns_without_a_meaning_are_the_rows_metadata_whatever_their_names(folder, extra):
     extra = {key: value for key, value in extra.items() if key not in _MEANINGFUL}
     manifest = folder / "m.jsonl"

@@ -638,3 +638,16 @@ def test_run_claims_units_in_groups_and_a_unit_taken_meanwhile_shrinks_its_batch
     # batches in import order: the first batch holds the first 16 units
     first = Unit.objects.filter(batch=batches[0]).order_by("pk").values_list("uid", flat=True)
     assert list(first) == [f"u{i:04d}" for i in range(16)]
+
+
+def test_the_text_of_a_nul_escape_in_metadata_is_kept(project, tmp_path):
+    # "C:\u0000" written as text (a backslash, then u0000) holds no NUL:
+    # PostgreSQL's jsonb takes it, and the row imports.
+    (tmp_path / "a.txt").write_text("a")
+    manifest = _jsonl(
+        tmp_path / "manifest.jsonl", [{"id": "a", "path": "a.txt", "dir": "C:\\u0000"}]
+    )
+    campaign, report = _create(project, manifest=manifest)
+    unit = Unit.objects.get(campaign=campaign)
+    assert (unit.state, unit.metadata) == (UnitState.PENDING, {"dir": "C:\\u0000"})
+    assert report.failed == 0

@@ -455,7 +455,10 @@ def check_vector_rows(
         wrong = InvalidOutput(f"vectors {vectors.shape}, expected (n, {dimension})", WRONG_OUTPUT)
         return [wrong] * len(vectors)
     finite = np.isfinite(vectors).all(axis=1)
-    norms = np.linalg.norm(np.where(np.isfinite(vectors), vectors, 0), axis=1)
+    # A damaged vector's huge values square past float32: its norm is inf,
+    # which the check below names, so numpy's overflow warning says nothing more.
+    with np.errstate(over="ignore"):
+        norms = np.linalg.norm(np.where(np.isfinite(vectors), vectors, 0), axis=1)
     problems: list[InvalidOutput | None] = []
     for ok, norm in zip(finite.tolist(), norms.tolist(), strict=True):
         if not ok:

@@ -69,7 +69,12 @@ PROGRESS_EVERY = 1000
 #: Groups of identical inputs an ImportReport names, and ids named a group.
 IDENTICAL_GROUPS_SHOWN = 5
 IDENTICAL_IDS_SHOWN = 3
-
+#: A row's text columns and their sizes, for the guard at the database's door.
+_TEXT_COLUMNS = (("uid", UID_MAX), ("source_path", PATH_MAX), ("category", CATEGORY_MAX))
+# A NUL in JSON text is the escape \u0000 after an even run of backslashes (or
+# none): after an odd one it is the text "\u0000" (a Windows path, say), which
+# PostgreSQL's jsonb takes.
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 Progress = Callable[[int], object]
 # For callers that reach the importer through services (the CLI's progress
@@ -254,15 +259,6 @@ def _staged_rows(campaign: Campaign, rows: Iterable[Row]) -> Iterator[tuple]:
             row.error_class,
             row.error_message,
         )
-
-
-# A NUL in JSON text is the escape \u0000 after an even run of backslashes:
-# after an odd one it is the text "\u0000" (a Windows path, say), which
-# PostgreSQL's jsonb takes.
-_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-
-
-_TEXT_COLUMNS = (("uid", UID_MAX), ("source_path", PATH_MAX), ("category", CATEGORY_MAX))
 
 
 def _keep_storable(row: Row) -> None:

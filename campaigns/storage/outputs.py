@@ -391,6 +391,10 @@ def read_npy_header(fh) -> tuple[tuple[int, ...], bool, np.dtype]:
     try:
         with _NPY_PARSE, warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # a header from Python 2
+            # A damaged header's text may hold what Python's parser warns of
+            # ("invalid escape sequence"): the InvalidOutput below says it all.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", SyntaxWarning)
             version = npy_format.read_magic(fh)
             if version == (1, 0):
                 header = npy_format.read_array_header_1_0(fh)

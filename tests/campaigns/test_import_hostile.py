@@ -200,6 +200,80 @@ def test_a_lone_surrogate_escape_in_a_jsonl_manifest_fails_its_row_only(project,
     assert report.failed == 2
 
 
+# Manifest rows a database column or the importer's own marks could mistake
+
+
+def _jsonl(path: Path, records) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def test_a_manifest_column_named_like_the_importers_own_marker_is_metadata(project, corpus):
+    # The importer marks a broken line with an object of its own, never with a
+    # key a row could also hold.
+    manifest = corpus / "manifest.jsonl"
+    manifest.write_text(
+        json.dumps({"id": "ok", "path": "short/question.txt", "__error__": "boom"}) + "\n",
+        encoding="utf-8",
+    )
+    campaign, report = _create(project, manifest=manifest)
+    unit = Unit.objects.get(campaign=campaign)
+    assert (unit.uid, unit.state, unit.error_message) == ("ok", UnitState.PENDING, "")
+    assert unit.metadata == {"__error__": "boom"}
+    assert report.failed == 0
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "csv"])
+def test_a_nul_in_a_failed_rows_path_is_shown_escaped_and_the_import_goes_on(
+    project, tmp_path, kind
+):
+    """PostgreSQL refuses a NUL in any text column: a failed row keeps its path
+    readable, `\\x00` where the NUL was, and the rest of the manifest imports."""
+    (tmp_path / "fine.txt").write_text("fine")
+    rows = [
+        {"path": "no-id\u0000.txt"},
+        {"id": "nul\u0000id", "path": "both\u0000.txt"},
+        {"id": "nul-path", "path": "a\u0000.txt"},
+        {"id": "fine", "path": "fine.txt"},
+    ]
+    if kind == "jsonl":
+        manifest = _jsonl(tmp_path / "manifest.jsonl", rows)
+    else:
+        manifest = tmp_path / "manifest.csv"
+        lines = ["id,path"] + [f"{row.get('id', '')},{row['path']}" for row in rows]
+        manifest.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    campaign, report = _create(project, manifest=manifest)
+    units = {u.uid: u for u in Unit.objects.filter(campaign=campaign)}
+    first = 1 if kind == "jsonl" else 2  # a CSV's line 1 is its header
+    assert set(units) == {
+        f"manifest-line-{first}",
+        f"manifest-line-{first + 1}",
+        "nul-path",
+        "fine",
+    }
+    assert units["fine"].state == UnitState.PENDING
+    paths = sorted(u.source_path for u in units.values() if u.state == UnitState.FAILED)
+    assert paths == ["a\\x00.txt", "both\\x00.txt", "no-id\\x00.txt"]
+    for unit in units.values():
+        for text in (unit.uid, unit.source_path, unit.error_message):
+            assert "\x00" not in text
+            text.encode("utf-8")
+    assert report.failed == 3
+
+
+def test_the_text_of_a_nul_escape_in_metadata_is_kept(project, tmp_path):
+    # "C:\u0000" written as text (a backslash, then u0000) holds no NUL:
+    # PostgreSQL's jsonb takes it, and the row imports.
+    (tmp_path / "a.txt").write_text("a")
+    manifest = _jsonl(
+        tmp_path / "manifest.jsonl", [{"id": "a", "path": "a.txt", "dir": "C:\\u0000"}]
+    )
+    campaign, report = _create(project, manifest=manifest)
+    unit = Unit.objects.get(campaign=campaign)
+    assert (unit.state, unit.metadata) == (UnitState.PENDING, {"dir": "C:\\u0000"})
+    assert report.failed == 0
+
+
 # Manifests with a byte-order mark ("CSV UTF-8" from a spreadsheet)
 
 

@@ -73,21 +73,6 @@ def test_bad_manifest_rows_become_failed_units_with_reasons(project, corpus):
     assert all(u.state == UnitState.FAILED for uid, u in units.items() if uid != "ok")
 
 
-def test_a_manifest_column_named_like_the_importers_own_marker_is_metadata(project, corpus):
-    # The importer marks a broken line with an object of its own, never with a
-    # key a row could also hold.
-    manifest = corpus / "manifest.jsonl"
-    manifest.write_text(
-        json.dumps({"id": "ok", "path": "short/question.txt", "__error__": "boom"}) + "\n",
-        encoding="utf-8",
-    )
-    campaign, report = _create(project, manifest=manifest)
-    unit = Unit.objects.get(campaign=campaign)
-    assert (unit.uid, unit.state, unit.error_message) == ("ok", UnitState.PENDING, "")
-    assert unit.metadata == {"__error__": "boom"}
-    assert report.failed == 0
-
-
 def test_a_manifest_that_is_not_utf8_is_refused_as_a_whole(project, corpus):
     manifest = corpus / "manifest.csv"
     manifest.write_bytes("id,path\ncafé,a.txt\n".encode("latin-1"))
@@ -306,44 +291,6 @@ def test_overlong_ids_and_nul_characters_fail_their_row_only(project, tmp_path):
     assert units["nul-meta"].error_message == "line 4: a metadata value holds a NUL character"
     assert units["fine"].state == UnitState.PENDING
     assert report.failed == 4
-
-
-@pytest.mark.parametrize("kind", ["jsonl", "csv"])
-def test_a_nul_in_a_failed_rows_path_is_shown_escaped_and_the_import_goes_on(
-    project, tmp_path, kind
-):
-    """PostgreSQL refuses a NUL in any text column: a failed row keeps its path
-    readable, `\\x00` where the NUL was, and the rest of the manifest imports."""
-    (tmp_path / "fine.txt").write_text("fine")
-    rows = [
-        {"path": "no-id\u0000.txt"},
-        {"id": "nul\u0000id", "path": "both\u0000.txt"},
-        {"id": "nul-path", "path": "a\u0000.txt"},
-        {"id": "fine", "path": "fine.txt"},
-    ]
-    if kind == "jsonl":
-        manifest = _jsonl(tmp_path / "manifest.jsonl", rows)
-    else:
-        manifest = tmp_path / "manifest.csv"
-        lines = ["id,path"] + [f"{row.get('id', '')},{row['path']}" for row in rows]
-        manifest.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    campaign, report = _create(project, manifest=manifest)
-    units = {u.uid: u for u in Unit.objects.filter(campaign=campaign)}
-    first = 1 if kind == "jsonl" else 2  # a CSV's line 1 is its header
-    assert set(units) == {
-        f"manifest-line-{first}",
-        f"manifest-line-{first + 1}",
-        "nul-path",
-        "fine",
-    }
-    assert units["fine"].state == UnitState.PENDING
-    paths = sorted(u.source_path for u in units.values() if u.state == UnitState.FAILED)
-    assert paths == ["a\\x00.txt", "both\\x00.txt", "no-id\\x00.txt"]
-    for unit in units.values():
-        for text in (unit.uid, unit.source_path, unit.error_message):
-            assert "\x00" not in text
-            text.encode("utf-8")
-    assert report.failed == 3
 
 
 def test_duplicate_ids_are_counted_and_the_first_kept_within_and_across_chunks(
@@ -638,16 +585,3 @@ def test_run_claims_units_in_groups_and_a_unit_taken_meanwhile_shrinks_its_batch
     # batches in import order: the first batch holds the first 16 units
     first = Unit.objects.filter(batch=batches[0]).order_by("pk").values_list("uid", flat=True)
     assert list(first) == [f"u{i:04d}" for i in range(16)]
-
-
-def test_the_text_of_a_nul_escape_in_metadata_is_kept(project, tmp_path):
-    # "C:\u0000" written as text (a backslash, then u0000) holds no NUL:
-    # PostgreSQL's jsonb takes it, and the row imports.
-    (tmp_path / "a.txt").write_text("a")
-    manifest = _jsonl(
-        tmp_path / "manifest.jsonl", [{"id": "a", "path": "a.txt", "dir": "C:\\u0000"}]
-    )
-    campaign, report = _create(project, manifest=manifest)
-    unit = Unit.objects.get(campaign=campaign)
-    assert (unit.state, unit.metadata) == (UnitState.PENDING, {"dir": "C:\\u0000"})
-    assert report.failed == 0

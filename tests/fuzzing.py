@@ -76,7 +76,25 @@ declared_shapes = st.one_of(
     st.tuples(st.integers(-2, 10**6), st.integers(-2, 10**6)),
     st.sampled_from([(10**9,), (10**12,), (2**40, 2**40), (), (0,), (1, 0), (10**5, 10**5)]),
 )
-declared_descrs = st.sampled_from(["<f4", "<f8", "|u1", "<U40", "<i8", ">f4", "|V8", "|O", "S3"])
+declared_descrs = st.one_of(
+    st.sampled_from(["<f4", "<f8", "|u1", "<U40", "<i8", ">f4", "|V8", "|O", "S3"]),
+    # dtype strings numpy does not know, or reads as something odd
+    st.text(st.sampled_from("<>|=fiuUVSOMmbcg0123456789[]"), max_size=6),
+    # structured and sub-array descriptions, well-formed or not
+    st.sampled_from(
+        [
+            [("a", "<f4")],
+            [("a", "<f4", (10**9,))],
+            [("a", "<f4"), ("a", "<f4")],
+            [("", "|O")],
+            [(b"a", "<f4")],
+            [("a",)],
+            [],
+            ("<f4", (2,)),
+            ("<f4", (2**62,)),
+        ]
+    ),
+)
 
 
 @st.composite
@@ -95,6 +113,45 @@ def npy_declaring(draw) -> bytes:
     buf.write(text)
     buf.write(draw(st.binary(max_size=64)))
     return buf.getvalue()
+
+
+#: What a header's text is made of, to edit it into texts numpy may half-read.
+_HEADER_PIECES = [
+    *(bytes([c]) for c in b"{}()[]',:<>|= 0123456789fuibUOV"),
+    b"'descr'",
+    b"'shape'",
+    b"'fortran_order'",
+    b"True",
+    b"None",
+    b"b'",
+    b"1e400",
+    b"-1",
+    b"\\x00",
+]
+
+
+@st.composite
+def npy_header_edited(draw, good: bytes) -> bytes:
+    """A version 1.0 `good` .npy with its header's text edited: bytes flipped,
+    replaced by header-like pieces, inserted or removed; its length field kept
+    (now wrong) or made to match; magic and data as they were."""
+    end = 10 + int.from_bytes(good[8:10], "little")
+    header = bytearray(good[10:end])
+    for _ in range(draw(st.integers(1, 4))):
+        at = draw(st.integers(0, len(header) - 1))
+        kind = draw(st.sampled_from(["flip", "replace", "insert", "delete"]))
+        if kind == "flip":
+            header[at] ^= draw(st.integers(1, 255))
+        elif kind == "replace":
+            header[at : at + draw(st.integers(1, 8))] = draw(st.sampled_from(_HEADER_PIECES))
+        elif kind == "insert":
+            header[at:at] = draw(
+                st.sampled_from(_HEADER_PIECES) | st.binary(min_size=1, max_size=8)
+            )
+        elif len(header) > 1:
+            del header[at : at + draw(st.integers(1, 8))]
+    length = len(header) if draw(st.booleans()) else end - 10
+    return good[:8] + length.to_bytes(2, "little") + bytes(header) + good[end:]
 
 
 def zip_of(members: dict[str, bytes], *, compression: int = zipfile.ZIP_STORED) -> bytes:

@@ -20,7 +20,6 @@ flat whatever the size of the corpus.
 from __future__ import annotations
 
 import contextvars
-import csv
 import itertools
 import json
 import queue
@@ -36,6 +35,7 @@ from django.db import connection, transaction
 from django.db.models import Count, Sum
 
 from campaigns.db.import_staging import Staging
+from campaigns.intake.manifests import ManifestError, manifest_rows
 from campaigns.intake.rows import (
     CATEGORY_MAX,
     PATH_MAX,
@@ -43,12 +43,11 @@ from campaigns.intake.rows import (
     NotARegularFile,
     Row,
     file_identity,
-    top_folder,
     walk_folder,
 )
 from campaigns.models import Campaign, ErrorClass, Unit, UnitState
 from campaigns.review.holdout import is_holdout
-from campaigns.storage.paths import InputLocator, normalise_uid, resolve_input
+from campaigns.storage.paths import InputLocator, escape_path, resolve_input, storable
 
 if TYPE_CHECKING:
     from campaigns.intake.inputs import ReadLimits
@@ -70,11 +69,12 @@ PROGRESS_EVERY = 1000
 #: Groups of identical inputs an ImportReport names, and ids named a group.
 IDENTICAL_GROUPS_SHOWN = 5
 IDENTICAL_IDS_SHOWN = 3
-
-# Manifest columns with a meaning; any other column is kept as metadata.
-_COLUMNS = frozenset({"id", "path", "category", "size", "sha256"})
-_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
-_BIGINT_MAX = 2**63 - 1
+#: A row's text columns and their sizes, for the guard at the database's door.
+_TEXT_COLUMNS = (("uid", UID_MAX), ("source_path", PATH_MAX), ("category", CATEGORY_MAX))
+# A NUL in JSON text is the escape \u0000 after an even run of backslashes (or
+# none): after an odd one it is the text "\u0000" (a Windows path, say), which
+# PostgreSQL's jsonb takes.
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 Progress = Callable[[int], object]
 # For callers that reach the importer through services (the CLI's progress
@@ -82,10 +82,6 @@ Progress = Callable[[int], object]
 _progress: contextvars.ContextVar[Progress | None] = contextvars.ContextVar(
     "import_progress", default=None
 )
-
-
-class ManifestError(Exception):
-    """The manifest as a whole cannot be read."""
 
 
 @dataclass
@@ -186,142 +182,6 @@ def reporting_progress(callback: Progress):
         _progress.reset(token)
 
 
-def _manifest_records(manifest: Path) -> Iterator[tuple[int, dict]]:
-    suffix = manifest.suffix.lower()
-    # utf-8-sig: a spreadsheet's "CSV UTF-8" starts with a byte-order mark,
-    # which plain utf-8 would make part of the first column's name.
-    try:
-        if suffix == ".csv":
-            with manifest.open(newline="", encoding="utf-8-sig") as fh:
-                reader = csv.DictReader(fh)
-                try:
-                    if not reader.fieldnames or "path" not in reader.fieldnames:
-                        raise ManifestError(
-                            f"{manifest.name}: a CSV manifest needs a 'path' column"
-                        )
-                    yield from enumerate(reader, start=2)
-                except csv.Error as exc:
-                    # A field over csv's size limit: what follows it on the
-                    # line cannot be told apart from rows, so the whole is refused.
-                    raise ManifestError(
-                        f"{manifest.name}: line {reader.line_num} cannot be read as CSV: {exc}"
-                    ) from exc
-        elif suffix in (".jsonl", ".ndjson"):
-            with manifest.open(encoding="utf-8-sig") as fh:
-                for lineno, line in enumerate(fh, start=1):
-                    if not line.strip():
-                        continue
-                    yield lineno, _json_record(lineno, line)
-        else:
-            raise ManifestError(f"{manifest.name}: a manifest is .csv or .jsonl")
-    except UnicodeDecodeError as exc:
-        raise ManifestError(f"{manifest.name} is not UTF-8 text: {exc}") from exc
-
-
-def _json_record(lineno: int, line: str) -> dict:
-    """One JSONL line's object, or {"__error__": why} for a row that fails alone."""
-    try:
-        record = json.loads(line, parse_constant=_not_json)
-    except json.JSONDecodeError as exc:
-        return {"__error__": f"line {lineno} is not JSON: {exc.msg}"}
-    except (ValueError, RecursionError) as exc:
-        # NaN or Infinity (which PostgreSQL's jsonb refuses), an integer of
-        # thousands of digits, arrays nested past Python's recursion limit.
-        return {"__error__": f"line {lineno} is not JSON: {str(exc)[:120]}"}
-    if not isinstance(record, dict):
-        return {"__error__": f"line {lineno} is not a JSON object"}
-    if ("\\ud" in line or "\\uD" in line) and not _encodes(record):
-        # A "\ud800" escape alone is no character: no database stores it.
-        return {"__error__": f"line {lineno} holds a lone surrogate escape (\\udXXX), not text"}
-    return record
-
-
-def _not_json(constant: str):
-    raise ValueError(f"{constant} is not a JSON value")
-
-
-def _encodes(record: dict) -> bool:
-    try:
-        json.dumps(record, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _given(value) -> bool:
-    return value is not None and value != ""
-
-
-def _trusted_identity(row: Row, size, sha256) -> None:
-    """Record a manifest's size and sha256 on the row, or fail it with the reason."""
-    line = row.line
-    if not (_given(size) and _given(sha256)):
-        missing = "sha256" if _given(size) else "size"
-        row.fail(f"line {line}: size and sha256 go together; {missing} is missing")
-        return
-    # JSON gives an int (type() is exact: True is no size); CSV gives text.
-    if type(size) is not int and isinstance(size, str) and size.strip().isdigit():
-        size = int(size)
-    if type(size) is not int or not 0 <= size <= _BIGINT_MAX:
-        row.fail(f"line {line}: size must be a whole number of bytes, 0 or more, not {size!r:.40}")
-        return
-    if type(sha256) is str:
-        sha256 = sha256.strip()
-    if type(sha256) is not str or not _SHA256.fullmatch(sha256):
-        row.fail(f"line {line}: sha256 must be 64 hexadecimal characters, not {sha256!r:.80}")
-        return
-    row.size, row.sha256 = size, sha256.lower()
-
-
-def _text(value) -> str:
-    return value if type(value) is str else str(value or "")
-
-
-def _manifest_row(lineno: int, record: dict) -> Row:
-    if "__error__" in record:
-        return Row(lineno, f"manifest-line-{lineno}", "").fail(record["__error__"])
-    path = _text(record.get("path")).strip()
-    uid = _text(record.get("id")).strip() or (normalise_uid(path) if path else "")
-    if not uid:
-        return Row(lineno, f"manifest-line-{lineno}", "").fail(
-            f"line {lineno} has neither id nor path"
-        )
-    if len(uid) > UID_MAX or "\x00" in uid:
-        return Row(lineno, f"manifest-line-{lineno}", path[:PATH_MAX]).fail(
-            f"line {lineno}: the id is longer than {UID_MAX} characters or holds a NUL character"
-        )
-    row = Row(lineno, uid, path, _text(record.get("category")))
-    if not _COLUMNS.issuperset(record):
-        row.metadata = {k: v for k, v in record.items() if k not in _COLUMNS}
-    if not path:
-        return row.fail(f"line {lineno} has no path")
-    # The columns' sizes; PostgreSQL refuses longer text, and NUL in any text.
-    if len(path) > PATH_MAX or "\x00" in path:
-        row.source_path = path[:PATH_MAX].replace("\x00", "")
-        return row.fail(
-            f"line {lineno}: the path is longer than {PATH_MAX} characters or holds a NUL character"
-        )
-    if len(row.category) > CATEGORY_MAX or "\x00" in row.category:
-        row.category = ""
-        return row.fail(
-            f"line {lineno}: the category is longer than {CATEGORY_MAX} characters "
-            "or holds a NUL character"
-        )
-    size, sha256 = record.get("size"), record.get("sha256")
-    if _given(size) or _given(sha256):
-        _trusted_identity(row, size, sha256)
-    return row
-
-
-def _manifest_rows(manifest: Path, *, folder_categories: bool = True) -> Iterator[Row]:
-    for lineno, record in _manifest_records(manifest):
-        row = _manifest_row(lineno, record)
-        # The manifest's category wins; a row without one takes its top folder.
-        if folder_categories and not row.category and not row.error_class:
-            row.category = top_folder(row.source_path)
-        yield row
-
-
 def _hash_input(root: Path, row: Row) -> int | None:
     """Size and sha256 measured on the file (its mtime is returned), or the row failed."""
     try:
@@ -373,10 +233,14 @@ def _staged_rows(campaign: Campaign, rows: Iterable[Row]) -> Iterator[tuple]:
         except ValueError:  # 1e400 reads as infinity, which PostgreSQL's jsonb refuses
             row.fail(f"line {row.line}: a metadata value is not a finite number")
             metadata = "{}"
-        if "\\u0000" in metadata:
+        if "\\u0000" in metadata and _JSON_NUL.search(metadata):
             # PostgreSQL's jsonb cannot hold a NUL character.
             row.fail(f"line {row.line}: a metadata value holds a NUL character")
             metadata = "{}"
+        elif not storable(metadata):
+            row.fail(f"line {row.line}: a metadata value holds a lone surrogate, not text")
+            metadata = "{}"
+        _keep_storable(row)
         if row.error_class:
             size, sha256, mtime_ns, state = None, "", None, failed
         else:
@@ -395,6 +259,28 @@ def _staged_rows(campaign: Campaign, rows: Iterable[Row]) -> Iterator[tuple]:
             row.error_class,
             row.error_message,
         )
+
+
+def _keep_storable(row: Row) -> None:
+    """Every text of the row as a database column takes it: one with a NUL or
+    a lone surrogate is written escaped (storage/paths.py), and fails its row.
+
+    The readers refuse such text row by row already; this is the guard at the
+    database's door, where one row's NUL would refuse a whole chunk on PostgreSQL.
+    """
+    if storable(f"{row.uid}{row.source_path}{row.category}{row.error_message}"):
+        return  # every row but a broken one: one look at its text
+    for name, limit in _TEXT_COLUMNS:
+        text = getattr(row, name)
+        if not storable(text):
+            setattr(row, name, escape_path(text)[:limit])
+            if not row.error_class:
+                row.fail(
+                    f"line {row.line}: the {name.replace('_', ' ')} holds a NUL character "
+                    "or a lone surrogate, which no database column holds"
+                )
+    if not storable(row.error_message):
+        row.error_message = escape_path(row.error_message)
 
 
 def _counted(rows: Iterator[tuple], progress: Progress | None) -> Iterator[tuple]:
@@ -537,7 +423,7 @@ def import_manifest(
     without a category takes its path's top folder."""
     if not manifest.is_file():
         raise ManifestError(f"manifest not found: {manifest}")
-    rows = _manifest_rows(manifest, folder_categories=folder_categories)
+    rows = manifest_rows(manifest, folder_categories=folder_categories)
     return _import_rows(campaign, rows, progress)
 
 
@@ -574,7 +460,7 @@ def preview(
             result.skipped.append(line)
 
     rows = (
-        _manifest_rows(manifest, folder_categories=folder_categories)
+        manifest_rows(manifest, folder_categories=folder_categories)
         if manifest is not None
         else walk_folder(
             root,

@@ -20,7 +20,7 @@ from typing import BinaryIO
 
 from campaigns.intake.rows import special_kind
 from campaigns.models import ErrorClass
-from campaigns.storage.paths import resolve_input
+from campaigns.storage.paths import input_relpath, resolve_input
 
 
 class InputError(Exception):
@@ -184,7 +184,7 @@ def _read_checked_by_fd(
     if real_root is None:
         root_fd, real_root = _real_path(str(root), os.O_DIRECTORY)
         os.close(root_fd)
-    fd, real = _real_path(os.path.join(root, source_path))
+    fd, real = _real_path(os.path.join(root, input_relpath(source_path)))
     with os.fdopen(fd, "rb") as fh:
         if real != real_root and not real.startswith(real_root.rstrip("/") + "/"):
             raise InputError(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from django.db.models import CharField
 
 from campaigns.models import ErrorClass, Unit
 from campaigns.storage.outputs import file_sha256
-from campaigns.storage.paths import normalise_uid
+from campaigns.storage.paths import escape_path, normalise_uid
 
 
 def _max_length(name: str) -> int:
@@ -67,20 +68,6 @@ def file_identity(path: Path) -> tuple[int, int, str]:
     return st.st_size, st.st_mtime_ns, file_sha256(path)
 
 
-def shown(name: str) -> str:
-    """A file name as text that any database, page and CSV can hold.
-
-    Python hands a name that is not valid UTF-8 over with its bad bytes as
-    lone surrogates, which neither UTF-8 nor the databases accept; those
-    bytes are written as `\\xe9` here ('caf\\xe9.txt'), the rest as it is.
-    """
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return os.fsencode(name).decode("utf-8", "backslashreplace")
-    return name
-
-
 @dataclass(slots=True)
 class Row:
     line: int
@@ -117,13 +104,13 @@ def _linked_folder(root: Path, path: str, rel: str) -> str:
         target = ""
     real_root = os.path.realpath(root)
     if target == real_root or target.startswith(real_root.rstrip(os.sep) + os.sep):
-        inside = shown(os.path.relpath(target, real_root))
+        inside = escape_path(os.path.relpath(target, real_root))
         return (
             f"{rel}/ skipped: a symbolic link to the folder {inside}/ of this corpus, "
             "whose files are imported under their own paths"
         )
     return (
-        f"{rel}/ skipped: a symbolic link to {shown(target)}, outside the corpus folder; "
+        f"{rel}/ skipped: a symbolic link to {escape_path(target)}, outside the corpus folder; "
         "files outside it are never imported"
     )
 
@@ -136,7 +123,7 @@ def walk_folder(
     say: Skip = skipped or (lambda line: None)
 
     def unreadable(exc: OSError) -> None:
-        rel = shown(os.path.relpath(exc.filename, root)) if exc.filename else "?"
+        rel = escape_path(os.path.relpath(exc.filename, root)) if exc.filename else "?"
         say(f"{rel}/ skipped: cannot read the folder: {exc.strerror or exc}")
 
     number = 0
@@ -148,7 +135,7 @@ def walk_folder(
                 continue
             path = os.path.join(dirpath, d)
             if os.path.islink(path):
-                say(_linked_folder(root, path, shown(os.path.relpath(path, root))))
+                say(_linked_folder(root, path, escape_path(os.path.relpath(path, root))))
                 continue
             kept.append(d)
         dirnames[:] = kept
@@ -157,20 +144,17 @@ def walk_folder(
                 continue
             number += 1
             rel = os.path.relpath(os.path.join(dirpath, name), root)
-            escaped = shown(rel)
-            if escaped is not rel:
-                # Not normalised: its backslashes are part of the escape.
-                category = shown(top_folder(rel))[:CATEGORY_MAX] if folder_categories else ""
-                yield Row(number, escaped[:UID_MAX], escaped[:PATH_MAX], category).fail(
-                    f"the file name is not valid UTF-8 (its bad bytes shown as \\xNN): "
-                    f"{escaped}; rename the file and run `campaign import` again",
-                    ErrorClass.INPUT_UNREADABLE,
-                )
-                continue
-            uid = normalise_uid(rel)
-            if len(uid) > UID_MAX:
-                yield Row(number, f"file-{number}", uid[:PATH_MAX]).fail(
+            # The name on disk, escaped only where no column could hold it or it
+            # would read as an escape (storage/paths.py), and read back through
+            # the same escape: a backslash is part of a name here, never a
+            # separator, and a name that is not UTF-8 is an input like any other.
+            source = escape_path(rel)
+            uid = unicodedata.normalize("NFC", source)
+            if len(uid) > UID_MAX or len(source) > PATH_MAX:
+                yield Row(number, f"file-{number}", source[:PATH_MAX]).fail(
                     f"path longer than {UID_MAX} characters, too long for an id: {uid[:80]}…"
                 )
                 continue
-            yield Row(number, uid, uid, top_folder(uid) if folder_categories else "")
+            folder, sep, _rest = uid.partition("/")
+            category = folder[:CATEGORY_MAX] if sep and folder_categories else ""
+            yield Row(number, uid, source, category)

@@ -21,6 +21,7 @@ per claim already and carries its rows' input hashes itself
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from pathlib import Path
 from campaigns.storage.paths import shard_prefix
 
 SUFFIX = ".json"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -52,20 +55,67 @@ def record_bytes(*, batch_id: int, token: str, outputs: Iterable[tuple[str, Vouc
     ).encode()
 
 
+#: The largest record read: a batch of 4,096 units (the largest batch a
+#: built-in processor takes) with ids of 1,000 characters, JSON-escaped, is
+#: well under it. A larger file is no record a claim wrote.
+RECORD_MAX_BYTES = 64 * 2**20
+
+
+class DamagedRecord(Exception):
+    """Why a lease record vouches for nothing (its outputs are recomputed)."""
+
+
 def read_records(folder: Path, batch_id: int) -> dict[str, list[Vouched]]:
     """Unit id -> what the earlier claims of this batch vouch for. A record that
-    cannot be read or parsed vouches for nothing (its outputs are recomputed)."""
+    cannot be read, or is not whole and well formed, vouches for nothing (its
+    outputs are recomputed), and the log says why."""
     found: dict[str, list[Vouched]] = {}
     for path in _records(folder, batch_id):
         try:
-            data = json.loads(path.read_bytes())
-            if data.get("batch") != batch_id:
-                continue
-            for uid, (output, sha256, input_sha256) in data["outputs"].items():
-                found.setdefault(uid, []).append(Vouched(output, sha256, input_sha256))
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            outputs = read_record(path, batch_id)
+        except DamagedRecord as exc:
+            log.warning("lease record %s vouches for nothing: %s", path, exc)
             continue
+        for uid, vouched in outputs:
+            found.setdefault(uid, []).append(vouched)
     return found
+
+
+def read_record(path: Path, batch_id: int) -> list[tuple[str, Vouched]]:
+    """(unit id, what it wrote) for each output the record at `path` names;
+    DamagedRecord, and nothing else, for any file that is not a whole record of
+    this batch as record_bytes writes one: it is taken whole or not at all."""
+    try:
+        with open(path, "rb") as fh:
+            # read(n) allocates n bytes up front: no more than the file holds.
+            size = os.fstat(fh.fileno()).st_size
+            if size > RECORD_MAX_BYTES:
+                raise DamagedRecord(f"{size:,} bytes, more than any claim writes")
+            data = fh.read(size + 1)
+    except OSError as exc:
+        raise DamagedRecord(f"cannot be read: {exc.strerror or exc}") from exc
+    if len(data) > RECORD_MAX_BYTES:
+        raise DamagedRecord(f"over {RECORD_MAX_BYTES:,} bytes, more than any claim writes")
+    try:
+        record = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        # Not JSON, not text, or nested past Python's recursion limit.
+        raise DamagedRecord(f"not JSON: {str(exc)[:120]}") from exc
+    if not isinstance(record, dict) or not isinstance(record.get("outputs"), dict):
+        raise DamagedRecord("not a lease record: no 'outputs' object")
+    # type(): JSON's true is no batch id, though True == 1.
+    if type(record.get("batch")) is not int or record["batch"] != batch_id:
+        raise DamagedRecord(f"a record of batch {record.get('batch')!r:.40}, not {batch_id}")
+    outputs = []
+    for uid, entry in record["outputs"].items():
+        if not (
+            type(entry) is list and len(entry) == 3 and all(type(field) is str for field in entry)
+        ):
+            raise DamagedRecord(
+                f"unit {uid!r:.80}: {entry!r:.80} is not [output, sha256, input sha256]"
+            )
+        outputs.append((uid, Vouched(*entry)))
+    return outputs
 
 
 def remove_records(folder: Path, batch_id: int) -> int:
@@ -85,7 +135,9 @@ def batch_of(name: str) -> int | None:
     if not (name.startswith("b") and name.endswith(SUFFIX)):
         return None
     head = name[1:].partition("-")[0]
-    return int(head) if head.isdigit() else None
+    # ASCII digits only, and no more than a batch id has: int() takes other
+    # scripts' digits, and refuses thousands of them.
+    return int(head) if head.isascii() and head.isdigit() and len(head) <= 19 else None
 
 
 def _records(folder: Path, batch_id: int) -> list[Path]:
@@ -98,4 +150,9 @@ def _records(folder: Path, batch_id: int) -> list[Path]:
                 if e.name.startswith(prefix) and e.name.endswith(SUFFIX)
             ]
     except FileNotFoundError:
+        return []
+    except OSError as exc:
+        # Not a folder, or one that may not be listed: no record can be read
+        # from it (so none vouches) nor removed.
+        log.warning("lease records in %s cannot be listed: %s", folder, exc.strerror or exc)
         return []

@@ -265,11 +265,15 @@ class InvalidOutput(Exception):
 # threads parse at once (gh-106905): the worker checks outputs in a thread pool.
 _NPY_PARSE = threading.Lock()
 
-# What numpy's header parser, zipfile and zlib raise on damaged bytes. After
-# the file is open, an OSError is one too (zipfile seeks where a damaged
-# directory points).
+# What numpy, zipfile and zlib raise on damaged bytes. After the file is open,
+# an OSError is one too (zipfile seeks where a damaged directory points);
+# TypeError, KeyError and IndexError are what they raise where a damaged
+# structure holds a value of the wrong kind.
 _DAMAGED = (
     ValueError,
+    TypeError,
+    KeyError,
+    IndexError,
     SyntaxError,
     tokenize.TokenError,
     EOFError,
@@ -387,14 +391,30 @@ def read_npy_header(fh) -> tuple[tuple[int, ...], bool, np.dtype]:
     try:
         with _NPY_PARSE, warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # a header from Python 2
+            # A damaged header's text may hold what Python's parser warns of
+            # ("invalid escape sequence"): the InvalidOutput below says it all.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", SyntaxWarning)
             version = npy_format.read_magic(fh)
             if version == (1, 0):
-                return npy_format.read_array_header_1_0(fh)
-            if version == (2, 0):
-                return npy_format.read_array_header_2_0(fh)
-    except _DAMAGED as exc:
+                header = npy_format.read_array_header_1_0(fh)
+            elif version == (2, 0):
+                header = npy_format.read_array_header_2_0(fh)
+            else:
+                raise InvalidOutput(f"unsupported .npy version {version}")
+    except InvalidOutput:
+        raise
+    except Exception as exc:
+        # The header is a Python literal that numpy evaluates and then checks
+        # in part: what a damaged one makes it raise is numpy's to choose (a
+        # bytes key fails its sort with TypeError), and every such error
+        # means the same thing here.
         raise InvalidOutput(f"not a .npy file: {exc}") from exc
-    raise InvalidOutput(f"unsupported .npy version {version}")
+    shape = header[0]
+    # numpy takes True for an int; no array numpy writes has such a shape.
+    if not all(type(n) is int for n in shape):
+        raise InvalidOutput(f"not a .npy file: shape is not valid: {shape!r:.80}")
+    return header
 
 
 def validate_embedding_file(path: Path, *, dimension: int, normalized: bool) -> np.ndarray:
@@ -439,7 +459,10 @@ def check_vector_rows(
         wrong = InvalidOutput(f"vectors {vectors.shape}, expected (n, {dimension})", WRONG_OUTPUT)
         return [wrong] * len(vectors)
     finite = np.isfinite(vectors).all(axis=1)
-    norms = np.linalg.norm(np.where(np.isfinite(vectors), vectors, 0), axis=1)
+    # A damaged vector's huge values square past float32: its norm is inf,
+    # which the check below names, so numpy's overflow warning says nothing more.
+    with np.errstate(over="ignore"):
+        norms = np.linalg.norm(np.where(np.isfinite(vectors), vectors, 0), axis=1)
     problems: list[InvalidOutput | None] = []
     for ok, norm in zip(finite.tolist(), norms.tolist(), strict=True):
         if not ok:

@@ -22,6 +22,90 @@ def normalise_uid(relative_path: str) -> str:
     return unicodedata.normalize("NFC", "/".join(parts))
 
 
+# A unit's source path is text that every database column, page and CSV
+# holds, and it must read back to the very name on disk. A file name is
+# bytes: Python hands one that is not UTF-8 over with each bad byte as a lone
+# surrogate (U+DC80–U+DCFF), which no column holds, and PostgreSQL refuses a
+# NUL in any text. Such a name is stored escaped, and readers unescape:
+#
+#   \xNN     a byte that is not UTF-8 (NN from 80 to ff)
+#   \x00     a NUL (no file name holds one: only a manifest's text can)
+#   \udXXX   any other lone surrogate
+#   \\       a backslash, in a part that needs any escape, or whose text
+#            would otherwise read as holding one ('caf\xe9.txt' with a real
+#            backslash is stored 'caf\\xe9.txt')
+#
+# Each part of a path ('/'-separated) that needs none is stored as it is,
+# backslashes included ('a\b.txt'). Escaping is reversible — unescape_path
+# gives the name back — and so injective: no two names share a stored path.
+_ESCAPE = re.compile(r"\\(?:\\|x(?:00|[89a-f][0-9a-f])|ud[89a-f][0-9a-f]{2})")
+
+
+def storable(text: str) -> bool:
+    """Whether every database column takes this text: no NUL, no lone surrogate."""
+    if "\x00" in text:
+        return False
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def escape_path(path: str) -> str:
+    """A file's relative path (or a manifest's) as stored text; see above."""
+    if "\\" not in path and storable(path):
+        return path
+    return "/".join(map(_escape_part, path.split("/")))
+
+
+def _escape_part(part: str) -> str:
+    if storable(part) and not _ESCAPE.search(part):
+        return part
+    out = []
+    for char in part:
+        if char == "\\":
+            out.append("\\\\")
+        elif char == "\x00":
+            out.append("\\x00")
+        elif "\udc80" <= char <= "\udcff":
+            out.append(f"\\x{ord(char) - 0xDC00:02x}")
+        elif "\ud800" <= char <= "\udfff":
+            out.append(f"\\u{ord(char):04x}")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def unescape_path(text: str) -> str:
+    """The name a stored path stands for: escape_path's inverse (a lone
+    surrogate stands for the byte os functions give the file system)."""
+    if "\\" not in text:
+        return text
+    return _ESCAPE.sub(_unescaped, text)
+
+
+def _unescaped(match: re.Match) -> str:
+    escape = match.group()
+    if escape == "\\\\":
+        return "\\"
+    code = int(escape[2:], 16)
+    if escape[1] == "x" and code:
+        return chr(0xDC00 + code)
+    return chr(code)
+
+
+def input_relpath(source_path: str) -> str:
+    """The input's path below the corpus root, as os functions take it; a NUL
+    (which no file name holds) is refused with ValueError."""
+    name = unescape_path(source_path)
+    if "\x00" in name:
+        raise ValueError(f"path {source_path!r} holds a NUL character, which no file name can")
+    return name
+
+
 def safe_name(uid: str) -> str:
     """A file name for a unit id: readable, path-safe, and unique per id.
 
@@ -72,7 +156,7 @@ class InputLocator:
         self._prefix = self.root.rstrip(os.sep) + os.sep
 
     def __call__(self, source_path: str) -> str:
-        candidate = os.path.normpath(os.path.join(self.root, source_path))
+        candidate = os.path.normpath(os.path.join(self.root, input_relpath(source_path)))
         if not candidate.startswith(self._prefix):
             raise ValueError(f"path {source_path!r} leaves the corpus folder {self.root}")
         return candidate
@@ -81,9 +165,10 @@ class InputLocator:
 def resolve_input(root: Path, source_path: str) -> Path:
     """The absolute input path of a unit; refuses anything that leaves the corpus
     root, or loops through symlinks, with ValueError."""
+    relative = input_relpath(source_path)
     try:
         root = root.resolve()
-        candidate = (root / source_path).resolve()
+        candidate = (root / relative).resolve()
     except RuntimeError as exc:  # pathlib's word for ELOOP
         raise ValueError(f"path {source_path!r} loops through symlinks: {exc}") from None
     if candidate != root and root not in candidate.parents:

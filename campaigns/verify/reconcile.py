@@ -509,12 +509,16 @@ def _remove_finished_records(folder: Path, live: set[int]) -> int:
     """Lease records of batches no longer queued or running: recorded (their
     worker could not remove them) or given up; no claim will adopt from them."""
     removed = 0
-    for entry in os.scandir(folder):
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return 0  # not listable: its records stay, and only their own batch reads them
+    for entry in entries:
         batch_id = batch_of(entry.name)
         if batch_id is not None and batch_id not in live:
             try:
                 os.unlink(entry.path)
                 removed += 1
-            except FileNotFoundError:
-                pass
+            except OSError:
+                pass  # gone already, or a folder of that name: no record a claim wrote
     return removed

@@ -329,3 +329,24 @@ def test_verify_removes_the_lease_records_of_finished_batches_and_reports_no_orp
     assert not left.exists()
     assert report["stale_temp_files_removed"] == 1
     assert report["orphan_outputs"] == 0 and report["valid"] == 3
+
+
+def test_verify_goes_on_past_names_in_the_leases_folder_no_claim_wrote(
+    project, pictures, output_root, run_here
+):
+    from campaigns.storage.paths import lease_folder
+
+    campaign = _campaign("odd-leases", project, pictures, **RESIZE)
+    run_here(campaign)
+    leases = output_root / lease_folder(
+        campaign=campaign.name, version_label=campaign.current_version.label
+    )
+    # given: a folder named like a record, and names int() refuses or misreads
+    (leases / "b1-folder.json").mkdir(parents=True)
+    for name in ("b" + "9" * 5000 + "-x.json", "b²-x.json", "b٣-x.json"):
+        (leases / name[:200]).write_text("{}")
+
+    report = campaign_verify(campaign=campaign).as_dict()
+
+    assert report["valid"] == 3
+    assert (leases / "b1-folder.json").is_dir()

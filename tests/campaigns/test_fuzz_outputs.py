@@ -25,7 +25,14 @@ from campaigns.storage.outputs import (
     validate_embedding_file,
 )
 from campaigns.storage.vector_shards import ShardChecker, VectorReader, load_shard, shard_bytes
-from tests.fuzzing import bounded, damaged, npy_bytes, npy_declaring, zip_of
+from tests.fuzzing import (
+    bounded,
+    damaged,
+    npy_bytes,
+    npy_declaring,
+    npy_header_edited,
+    zip_of,
+)
 
 DIM = 8
 VECTOR = npy_bytes(np.full(DIM, 1 / np.sqrt(DIM), dtype=np.float32))
@@ -67,7 +74,17 @@ def out(tmp_path_factory):
 
 
 def npy_inputs(good: bytes):
-    return st.one_of(st.binary(max_size=256), damaged(good), npy_declaring())
+    return st.one_of(
+        st.binary(max_size=256), damaged(good), npy_declaring(), npy_header_edited(good)
+    )
+
+
+#: Headers one edit away from the good vector's that numpy's parser once let
+#: out as TypeError: a bytes key (a space flipped to 'b') sorts against str
+#: keys; a shape of booleans passes numpy's int check and fails reshape.
+BYTES_KEY = VECTOR.replace(b"'<f4', 'fortran_order'", b"'<f4',b'fortran_order'")
+BOOL_SHAPE = VECTOR.replace(b"(8,)", b"(True,)")
+BYTES_SHAPE_KEY = VECTOR.replace(b", 'shape'", b",b'shape'")
 
 
 def npz_inputs(good: bytes, names: list[str]):
@@ -86,6 +103,9 @@ def npz_inputs(good: bytes, names: list[str]):
 
 
 @given(data=npy_inputs(VECTOR))
+@example(data=BYTES_KEY)
+@example(data=BOOL_SHAPE)
+@example(data=BYTES_SHAPE_KEY)
 def test_an_embedding_file_is_valid_or_invalid_output(out, data):
     out.write_bytes(data)
     raised = bounded(
@@ -96,6 +116,8 @@ def test_an_embedding_file_is_valid_or_invalid_output(out, data):
 
 
 @given(data=npy_inputs(VECTOR), recorded=st.none() | st.integers(0, 300))
+@example(data=BYTES_KEY, recorded=None)
+@example(data=BYTES_SHAPE_KEY, recorded=None)
 def test_verifys_header_check_is_valid_or_invalid_output(out, data, recorded):
     out.write_bytes(data)
     bounded(lambda: check_npy_header(out, expected_size=recorded, dimension=DIM), (InvalidOutput,))
@@ -141,6 +163,22 @@ def test_an_image_output_is_valid_or_invalid_output(out, case):
     out.write_bytes(damaged_image)
     params = {**IMAGE_PARAMS, "format": fmt}
     bounded(lambda: check_image_output(out, params), (InvalidOutput,))
+
+
+@pytest.mark.parametrize(
+    "data", [BYTES_KEY, BOOL_SHAPE, BYTES_SHAPE_KEY], ids=["key", "bool", "shape"]
+)
+def test_a_header_numpy_half_reads_is_invalid_output_with_its_reason(out, data):
+    out.write_bytes(data)
+    for check in (
+        lambda: load_npy_or_npz(out),
+        lambda: validate_embedding_file(out, dimension=DIM, normalized=True),
+        lambda: check_npy_header(out, expected_size=None, dimension=DIM),
+        lambda: VectorReader(out.parent).vector(out.name),
+    ):
+        with pytest.raises(InvalidOutput) as caught:
+            check()
+        assert "not a .npy file" in str(caught.value) or "shape" in str(caught.value)
 
 
 @pytest.mark.parametrize("shape", [(10**9,), (10**12,), (2**70,), (2**40, 2**40), (-1,)], ids=str)

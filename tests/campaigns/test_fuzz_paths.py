@@ -9,6 +9,7 @@ passes through.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -16,15 +17,19 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from campaigns.intake.inputs import InputError, read_bytes
+from campaigns.intake.rows import walk_folder
 from campaigns.models import ErrorClass
 from campaigns.storage.paths import (
     DAMAGED_FOLDER,
     InputLocator,
     damaged_relpath,
+    escape_path,
     normalise_uid,
     output_relpath,
     resolve_input,
     safe_name,
+    storable,
+    unescape_path,
 )
 from campaigns.storage.vector_shards import member_path, split_member
 
@@ -142,3 +147,86 @@ def test_reading_any_input_path_gives_its_bytes_or_a_classified_input_error(corp
         assert exc.error_class in ErrorClass.values and exc.message
         return
     assert data == b"a"  # the one file inside; never the one a symlink leads out to
+
+
+#: Pieces of names that look like, or are, what the stored-path escape writes:
+#: backslashes, `x` and hex digits, bytes that are not UTF-8 (as Python's
+#: lone surrogates), NUL, and letters of several widths.
+_NAME_PIECES = st.sampled_from(
+    [
+        "\\",
+        "\\\\",
+        "x",
+        "e9",
+        "00",
+        "ud",
+        "d800",
+        "\udce9",
+        "\udcff",
+        "\ud800",
+        "\x00",
+        "a",
+        "é",
+        "𠀀",
+        "/",
+        ".",
+        " ",
+    ]
+)
+names = st.one_of(
+    st.lists(_NAME_PIECES, max_size=12).map("".join),
+    st.text(max_size=30),
+    st.binary(max_size=30).map(os.fsdecode),
+)
+
+
+@given(name=names)
+@example(name="bad\udce9name.txt")  # a byte that is not UTF-8 …
+@example(name="bad\\xe9name.txt")  # … and the text its escape once was, with a real backslash
+@example(name="a\\b/c\udce9")  # a part that needs no escape beside one that does
+def test_a_stored_path_is_text_every_column_holds_and_gives_the_name_back(name):
+    stored = escape_path(name)
+    assert storable(stored)
+    assert unescape_path(stored) == name
+    if "\\" not in name and storable(name):
+        assert stored == name  # an ordinary name is stored as it is
+
+
+@given(a=names, b=names)
+@example(a="bad\udce9name.txt", b="bad\\xe9name.txt")
+def test_two_names_never_share_a_stored_path(a, b):
+    assume(a != b)
+    assert escape_path(a) != escape_path(b)
+
+
+#: A file name as the file system holds it: any bytes but '/' and NUL.
+file_names = st.one_of(
+    st.binary(min_size=1, max_size=40),
+    st.lists(
+        st.sampled_from([b"\\", b"x", b"e9", b"\xe9", b"\xc3", b"\xa9", b"a", b"u"]),
+        min_size=1,
+        max_size=10,
+    ).map(b"".join),
+).filter(lambda n: b"/" not in n and b"\x00" not in n and not n.startswith(b"."))
+
+
+@given(names=st.lists(file_names, min_size=1, max_size=4, unique=True))
+@example(names=[b"bad\xe9name.txt", b"bad\\xe9name.txt"])
+@example(names=[b"two\\\\x", b"two\\x"])
+def test_every_file_of_a_folder_is_read_back_as_its_own_bytes(names):
+    """Whatever its name, a file of a folder import is read through its stored
+    path as the very file it was; no two files share an id unless their names
+    differ only by Unicode normalisation (NFC)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        for number, name in enumerate(names):
+            with open(os.path.join(os.fsencode(root), name), "wb") as fh:
+                fh.write(b"file %d" % number)
+        rows = list(walk_folder(root))
+        assert len(rows) == len(names)
+        for row in rows:
+            assert not row.error_class, row.error_message
+            assert storable(row.uid) and storable(row.source_path)
+            number = names.index(os.fsencode(unescape_path(row.source_path)))
+            assert read_bytes(root, row.source_path) == b"file %d" % number
+        assert len({row.source_path for row in rows}) == len(names)

@@ -3,11 +3,14 @@ with a byte-order mark, special files, linked folders, and a create that fails."
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
+import unicodedata
 from io import StringIO
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -16,7 +19,8 @@ from django.urls import reverse
 from campaigns.intake import importing
 from campaigns.intake.inputs import InputError, read_bytes
 from campaigns.models import Campaign, ErrorClass, ParameterVersion, Unit, UnitState
-from campaigns.runs import setup
+from campaigns.runs import control, setup, start
+from campaigns.verify.reconcile import campaign_verify
 
 LATIN1_NAME = b"caf\xe9.txt"
 
@@ -46,50 +50,133 @@ def _call(*args) -> str:
 # Names that are not UTF-8
 
 
-def test_a_file_name_that_is_not_utf8_fails_its_unit_and_the_folder_imports(
+def _write(folder: bytes | Path, name: bytes, data: bytes) -> None:
+    with open(os.path.join(os.fsencode(folder), name), "wb") as fh:
+        fh.write(data)
+
+
+def test_a_file_name_that_is_not_utf8_imports_under_its_escaped_name_and_is_read(
     project, tmp_path, client, owner
 ):
     root = _folder(tmp_path)
-    with open(os.path.join(os.fsencode(root / "letters"), LATIN1_NAME), "wb") as fh:
-        fh.write(b"une lettre")
+    _write(root / "letters", LATIN1_NAME, b"une lettre")
     campaign, report = _create(project, input_folder=root)
 
     units = _units(campaign)
     assert set(units) == {"a.txt", "letters/b.txt", "letters/caf\\xe9.txt"}
-    bad = units["letters/caf\\xe9.txt"]
-    assert bad.state == UnitState.FAILED
-    assert bad.error_class == ErrorClass.INPUT_UNREADABLE
-    assert "not valid UTF-8" in bad.error_message and "caf\\xe9.txt" in bad.error_message
-    assert bad.category == "letters"
-    assert units["a.txt"].state == UnitState.PENDING
-    assert (report.created, report.failed) == (3, 1)
+    latin1 = units["letters/caf\\xe9.txt"]
+    assert (latin1.state, latin1.category) == (UnitState.PENDING, "letters")
+    assert latin1.sha256 == hashlib.sha256(b"une lettre").hexdigest()
+    assert read_bytes(root, latin1.source_path) == b"une lettre"
+    assert (report.created, report.failed) == (3, 0)
 
     # The page and the exports show the escaped name.
     client.force_login(owner)
-    page = client.get(reverse("campaign_detail", args=[campaign.name]), {"state": "failed"})
+    page = client.get(reverse("campaign_detail", args=[campaign.name]))
     assert page.status_code == 200
     assert "caf\\xe9.txt" in page.content.decode()
-    for export in ("manifest.csv", "errors.csv"):
-        response = client.get(reverse("campaign_export", args=[campaign.name, export]))
-        assert response.status_code == 200
-        body = b"".join(response.streaming_content).decode("utf-8")
-        assert "caf\\xe9.txt" in body
+    response = client.get(reverse("campaign_export", args=[campaign.name, "manifest.csv"]))
+    assert response.status_code == 200
+    assert "caf\\xe9.txt" in b"".join(response.streaming_content).decode("utf-8")
 
 
-def test_a_folder_name_that_is_not_utf8_fails_each_file_in_it(project, tmp_path):
+def test_a_unit_once_failed_for_its_name_reads_its_file_when_retried(
+    project, tmp_path, output_root, run_here, django_capture_on_commit_callbacks
+):
+    # given: a unit as an import that failed names that are not UTF-8 left it
+    root = _folder(tmp_path)
+    _write(root / "letters", LATIN1_NAME, b"une lettre")
+    campaign, _ = _create(project, input_folder=root)
+    Unit.objects.filter(campaign=campaign, uid="letters/caf\\xe9.txt").update(
+        state=UnitState.FAILED,
+        error_class=ErrorClass.INPUT_UNREADABLE,
+        error_message="the file name is not valid UTF-8",
+        size=None,
+        sha256="",
+    )
+    # when
+    with (
+        mock.patch.object(start.celery_app, "send_task"),
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        control.campaign_resume(campaign=campaign, retry_failed=True)
+    run_here(campaign)
+    # then
+    unit = campaign.units.get(uid="letters/caf\\xe9.txt")
+    assert unit.state == UnitState.SUCCEEDED, unit.error_message
+
+
+def test_a_folder_name_that_is_not_utf8_keeps_its_files_as_units(project, tmp_path):
     root = _folder(tmp_path)
     folder = os.path.join(os.fsencode(root), b"d\xe9j\xe0")
     os.mkdir(folder)
     for name in (b"one.txt", b"two.txt"):
-        with open(os.path.join(folder, name), "wb") as fh:
-            fh.write(b"text")
+        _write(folder, name, name)
     campaign, report = _create(project, input_folder=root)
-    failed = Unit.objects.filter(campaign=campaign, state=UnitState.FAILED)
-    assert sorted(failed.values_list("uid", flat=True)) == [
-        "d\\xe9j\\xe0/one.txt",
-        "d\\xe9j\\xe0/two.txt",
-    ]
-    assert report.created == 4
+    units = _units(campaign)
+    for name in ("one.txt", "two.txt"):
+        unit = units[f"d\\xe9j\\xe0/{name}"]
+        assert (unit.state, unit.category) == (UnitState.PENDING, "d\\xe9j\\xe0")
+        assert read_bytes(root, unit.source_path) == name.encode()
+    assert (report.created, report.failed) == (4, 0)
+
+
+#: File names that a lossy escape gives one id (a byte that is not UTF-8 beside
+#: the same text with a real backslash, a backslash beside a slash, text that
+#: reads as an escape), each with the id it gets.
+COLLIDING_NAMES = {
+    (b"bad\xe9name.txt",): "bad\\xe9name.txt",
+    (b"bad\\xe9name.txt",): "bad\\\\xe9name.txt",
+    (b"a\\b.txt",): "a\\b.txt",
+    (b"a", b"b.txt"): "a/b.txt",
+    (b"two\\\\slashes.txt",): "two\\\\\\\\slashes.txt",
+    (b"two\\slashes.txt",): "two\\slashes.txt",
+}
+
+
+def test_names_a_lossy_escape_would_merge_are_units_of_their_own_that_read_their_own_bytes(
+    project, tmp_path, output_root, run_here
+):
+    # given: each file holds a text of its own
+    root = tmp_path / "corpus"
+    root.mkdir()
+    texts = {}
+    for number, (parts, uid) in enumerate(COLLIDING_NAMES.items()):
+        folder = os.path.join(os.fsencode(root), *parts[:-1])
+        os.makedirs(folder, exist_ok=True)
+        texts[uid] = f"the file number {number}".encode()
+        _write(folder, parts[-1], texts[uid])
+
+    # when
+    campaign, report = _create(project, input_folder=root)
+
+    # then: six ids, each unit hashed from and read back as its own file
+    assert (report.created, report.failed, report.duplicates) == (6, 0, 0)
+    units = _units(campaign)
+    assert set(units) == set(texts)
+    for uid, unit in units.items():
+        assert read_bytes(root, unit.source_path) == texts[uid]
+        assert unit.sha256 == hashlib.sha256(texts[uid]).hexdigest()
+
+    # and the worker reads and embeds each; a deep verify finds every input as imported
+    run_here(campaign)
+    failed = campaign.units.exclude(state=UnitState.SUCCEEDED)
+    assert not failed.exists(), list(failed.values_list("uid", "error_message"))
+    verified = campaign_verify(campaign=campaign, deep=True).as_dict()
+    assert verified["input_missing"] == verified["input_changed"] == 0
+
+
+def test_a_name_in_decomposed_unicode_is_read_under_its_own_name(project, tmp_path):
+    # A name written by macOS (NFD): the id is its NFC form, the file is read
+    # under the name it has.
+    root = _folder(tmp_path)
+    decomposed = unicodedata.normalize("NFD", "café.txt")
+    (root / decomposed).write_text("un café")
+    campaign, report = _create(project, input_folder=root)
+    unit = _units(campaign)["café.txt"]
+    assert unit.state == UnitState.PENDING, unit.error_message
+    assert read_bytes(root, unit.source_path) == "un café".encode()
+    assert report.failed == 0
 
 
 def test_a_lone_surrogate_escape_in_a_jsonl_manifest_fails_its_row_only(project, tmp_path):
@@ -111,6 +198,80 @@ def test_a_lone_surrogate_escape_in_a_jsonl_manifest_fails_its_row_only(project,
         assert failed.error_class == ErrorClass.INPUT_INVALID
         assert "surrogate" in failed.error_message
     assert report.failed == 2
+
+
+# Manifest rows a database column or the importer's own marks could mistake
+
+
+def _jsonl(path: Path, records) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def test_a_manifest_column_named_like_the_importers_own_marker_is_metadata(project, corpus):
+    # The importer marks a broken line with an object of its own, never with a
+    # key a row could also hold.
+    manifest = corpus / "manifest.jsonl"
+    manifest.write_text(
+        json.dumps({"id": "ok", "path": "short/question.txt", "__error__": "boom"}) + "\n",
+        encoding="utf-8",
+    )
+    campaign, report = _create(project, manifest=manifest)
+    unit = Unit.objects.get(campaign=campaign)
+    assert (unit.uid, unit.state, unit.error_message) == ("ok", UnitState.PENDING, "")
+    assert unit.metadata == {"__error__": "boom"}
+    assert report.failed == 0
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "csv"])
+def test_a_nul_in_a_failed_rows_path_is_shown_escaped_and_the_import_goes_on(
+    project, tmp_path, kind
+):
+    """PostgreSQL refuses a NUL in any text column: a failed row keeps its path
+    readable, `\\x00` where the NUL was, and the rest of the manifest imports."""
+    (tmp_path / "fine.txt").write_text("fine")
+    rows = [
+        {"path": "no-id\u0000.txt"},
+        {"id": "nul\u0000id", "path": "both\u0000.txt"},
+        {"id": "nul-path", "path": "a\u0000.txt"},
+        {"id": "fine", "path": "fine.txt"},
+    ]
+    if kind == "jsonl":
+        manifest = _jsonl(tmp_path / "manifest.jsonl", rows)
+    else:
+        manifest = tmp_path / "manifest.csv"
+        lines = ["id,path"] + [f"{row.get('id', '')},{row['path']}" for row in rows]
+        manifest.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    campaign, report = _create(project, manifest=manifest)
+    units = {u.uid: u for u in Unit.objects.filter(campaign=campaign)}
+    first = 1 if kind == "jsonl" else 2  # a CSV's line 1 is its header
+    assert set(units) == {
+        f"manifest-line-{first}",
+        f"manifest-line-{first + 1}",
+        "nul-path",
+        "fine",
+    }
+    assert units["fine"].state == UnitState.PENDING
+    paths = sorted(u.source_path for u in units.values() if u.state == UnitState.FAILED)
+    assert paths == ["a\\x00.txt", "both\\x00.txt", "no-id\\x00.txt"]
+    for unit in units.values():
+        for text in (unit.uid, unit.source_path, unit.error_message):
+            assert "\x00" not in text
+            text.encode("utf-8")
+    assert report.failed == 3
+
+
+def test_the_text_of_a_nul_escape_in_metadata_is_kept(project, tmp_path):
+    # "C:\u0000" written as text (a backslash, then u0000) holds no NUL:
+    # PostgreSQL's jsonb takes it, and the row imports.
+    (tmp_path / "a.txt").write_text("a")
+    manifest = _jsonl(
+        tmp_path / "manifest.jsonl", [{"id": "a", "path": "a.txt", "dir": "C:\\u0000"}]
+    )
+    campaign, report = _create(project, manifest=manifest)
+    unit = Unit.objects.get(campaign=campaign)
+    assert (unit.state, unit.metadata) == (UnitState.PENDING, {"dir": "C:\\u0000"})
+    assert report.failed == 0
 
 
 # Manifests with a byte-order mark ("CSV UTF-8" from a spreadsheet)

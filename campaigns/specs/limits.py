@@ -110,14 +110,15 @@ def validate_transform(params: dict) -> None:
         )
 
 
-def check_output_pixels(data: bytes, params: dict) -> None:
+def check_output_pixels(data: bytes, params: dict) -> tuple[int, int] | None:
     """An input whose output would be over max_output_pixels fails input_invalid,
-    from its header alone: before it is decoded and its output made."""
+    from its header alone: before it is decoded and its output made. Its
+    width × height as the header says, None for no image header."""
     try:
         with open_image(io.BytesIO(data), None) as image:  # the header only
             width, height = image.size
     except Exception:
-        return  # not an image: decoding says why, classified
+        return None  # not an image: decoding says why, classified
     out_w, out_h = expected_size(width, height, params)
     cap = output_pixel_bound(params)
     if out_w * out_h > cap:
@@ -126,3 +127,4 @@ def check_output_pixels(data: bytes, params: dict) -> None:
             f"its output would be {out_w}×{out_h} = {out_w * out_h:,} pixels, over "
             f"max_output_pixels {cap:,}",
         )
+    return width, height

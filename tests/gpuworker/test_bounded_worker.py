@@ -17,11 +17,12 @@ from PIL import Image
 from campaigns.models import ErrorClass, Unit, UnitState
 from campaigns.runs import setup
 from campaigns.specs.builtin import IMAGE_TRANSFORM, TEXT_EMBEDDING
-from campaigns.specs.limits import TEXT_BYTES_PER_TOKEN
+from campaigns.specs.limits import TEXT_BYTES_PER_TOKEN, output_pixel_bound
 from campaigns.storage.vector_shards import VectorReader
 from gpuworker.processors import get_processor
 from gpuworker.processors.image_transform import ImageTransformProcessor
 from gpuworker.runner import read as runner_read
+from tests.images import png_claiming
 
 pytestmark = pytest.mark.django_db
 
@@ -127,6 +128,35 @@ def test_an_input_whose_output_is_over_max_output_pixels_fails_before_decoding(
     assert "40×30 = 1,200 pixels, over max_output_pixels 1,000" in large.error_message
     assert units["small.png"].state in DONE
     assert decoded.call_count == 1  # the small one only
+
+
+def test_a_conversion_past_the_default_output_cap_fails_alone_and_says_how_to_allow_it(
+    tmp_path, project, output_root, run_here
+):
+    # given: small images and, in their batch, one whose header says 8000×6000
+    # (48 Mpx: an input may have 64,000,000)
+    root = tmp_path / "photos"
+    root.mkdir()
+    for i in range(5):
+        Image.new("RGB", (40, 30), (i * 50, 20, 200)).save(root / f"small{i}.png")
+    (root / "huge.png").write_bytes(png_claiming(8000, 6000))
+    # when: converted with the default parameters
+    units = _campaign("past-cap", "image-transform", project, root, run_here, operation="convert")
+    # then: the huge one fails with its reason, read from its header; the others are made
+    huge = units["huge.png"]
+    assert (huge.state, huge.error_class) == (UnitState.FAILED, ErrorClass.INPUT_INVALID)
+    assert huge.error_message == (
+        "its output would be 8000×6000 = 48,000,000 pixels, over max_output_pixels 40,000,000 "
+        "(a larger max_output_pixels allows it, at 4 bytes of worker memory a pixel)"
+    )
+    for i in range(5):
+        with Image.open(output_root / units[f"small{i}.png"].output_path) as out:
+            assert out.convert("RGB").getcolors() == [(1200, (i * 50, 20, 200))]
+
+
+def test_a_version_made_before_max_output_pixels_keeps_outputs_as_large_as_its_inputs():
+    assert output_pixel_bound({"operation": "convert", "max_pixels": 64_000_000}) == 64_000_000
+    assert output_pixel_bound(IMAGE_TRANSFORM.clean({"operation": "convert"})) == 40_000_000
 
 
 def test_a_batch_makes_and_writes_one_output_at_a_time(tmp_path, project, output_root, run_here):

@@ -8,8 +8,8 @@ campaign made by `setup.campaign_create`, planned by `campaign_run` (costs
 weighed, batches made) and every batch run by gpuworker.runner.batch.run_batch
 (claim, read, model, write, check, record). The corpus is written by another
 process first, so the child's peak is the worker's alone. The child reports
-its peak RSS (resource.getrusage, ru_maxrss), its RSS before the first batch,
-and each batch's wall time. Cases:
+its peak RSS (resource.getrusage, ru_maxrss), its RSS before the first batch and
+after the last, and each batch's wall time. Cases:
 
 - text: `--texts` short texts; and the same plus one `--big-mb` MB text
   (text-embedding, max_tokens 256, batch_size 16, original order so the big
@@ -18,11 +18,12 @@ and each batch's wall time. Cases:
   image+huge: the same plus one `--huge-side` × 3/4 of it photo-like JPEG
   (48 Mpx at 8000) in their batch, so the batch's time is how long the small
   ones wait for it; image+4huge: four of them in the batch.
-- image+cap: 4 small PNGs resized to max_output_pixels (the default cap),
-  batch_size 4.
+- image+cap: 4 small PNGs resized to max_output_pixels (the default cap, or
+  `--cap`), batch_size 4.
 
 `--runs N` runs each case N times (the peak moves between runs) and prints
-every run.
+every run; `--glibc-default` leaves glibc's mmap threshold as it is, to see
+what gpuworker.memory.map_large_allocations changes.
 """
 
 from __future__ import annotations
@@ -92,6 +93,10 @@ def child(case: str, args: argparse.Namespace) -> dict:
     from campaigns.specs.limits import MAX_OUTPUT_PIXELS
     from gpuworker.runner.batch import run_batch
 
+    if args.glibc_default:
+        from gpuworker.processors import image_transform
+
+        image_transform.map_large_allocations = lambda: False  # type: ignore[assignment]
     corpus = work / "corpus"
     corpus.mkdir()
     subprocess.run(
@@ -102,9 +107,16 @@ def child(case: str, args: argparse.Namespace) -> dict:
         params = {"batch_size": 16, "batch_policy": "original"}
     else:
         processor = "image-transform"
-        side = int(MAX_OUTPUT_PIXELS**0.5)
+        cap = args.cap or MAX_OUTPUT_PIXELS
+        side = int(cap**0.5)
         params = (
-            {"operation": "resize", "width": side, "height": side, "batch_size": 4}
+            {
+                "operation": "resize",
+                "width": side,
+                "height": side,
+                "max_output_pixels": cap,
+                "batch_size": 4,
+            }
             if case == "image+cap"
             else {"operation": "thumbnail", "width": 32, "height": 32, "batch_size": 16}
         )
@@ -138,6 +150,7 @@ def child(case: str, args: argparse.Namespace) -> dict:
         "planning_peak_mb": round(planning_peak),
         "rss_before_batches_mb": round(before),
         "peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "rss_after_batches_mb": round(_rss_mb()),
         "batch_seconds": batches,
         "units": states,
     }
@@ -151,6 +164,14 @@ def main() -> None:
     parser.add_argument("--huge-side", type=int, default=8000)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument(
+        "--cap", type=int, default=0, help="image+cap: this max_output_pixels, not the default"
+    )
+    parser.add_argument(
+        "--glibc-default",
+        action="store_true",
+        help="leave glibc's mmap threshold as it is (gpuworker.memory.map_large_allocations)",
+    )
     parser.add_argument("--child", default="")
     parser.add_argument("--make", nargs=2, metavar=("CASE", "FOLDER"))
     args = parser.parse_args()
@@ -164,6 +185,8 @@ def main() -> None:
     options = [
         *("--big-mb", str(args.big_mb), "--texts", str(args.texts)),
         *("--images", str(args.images), "--huge-side", str(args.huge_side)),
+        *(["--glibc-default"] if args.glibc_default else []),
+        *(["--cap", str(args.cap)] if args.cap else []),
     ]
     for case in args.cases.split(","):
         for _ in range(args.runs):
@@ -178,14 +201,14 @@ def main() -> None:
     print(f"# {os.cpu_count()} cores; peak RSS of the child (ru_maxrss)")
     print(
         "| case | planning s | planning peak MB | RSS before batches MB | peak MB "
-        "| peak over before MB | batch s |"
+        "| peak over before MB | RSS after MB | batch s |"
     )
-    print("|---|---:|---:|---:|---:|---:|---|")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         print(
             f"| {r['case']} | {r['planning_s']} | {r['planning_peak_mb']} | "
             f"{r['rss_before_batches_mb']} | {r['peak_mb']} | "
-            f"{r['peak_mb'] - r['rss_before_batches_mb']:+} | "
+            f"{r['peak_mb'] - r['rss_before_batches_mb']:+} | {r['rss_after_batches_mb']} | "
             f"{', '.join(map(str, r['batch_seconds']))} |"
         )
     print(json.dumps(rows))

@@ -47,9 +47,12 @@ class PixelBudget:
     @contextlib.contextmanager
     def hold(self, pixels: int) -> Iterator[None]:
         """Wait until `pixels` fit beside what others hold (or nothing else
-        is held), hold them while the block runs."""
+        is held), hold them while the block runs. Nothing to hold (an image
+        made already, a file that is no image) waits for nothing."""
         with self._cond:
-            self._cond.wait_for(lambda: self.used == 0 or self.used + pixels <= self.limit)
+            self._cond.wait_for(
+                lambda: not pixels or not self.used or self.used + pixels <= self.limit
+            )
             self.used += pixels
         try:
             yield

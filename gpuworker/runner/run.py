@@ -54,7 +54,9 @@ def compute(
     # Only a batch delivered again (its worker died before recording) looks.
     adoption = adoption_for(batch, processor)
     # Reading and decoding in threads: file I/O and image decoding release
-    # the GIL, so a slow disk or a large image does not serialise the batch.
+    # the GIL, so a slow disk or a large image does not serialise the batch
+    # (the image transform bounds the decoded pixels they hold at once:
+    # gpuworker/processors/pixel_budget.py).
     real_root = corpus_real_path(root)  # once a batch, not once an input
     # A text only as far as the model uses it, the rest hashed as it streams by.
     limits = dataclasses.replace(

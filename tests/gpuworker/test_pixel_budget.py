@@ -22,9 +22,11 @@ def budget(settings) -> PixelBudget:
     return PixelBudget()
 
 
-def test_an_image_larger_than_the_budget_goes_alone(budget):
+def test_an_image_larger_than_the_budget_goes_alone_and_work_without_pixels_never_waits(budget):
     with budget.hold(1000):
         assert budget.used == 1000
+        with budget.hold(0):  # an output made already, only encoded
+            assert budget.used == 1000
     assert budget.used == 0
 
 

@@ -1,7 +1,10 @@
-"""Memory of the device a batch ran on: allocated vs reserved on CUDA, RSS on CPU."""
+"""Memory of the device a batch ran on: allocated vs reserved on CUDA, RSS on CPU;
+and how the process hands large blocks of host memory back once freed."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 import os
 import resource
@@ -20,6 +23,33 @@ def _rss_bytes() -> int:
             return int(fh.read().split()[1]) * resource.getpagesize()
     except OSError:
         return 0
+
+
+#: glibc's mallopt parameter: allocations of at least this many bytes get
+#: pages of their own, unmapped when freed.
+_M_MMAP_THRESHOLD = -3
+MAP_ALLOCATIONS_FROM = 4 * 2**20
+
+
+@functools.cache
+def map_large_allocations() -> bool:
+    """Give large allocations pages of their own, handed back to the system
+    when freed (glibc's mmap threshold, fixed at MAP_ALLOCATIONS_FROM).
+
+    By default glibc raises that threshold to the size of the first large
+    block freed (up to 32 MiB), and later blocks of that size come from
+    the allocating thread's heap and stay there once freed: a decoded
+    image (Pillow's 16 MiB blocks) freed by a check thread stayed in that
+    thread's heap, and the next large image of another thread came on top,
+    so the image transform's peak grew with the threads that had touched a
+    large image (bench/RESULTS.md, "Bounded memory on huge inputs and
+    outputs"). False where the C library has no mallopt (not glibc).
+    """
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, MAP_ALLOCATIONS_FROM))
 
 
 def cpu() -> torch.device:

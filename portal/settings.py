@@ -212,6 +212,13 @@ BATCH_PIPELINE = env.str("BATCH_PIPELINE", default="auto").strip().lower()
 WORKERS_PER_DEVICE = env.int("WORKERS_PER_DEVICE", default=1)
 if WORKERS_PER_DEVICE < 1:
     raise ImproperlyConfigured("WORKERS_PER_DEVICE counts worker processes: 1 or more.")
+# Decoded pixels an image-transform worker process holds at once, 4 bytes each:
+# this many in images being decoded, transformed, encoded or checked (a larger
+# one alone), and as many again kept between a batch's reading and its writing
+# (gpuworker/processors/pixel_budget.py; docs/processors.md, "Memory").
+IMAGE_PIXEL_BUDGET = env.int("IMAGE_PIXEL_BUDGET", default=16_000_000)
+if IMAGE_PIXEL_BUDGET < 1:
+    raise ImproperlyConfigured("IMAGE_PIXEL_BUDGET counts pixels: 1 or more.")
 
 # --- Profiles and estimates ------------------------------------------------------
 # On CPU a profile measures against this memory budget (process RSS), as it

@@ -71,24 +71,38 @@ def decode_image(
             ErrorClass.INPUT_INVALID,
             f"extreme aspect ratio {width}×{height} (more than {max_aspect}:1)",
         )
-    image = ImageOps.exif_transpose(image)
+    # In place: turned when its EXIF says so, else left as it is (the copy
+    # exif_transpose returns otherwise would hold the pixels twice).
+    ImageOps.exif_transpose(image, in_place=True)
     return to_rgb(image, keep_alpha=keep_alpha)
 
 
 def to_rgb(image, *, keep_alpha: bool = False):
     """CMYK, 16-bit and palette images as plain 8-bit RGB; a transparent one
     flattened onto white, or kept as RGBA with keep_alpha (a transformation
-    whose output format stores transparency)."""
+    whose output format stores transparency).
+
+    An image already in the mode asked is not copied (convert to its own mode
+    copies every pixel): its pixels go on in a plain image, without the file
+    object it was read from, which would keep the file's bytes alive with them.
+    """
     if image.mode in ("I;16", "I;16B", "I;16L", "I"):
         # 16/32-bit greyscale: scale to 8 bits instead of clipping to white.
         image = image.convert("I").point(lambda v: v * (1 / 256)).convert("L")
     if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
-        image = image.convert("RGBA")
+        image = _as_mode(image, "RGBA")
         if keep_alpha:
             return image
         background = Image.new("RGBA", image.size, (255, 255, 255, 255))
         image = Image.alpha_composite(background, image)
-    return image.convert("RGB")
+    return _as_mode(image, "RGB")
+
+
+def _as_mode(image, mode: str):
+    if image.mode != mode:
+        return image.convert(mode)
+    image.load()
+    return image._new(image.im)  # the same pixels, shared: no copy
 
 
 def image_pixels(path) -> int | None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import io
 import json
 import math
 import os
@@ -35,6 +34,7 @@ from campaigns.specs.processors import ParamSpec, ProcessorSpec
 from campaigns.storage.outputs import (
     NON_FINITE,
     WRONG_OUTPUT,
+    FileReader,
     InvalidOutput,
     check_npy_header,
     check_vector_rows,
@@ -309,32 +309,23 @@ def check_image_output(path: Path, params: dict, source_size: tuple[int, int] | 
         int(params["width"]) * int(params["height"]),
         output_pixel_bound(params),
     )
-    # Decoded from memory: Pillow reads a chunk of the length a damaged header
-    # declares (up to 2 GiB for PNG), which a file object allocates before
-    # finding the file shorter, and memory does not. No output of up to
-    # `bound` pixels is larger than this, with room for metadata.
-    # The file's own size is asked first: read(n) allocates n bytes before
-    # finding the file shorter, so a read of `longest` would cost that much
-    # memory for every small output.
+    # No output of up to `bound` pixels is larger than this, with room for metadata.
     longest = 8 * bound + 2**24
+    # Decoded from the file as it is read, never its bytes whole beside the
+    # image, and each read asks no more than the file holds (FileReader).
     try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size > longest:
-                raise InvalidOutput(
-                    f"over {longest} bytes, larger than any image of these parameters"
-                )
-            data = fh.read(size + 1)
+        reader = FileReader(open(path, "rb", buffering=0))  # noqa: SIM115 (closed below)
     except OSError as exc:
         raise InvalidOutput(f"unreadable: {exc}") from exc
-    if len(data) > longest:
-        raise InvalidOutput(f"over {longest} bytes, larger than any image of these parameters")
-    try:
-        with open_image(io.BytesIO(data), bound) as image:
-            image.load()
-            fmt, size = image.format, image.size
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
-        raise InvalidOutput(f"does not decode: {exc}") from exc
+    with reader:
+        if reader.size > longest:
+            raise InvalidOutput(f"over {longest} bytes, larger than any image of these parameters")
+        try:
+            with open_image(reader, bound) as image:
+                image.load()
+                fmt, size = image.format, image.size
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+            raise InvalidOutput(f"does not decode: {exc}") from exc
     if fmt != IMAGE_FORMATS[params["format"]]:
         raise InvalidOutput(f"format {fmt}, asked {IMAGE_FORMATS[params['format']]}", WRONG_OUTPUT)
     problem = _wrong_dimensions(size, params, source_size)

@@ -73,8 +73,12 @@ IMAGE_MAX_INPUT_BYTES = ParamSpec(
     "0: no limit",
 )
 
-#: A transformation's largest output by default: as large as an input may be.
-MAX_OUTPUT_PIXELS = MAX_PIXELS
+#: A transformation's largest output by default (8000 × 5000). A worker holds
+#: an output whole while it is made, encoded and checked, 4 bytes a pixel:
+#: 153 MiB here, within the +200 MB a worker may grow by on a huge output
+#: (bench/RESULTS.md, "Bounded memory on huge inputs and outputs"; at the
+#: 64,000,000 an input may have, one output alone is 245 MiB).
+MAX_OUTPUT_PIXELS = 40_000_000
 
 
 def refuse_over_max_tokens(data: bytes, tokens: int, max_tokens: int) -> None:
@@ -130,8 +134,10 @@ def expected_size(width: int, height: int, params: dict) -> tuple[int, int]:
 
 
 def output_pixel_bound(params: dict) -> int:
-    """No output of a transformation's parameters is larger than this."""
-    return int(params.get("max_output_pixels") or MAX_OUTPUT_PIXELS)
+    """No output of a transformation's parameters is larger than this. A
+    version made before the parameter had none: its outputs are as large as
+    its inputs may be."""
+    return int(params.get("max_output_pixels") or MAX_PIXELS)
 
 
 def validate_transform(params: dict) -> None:
@@ -146,19 +152,22 @@ def validate_transform(params: dict) -> None:
         )
 
 
-def check_output_pixels(data: bytes, params: dict) -> None:
+def check_output_pixels(data: bytes, params: dict) -> tuple[int, int] | None:
     """An input whose output would be over max_output_pixels fails input_invalid,
-    from its header alone: before it is decoded and its output made."""
+    from its header alone: before it is decoded and its output made. Its
+    width × height as the header says, None for no image header."""
     try:
         with open_image(io.BytesIO(data), None) as image:  # the header only
             width, height = image.size
     except Exception:
-        return  # not an image: decoding says why, classified
+        return None  # not an image: decoding says why, classified
     out_w, out_h = expected_size(width, height, params)
     cap = output_pixel_bound(params)
     if out_w * out_h > cap:
         raise InputError(
             ErrorClass.INPUT_INVALID,
             f"its output would be {out_w}×{out_h} = {out_w * out_h:,} pixels, over "
-            f"max_output_pixels {cap:,}",
+            f"max_output_pixels {cap:,} (a larger max_output_pixels allows it, at "
+            f"4 bytes of worker memory a pixel)",
         )
+    return width, height

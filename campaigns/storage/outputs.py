@@ -19,6 +19,7 @@ import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from numpy.lib import format as npy_format
@@ -54,9 +55,67 @@ def write_atomic(path: Path, data: bytes | Iterable[bytes]) -> WrittenFile:
     return WrittenFile(size=size, sha256=digest.hexdigest())
 
 
+class HashingWriter:
+    """A file being written, its size and sha256 taken as its bytes go by.
+
+    It has no fileno(): Pillow's save then hands it the encoder's chunks
+    instead of writing to the file descriptor behind it.
+    """
+
+    def __init__(self, fh: BinaryIO):
+        self._fh, self._digest, self.size = fh, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        self._fh.write(data)
+        self._digest.update(data)
+        self.size += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        """The file is flushed and synced once whole, by the group."""
+
+    def hexdigest(self) -> str:
+        """The sha256 of what was written so far."""
+        return self._digest.hexdigest()
+
+
+class FileReader(io.BufferedReader):
+    """A file read back for a check, whose reads ask no more than the bytes
+    it has left. A parser reads a chunk of the length a damaged header
+    declares (Pillow: up to 2 GiB for a PNG chunk), and read(n) allocates n
+    bytes before finding the file shorter; read from memory instead, the
+    file's bytes would be held whole beside what they decode to."""
+
+    def __init__(self, raw: io.RawIOBase):
+        super().__init__(raw, buffer_size=1 << 16)
+        self.size = os.fstat(raw.fileno()).st_size
+
+    def _left(self, size: int | None) -> int | None:
+        if size is None or size < 0:
+            return size
+        return min(size, max(self.size - self.tell(), 0))
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        return super().read(self._left(size))
+
+    def read1(self, size: int = -1, /) -> bytes:
+        left = self._left(size)
+        return super().read1(-1 if left is None else left)
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """A file's bytes written as they are made, never held whole: `write(fh)`
+    writes them into `fh`, a HashingWriter (an image's encoder writes its
+    chunks so, where returning bytes would hold the whole encoded file beside
+    the image)."""
+
+    write: Callable[[HashingWriter], None]
+
+
 #: A file's bytes, or what makes them when the file is written: a batch's
 #: outputs are made one at a time as they are written, never all held at once.
-Content = bytes | Callable[[], bytes]
+Content = bytes | Streamed | Callable[[], bytes | Streamed]
 
 
 def write_atomic_group(
@@ -116,7 +175,13 @@ def _write_temps(files, results: list, pending: list) -> None:
             data = content() if callable(content) else content
             fd, tmp = _create_temp(path)
             with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
+                if isinstance(data, Streamed):
+                    sink = HashingWriter(fh)
+                    data.write(sink)
+                    written = WrittenFile(size=sink.size, sha256=sink.hexdigest())
+                else:
+                    fh.write(data)
+                    written = WrittenFile(size=len(data), sha256=hashlib.sha256(data).hexdigest())
                 if _syncfs is None:
                     fh.flush()
                     os.fsync(fh.fileno())
@@ -127,9 +192,10 @@ def _write_temps(files, results: list, pending: list) -> None:
                 raise
             results.append(exc)
             continue
+        finally:
+            data = None  # let go of before the next file is made
         pending.append((len(results), tmp, path))
-        results.append(WrittenFile(size=len(data), sha256=hashlib.sha256(data).hexdigest()))
-        del data
+        results.append(written)
 
 
 def _replace_group(results: list, pending: list) -> list[WrittenFile | OSError]:

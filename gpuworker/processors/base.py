@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from campaigns.storage.outputs import InvalidOutput
+from campaigns.storage.outputs import InvalidOutput, Streamed
 
 
 class Processor(Protocol):
@@ -44,8 +44,10 @@ class Processor(Protocol):
         """Item `index`'s output from `run`'s result."""
         ...
 
-    def serialize(self, output: Any, /) -> bytes:
-        """An output as its file's bytes."""
+    def serialize(self, output: Any, /) -> bytes | Streamed:
+        """An output as its file's bytes, or as a `Streamed` that writes them
+        into the file as they are made (a large output's encoder: its bytes
+        are then never all in memory)."""
         ...
 
     def validate(self, path: Path, /) -> None:

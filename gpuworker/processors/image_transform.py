@@ -1,14 +1,24 @@
-"""Image resize / thumbnail / format conversion with Pillow (CPU)."""
+"""Image resize / thumbnail / format conversion with Pillow (CPU).
+
+What a worker holds of a batch (docs/processors.md, "Memory"): between its
+reading and its writing, each unit's output when it is smaller than its input
+(a thumbnail is made as its input is read, in the reader threads, and the
+input let go of), else its decoded input — while they fit the kept pixel
+budget (gpuworker/processors/pixel_budget.py); past it, the input's file
+bytes, decoded again when its output is made. An output is made, encoded
+straight into its file and checked from the file under the working budget:
+one large image at a time, never the encoded bytes whole beside it.
+"""
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import hashlib
-import io
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, cast
 
 from PIL import Image
 
@@ -21,28 +31,41 @@ from campaigns.specs.builtin import (
     expected_size,
 )
 from campaigns.specs.limits import check_output_pixels
-from gpuworker.memory import MemoryProbe, cpu
+from campaigns.storage.outputs import HashingWriter, Streamed
+from gpuworker.memory import MemoryProbe, cpu, map_large_allocations
+from gpuworker.processors import pixel_budget
 
-#: Outputs over this many pixels are checked one at a time: the runner checks a
-#: batch's outputs in threads, and each check decodes its output whole.
-LARGE_OUTPUT_PIXELS = 16_000_000
-_LARGE_CHECK = threading.Lock()
+
+@dataclass(eq=False)
+class Prepared:
+    """One input, read and checked (decoded whole once), ready for its output."""
+
+    source: tuple[int, int]  # its width × height, EXIF orientation applied
+    image: Image.Image | None  # its output when `made`, else its decoded input
+    made: bool
+    data: bytes | None  # its file, when no image of it fitted the kept budget
+    seconds: float  # transforming it, when `made`
 
 
 @dataclass
 class TransformBatch:
-    # The decoded inputs: each is transformed when its output is asked for
-    # (`output`), serialized and written before the next, so a batch never
-    # holds more than one transformed image (docs/processors.md).
-    images: list
+    items: list[Prepared]
     sources: list[tuple[int, int]]
     pixels: int
     seconds: float
     memory: dict
 
 
+@dataclass(frozen=True, eq=False)
+class Job:
+    """An output to make (`output`), made as it is written (`serialize`)."""
+
+    item: Prepared
+    batch: TransformBatch
+
+
 class SourceSizes:
-    """The input size of each output serialized here, by its bytes' digest.
+    """The input size of each output written here, by its bytes' digest.
 
     validate() gets only the path the runner wrote (the batch runner and the
     profiler both call it so), yet a conversion's or a thumbnail's exact
@@ -57,16 +80,16 @@ class SourceSizes:
         self._sizes: dict[str, tuple[int, int]] = {}
         self._lock = threading.Lock()
 
-    def remember(self, data: bytes, source: tuple[int, int]) -> None:
-        key = hashlib.sha256(data).hexdigest()
+    def remember(self, sha256: str, source: tuple[int, int]) -> None:
         with self._lock:
-            self._sizes[key] = source
+            self._sizes[sha256] = source
             if len(self._sizes) > self.LIMIT:
                 del self._sizes[next(iter(self._sizes))]
 
-    def of(self, data: bytes) -> tuple[int, int] | None:
-        """None for a file this process did not serialize (an adopted output)."""
-        key = hashlib.sha256(data).hexdigest()
+    def of(self, path: Path) -> tuple[int, int] | None:
+        """None for a file this process did not write (an adopted output)."""
+        with open(path, "rb") as fh:
+            key = hashlib.file_digest(fh, "sha256").hexdigest()
         with self._lock:
             return self._sizes.get(key)
 
@@ -77,47 +100,86 @@ class ImageTransformProcessor:
         self.suffix = ".jpg" if params["format"] == "jpeg" else f".{params['format']}"
         self.probe = MemoryProbe(cpu())
         self.sources = SourceSizes()
+        map_large_allocations()
 
-    def prepare(self, data: bytes):
+    def prepare(self, data: bytes) -> Prepared:
         # Its output's size from the header first: one over max_output_pixels
         # fails before its input is decoded.
-        check_output_pixels(data, self.params)
-        return decode_image(
-            data,
-            max_pixels=int(self.params["max_pixels"]),
-            max_aspect=int(self.params["max_aspect"]),
-            keep_alpha=self.params["format"] in IMAGE_FORMATS_WITH_ALPHA,
-        )
+        header = check_output_pixels(data, self.params)
+        work = 0
+        if header is not None:
+            out_w, out_h = expected_size(*header, self.params)
+            work = header[0] * header[1] + out_w * out_h
+        with pixel_budget.working.hold(work):
+            started = time.perf_counter()
+            image = decode_image(
+                data,
+                max_pixels=int(self.params["max_pixels"]),
+                max_aspect=int(self.params["max_aspect"]),
+                keep_alpha=self.params["format"] in IMAGE_FORMATS_WITH_ALPHA,
+            )
+            source: tuple[int, int] = image.size
+            size = expected_size(source[0], source[1], self.params)
+            made = size[0] * size[1] < source[0] * source[1]
+            if made:  # smaller than its input: made now, in this reader thread
+                image = self.transform(image, size)
+            seconds = time.perf_counter() - started if made else 0.0
+            if pixel_budget.kept.keep(image, image.width * image.height):
+                return Prepared(source, image, made, None, seconds)
+            del image  # kept as its file's bytes instead
+        return Prepared(source, None, False, data, 0.0)
 
-    def run(self, items: list) -> TransformBatch:
-        sources = [image.size for image in items]
+    def transform(self, image: Image.Image, size: tuple[int, int]) -> Image.Image:
+        """`image` as an output of `size` (itself when it has that size: a conversion)."""
+        if size == image.size:
+            return image
+        return image.resize(size, Image.Resampling.LANCZOS)
+
+    def run(self, items: list[Prepared]) -> TransformBatch:
+        sources = [item.source for item in items]
         return TransformBatch(
-            images=list(items),
+            items=list(items),
             sources=sources,
             pixels=sum(w * h for w, h in sources),
-            seconds=0.0,
+            seconds=sum(item.seconds for item in items),
             memory=self.probe.snapshot(),
         )
 
-    def output(self, result: TransformBatch, index: int):
-        started = time.perf_counter()
-        image = result.images[index]
-        source_w, source_h = image.size
-        width, height = expected_size(source_w, source_h, self.params)
-        if (width, height) != image.size:
-            image = image.resize((width, height), Image.Resampling.LANCZOS)
-        result.seconds += time.perf_counter() - started
-        return image, result.sources[index]
+    def output(self, result: TransformBatch, index: int) -> Job:
+        return Job(result.items[index], result)
 
-    def serialize(self, output) -> bytes:
-        image, source = output
-        buf = io.BytesIO()
+    def serialize(self, job: Job) -> Streamed:
+        return Streamed(functools.partial(self._write, job))
+
+    def _write(self, job: Job, fh: HashingWriter) -> None:
+        """The output made (its input decoded again, when kept as bytes, and
+        transformed, unless made already) and encoded into the file."""
+        item = job.item
+        size = expected_size(*item.source, self.params)
+        work = 0
+        if item.image is None:
+            work += item.source[0] * item.source[1]
+        if not item.made and size != item.source:
+            work += size[0] * size[1]
         fmt = IMAGE_FORMATS[self.params["format"]]
         options = {"quality": int(self.params["quality"])} if fmt in ("JPEG", "WEBP") else {}
-        image.save(buf, format=fmt, **options)
-        data = buf.getvalue()
-        self.sources.remember(data, source)
-        return data
+        with pixel_budget.working.hold(work):
+            started = time.perf_counter()
+            image = item.image
+            if image is None:
+                assert item.data is not None  # kept as its file's bytes instead
+                image = decode_image(
+                    item.data,
+                    max_pixels=int(self.params["max_pixels"]),
+                    max_aspect=int(self.params["max_aspect"]),
+                    keep_alpha=self.params["format"] in IMAGE_FORMATS_WITH_ALPHA,
+                )
+            if not item.made:
+                image = self.transform(image, size)
+            job.batch.seconds += time.perf_counter() - started
+            image.save(cast(IO[bytes], fh), format=fmt, **options)  # it writes only
+            del image
+        self.sources.remember(fh.hexdigest(), item.source)
 
     def validate(self, path: Path) -> None:
         try:
@@ -125,9 +187,9 @@ class ImageTransformProcessor:
                 pixels = header.size[0] * header.size[1]
         except (OSError, SyntaxError, ValueError):
             pixels = 0  # not an image: check_image_output says so
-        large = pixels > LARGE_OUTPUT_PIXELS
-        with _LARGE_CHECK if large else contextlib.nullcontext():
-            check_image_output(path, self.params, self.sources.of(path.read_bytes()))
+        # Each check decodes its output whole, in the runner's check threads.
+        with pixel_budget.working.hold(pixels):
+            check_image_output(path, self.params, self.sources.of(path))
 
     def unit_metrics(self, result: TransformBatch, index: int) -> dict:
         width, height = result.sources[index]

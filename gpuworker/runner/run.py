@@ -70,7 +70,9 @@ def compute(
         get_spec(batch.campaign.processor).input_limits(batch.version.params), digest=True
     )
     # Reading and decoding in threads: file I/O and image decoding release
-    # the GIL, so a slow disk or a large image does not serialise the batch.
+    # the GIL, so a slow disk or a large image does not serialise the batch
+    # (the image transform bounds the decoded pixels they hold at once:
+    # gpuworker/processors/pixel_budget.py).
     prepared = in_threads(
         lambda o: prepare_unit(
             processor, root, real_root, o, adoption, ahead.get(o.unit.pk), limits

@@ -17,6 +17,7 @@ from campaigns.runs.recording import outcomes_flag_drift, outcomes_flag_duplicat
 from campaigns.storage.lease_records import Vouched, record_bytes, remove_records
 from campaigns.storage.outputs import (
     InvalidOutput,
+    Streamed,
     WrittenFile,
     write_atomic,
     write_atomic_group,
@@ -59,7 +60,7 @@ def complete(batch: Batch, processor: Processor, parts: list[Part], token: str) 
     # a time. The claim's lease record goes first, in the same group, made
     # from what was written: one flush to disk for all, and a later claim
     # adopts only what it vouches for.
-    def made(result: Any, index: int) -> bytes:
+    def made(result: Any, index: int) -> bytes | Streamed:
         return processor.serialize(processor.output(result, index))
 
     written = write_atomic_group(

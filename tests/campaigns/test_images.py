@@ -100,13 +100,12 @@ def test_a_resized_output_of_the_wrong_size_is_not_a_result(images, project, out
         input_folder=root / "ok",
         params={"operation": "resize", "width": 64, "height": 64, "format": "png"},
     )
-    real_serialize = ImageTransformProcessor.serialize
+    real_transform = ImageTransformProcessor.transform
 
-    def off_by_some(self, output):
-        image, source = output
-        return real_serialize(self, (image.resize((64, 63)), source))
+    def off_by_some(self, image, size):
+        return real_transform(self, image, (64, 63))
 
-    with mock.patch.object(ImageTransformProcessor, "serialize", off_by_some):
+    with mock.patch.object(ImageTransformProcessor, "transform", off_by_some):
         run_here(campaign)
     unit = Unit.objects.filter(campaign=campaign).first()
     assert unit.error_class == "output_invalid"

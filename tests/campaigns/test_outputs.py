@@ -13,13 +13,16 @@ import pytest
 
 from campaigns.storage import outputs
 from campaigns.storage.outputs import (
+    FileReader,
     InvalidOutput,
+    Streamed,
     WrittenFile,
     validate_embedding_file,
     vector_to_npy,
     write_atomic,
     write_atomic_group,
 )
+from tests.fuzzing import bounded
 
 
 def test_atomic_write_leaves_the_file_and_no_temp_file(tmp_path):
@@ -71,6 +74,40 @@ def test_a_group_write_puts_every_file_in_place_and_one_bad_path_fails_alone(tmp
         "one.npy",
         "three.npy",
     ]
+
+
+def test_a_streamed_file_is_written_as_it_is_made_with_its_size_and_checksum(tmp_path):
+    def write(fh):
+        for chunk in (b"made ", b"in ", b"parts"):
+            fh.write(chunk)
+
+    def fails(fh):
+        fh.write(b"half of it")
+        raise OSError(28, "No space left on device")
+
+    results = write_atomic_group(
+        [
+            (tmp_path / "whole.bin", Streamed(write)),
+            (tmp_path / "half.bin", lambda: Streamed(fails)),
+        ]
+    )
+    assert results[0] == WrittenFile(size=13, sha256=hashlib.sha256(b"made in parts").hexdigest())
+    assert (tmp_path / "whole.bin").read_bytes() == b"made in parts"
+    assert isinstance(results[1], OSError)  # that file only, and no temp file left of it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["whole.bin"]
+
+
+def test_a_file_reader_asks_no_more_than_the_file_holds(tmp_path):
+    path = tmp_path / "short.bin"
+    path.write_bytes(b"0123456789")
+    with FileReader(open(path, "rb", buffering=0)) as reader:
+        assert reader.read(4) == b"0123"
+        # A damaged header declaring 2 GiB: the read allocates what is left.
+        bounded(lambda: reader.read(2**31), ())
+        assert reader.read(2**31) == b""
+    with FileReader(open(path, "rb", buffering=0)) as reader:
+        reader.seek(6)
+        assert reader.read(2**31) == b"6789"
 
 
 def test_a_group_write_flushes_once_per_filesystem_before_any_file_appears(tmp_path):

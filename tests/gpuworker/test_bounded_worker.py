@@ -17,11 +17,12 @@ from PIL import Image
 from campaigns.models import ErrorClass, Unit, UnitState
 from campaigns.runs import setup
 from campaigns.specs.builtin import IMAGE_TRANSFORM, TEXT_EMBEDDING
-from campaigns.specs.limits import TEXT_BYTES_PER_TOKEN
+from campaigns.specs.limits import TEXT_BYTES_PER_TOKEN, output_pixel_bound
 from campaigns.storage.vector_shards import VectorReader
 from gpuworker.processors import get_processor
 from gpuworker.processors.image_transform import ImageTransformProcessor
 from gpuworker.runner import read as runner_read
+from tests.images import png_claiming
 
 pytestmark = pytest.mark.django_db
 
@@ -129,28 +130,51 @@ def test_an_input_whose_output_is_over_max_output_pixels_fails_before_decoding(
     assert decoded.call_count == 1  # the small one only
 
 
+def test_a_conversion_past_the_default_output_cap_fails_alone_and_says_how_to_allow_it(
+    tmp_path, project, output_root, run_here
+):
+    # given: small images and, in their batch, one whose header says 8000×6000
+    # (48 Mpx: an input may have 64,000,000)
+    root = tmp_path / "photos"
+    root.mkdir()
+    for i in range(5):
+        Image.new("RGB", (40, 30), (i * 50, 20, 200)).save(root / f"small{i}.png")
+    (root / "huge.png").write_bytes(png_claiming(8000, 6000))
+    # when: converted with the default parameters
+    units = _campaign("past-cap", "image-transform", project, root, run_here, operation="convert")
+    # then: the huge one fails with its reason, read from its header; the others are made
+    huge = units["huge.png"]
+    assert (huge.state, huge.error_class) == (UnitState.FAILED, ErrorClass.INPUT_INVALID)
+    assert huge.error_message == (
+        "its output would be 8000×6000 = 48,000,000 pixels, over max_output_pixels 40,000,000 "
+        "(a larger max_output_pixels allows it, at 4 bytes of worker memory a pixel)"
+    )
+    for i in range(5):
+        with Image.open(output_root / units[f"small{i}.png"].output_path) as out:
+            assert out.convert("RGB").getcolors() == [(1200, (i * 50, 20, 200))]
+
+
+def test_a_version_made_before_max_output_pixels_keeps_outputs_as_large_as_its_inputs():
+    assert output_pixel_bound({"operation": "convert", "max_pixels": 64_000_000}) == 64_000_000
+    assert output_pixel_bound(IMAGE_TRANSFORM.clean({"operation": "convert"})) == 40_000_000
+
+
 def test_a_batch_makes_and_writes_one_output_at_a_time(tmp_path, project, output_root, run_here):
     root = tmp_path / "many"
     root.mkdir()
     for i in range(6):
         Image.new("RGB", (20 + i, 15), (i * 40, 0, 0)).save(root / f"{i}.png")
     made_images: list[weakref.ref] = []
-    most = []
-    output, serialize = ImageTransformProcessor.output, ImageTransformProcessor.serialize
+    alive = []
+    transform = ImageTransformProcessor.transform
 
-    def tracked_output(self, result, index):
-        made = output(self, result, index)
-        made_images.append(weakref.ref(made[0]))
+    def tracked_transform(self, image, size):
+        alive.append(sum(1 for ref in made_images if ref() is not None))
+        made = transform(self, image, size)
+        made_images.append(weakref.ref(made))
         return made
 
-    def tracked_serialize(self, made):
-        most.append(sum(1 for ref in made_images if ref() is not None))
-        return serialize(self, made)
-
-    with (
-        mock.patch.object(ImageTransformProcessor, "output", tracked_output),
-        mock.patch.object(ImageTransformProcessor, "serialize", tracked_serialize),
-    ):
+    with mock.patch.object(ImageTransformProcessor, "transform", tracked_transform):
         units = _campaign(
             "one-at-a-time",
             "image-transform",
@@ -163,4 +187,88 @@ def test_a_batch_makes_and_writes_one_output_at_a_time(tmp_path, project, output
             batch_size=6,
         )
     assert all(u.state in DONE for u in units.values())
-    assert len(most) == 6 and max(most) == 1
+    # Each enlargement made once the one before was written and let go of.
+    assert len(alive) == 6 and max(alive) == 0
+
+
+def _tracking_decodes():
+    """decode_image wrapped: how many images it returned earlier are still
+    held (by anyone) when each decode starts."""
+    from campaigns.intake import images as intake_images
+
+    decoded: list[weakref.ref] = []
+    alive: list[int] = []
+
+    def decode(*args, **kwargs):
+        alive.append(sum(1 for ref in decoded if ref() is not None))
+        image = intake_images.decode_image(*args, **kwargs)
+        decoded.append(weakref.ref(image))
+        return image
+
+    return mock.patch("gpuworker.processors.image_transform.decode_image", decode), alive
+
+
+@pytest.mark.parametrize("operation", ["thumbnail", "convert"])
+def test_a_batch_holds_its_large_inputs_decoded_one_at_a_time(
+    operation, tmp_path, project, output_root, run_here, settings
+):
+    # given: five inputs of 30,000 pixels in one batch, and a worker that
+    # holds at most 50,000 decoded pixels at once
+    settings.IMAGE_PIXEL_BUDGET = 50_000
+    root = tmp_path / "large"
+    root.mkdir()
+    for i in range(5):
+        Image.new("RGB", (200, 150), (i * 50, 80, 160)).save(root / f"{i}.png")
+    tracking, alive = _tracking_decodes()
+    # when
+    with tracking:
+        units = _campaign(
+            f"large-{operation}",
+            "image-transform",
+            project,
+            root,
+            run_here,
+            operation=operation,
+            width=16,
+            height=16,
+            batch_size=5,
+        )
+    # then: every output made, from inputs decoded one at a time (a thumbnail
+    # keeps its output only; a conversion keeps one input and decodes the
+    # others again as it writes them)
+    assert all(u.state in DONE for u in units.values()), [u.error_message for u in units.values()]
+    assert max(alive) <= 1, alive
+    for i in range(5):
+        with Image.open(output_root / units[f"{i}.png"].output_path) as out:
+            assert out.size == ((16, 12) if operation == "thumbnail" else (200, 150))
+            assert out.convert("RGB").getpixel((5, 5)) == (i * 50, 80, 160)
+
+
+def test_a_large_image_goes_alone_and_the_small_ones_of_its_batch_are_made_as_usual(
+    tmp_path, project, output_root, run_here, settings
+):
+    # given: a worker that holds 10,000 decoded pixels at once, and a batch of
+    # five small images and one of 60,000 pixels
+    settings.IMAGE_PIXEL_BUDGET = 10_000
+    root = tmp_path / "mixed"
+    root.mkdir()
+    for i in range(5):
+        Image.new("RGB", (40, 30), (i * 50, 20, 200)).save(root / f"small{i}.png")
+    large = Image.linear_gradient("L").resize((300, 200)).convert("RGB")
+    large.save(root / "large.png")
+    # when: all converted (to PNG: lossless, so the pixels must be the input's)
+    tracking, alive = _tracking_decodes()
+    with tracking:
+        units = _campaign("mixed", "image-transform", project, root, run_here, operation="convert")
+    # then: each output holds exactly its input's pixels
+    assert all(u.state in DONE for u in units.values()), [u.error_message for u in units.values()]
+    with Image.open(output_root / units["large.png"].output_path) as out:
+        assert out.convert("RGB").tobytes() == large.tobytes()
+    for i in range(5):
+        with Image.open(output_root / units[f"small{i}.png"].output_path) as out:
+            assert out.size == (40, 30)
+            assert out.convert("RGB").getcolors() == [(1200, (i * 50, 20, 200))]
+    # The large one was decoded twice (read, then written), the small ones
+    # once, and the large one was never decoded beside more than the small
+    # ones kept for their outputs.
+    assert len(alive) == 7

@@ -111,12 +111,12 @@ def test_the_check_wants_exactly_the_dimensions_its_input_gives(tmp_path):
         check_image_output(path, thumbnail, source_size=(640, 480))
 
 
-def _shrunk_by_one_pixel(real_serialize):
-    def serialize(self, output):
-        image, source = output
-        return real_serialize(self, (image.resize((image.width, image.height - 1)), source))
+def _shrunk_by_one_pixel(real_transform):
+    def transform(self, image, size):
+        image = real_transform(self, image, size)
+        return image.resize((image.width, image.height - 1))
 
-    return serialize
+    return transform
 
 
 @pytest.mark.django_db
@@ -126,8 +126,8 @@ def _shrunk_by_one_pixel(real_serialize):
 def test_an_output_of_other_dimensions_than_its_input_gives_is_not_a_result(
     operation, expected, transparent, project, output_root, run_here
 ):
-    wrong = _shrunk_by_one_pixel(ImageTransformProcessor.serialize)
-    with mock.patch.object(ImageTransformProcessor, "serialize", wrong):
+    wrong = _shrunk_by_one_pixel(ImageTransformProcessor.transform)
+    with mock.patch.object(ImageTransformProcessor, "transform", wrong):
         units = _run(
             "shrunk", project, transparent, run_here, operation=operation, width=16, height=16
         )

@@ -31,6 +31,23 @@ def browser():
         browser.close()
 
 
+@pytest.fixture(autouse=True)
+def no_page_outlives_its_test(request):
+    """A page left open keeps polling the session's live server for the rest of
+    the run: its requests then hit tests that allow no database, and the
+    server thread's tracebacks race other tests. So every context a test opens
+    is closed by the end of its test (`page` and `new_page` do it), or the test
+    fails here."""
+    yield
+    if "browser" not in request.fixturenames:
+        return
+    browser = request.getfixturevalue("browser")
+    left = list(browser.contexts)
+    for context in left:
+        context.close()
+    assert not left, f"{len(left)} browser context(s) left open: use `new_page` or close them"
+
+
 @pytest.fixture
 def csp_violations():
     """What Chromium refused under the Content Security Policy, as console lines."""
@@ -51,4 +68,28 @@ def page(browser, csp_violations):
     # Every browser test also proves its pages work under the policy. (A
     # wait_for_function predicate is written as a function, "() => …": an
     # expression string is eval'd in the page, and the policy forbids eval.)
+    assert not csp_violations, csp_violations
+
+
+@pytest.fixture
+def new_page(browser, csp_violations):
+    """Pages in contexts of their own (a second person, a phone, another time
+    zone), watched for CSP refusals as the `page` fixture's are, and closed
+    with the test whatever its outcome."""
+    contexts = []
+
+    def make(**options):
+        context = browser.new_context(**options)
+        contexts.append(context)
+        page = context.new_page()
+        page.set_default_timeout(15_000)
+        page.on(
+            "console",
+            lambda msg: "Content Security Policy" in msg.text and csp_violations.append(msg.text),
+        )
+        return page
+
+    yield make
+    for context in contexts:
+        context.close()
     assert not csp_violations, csp_violations

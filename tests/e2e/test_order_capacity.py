@@ -19,7 +19,7 @@ def _sign_in(page, url: str) -> None:
 
 
 def test_a_late_payment_waits_for_capacity_and_is_provisioned_once_cards_free(
-    page, browser, live_server, staff, make_order, transactional_db
+    page, new_page, live_server, staff, make_order, transactional_db
 ):
     # given: an A100 order (stock 2) expired unpaid, its cards quoted to someone else
     late = svc.order_expire(order=make_order(gpu="A100 SXM", quantity=2))
@@ -40,7 +40,7 @@ def test_a_late_payment_waits_for_capacity_and_is_provisioned_once_cards_free(
     options = page.locator("select[name=action] option").all_inner_texts()
     assert "Mark refunded" in options and "Start provisioning" not in options
 
-    customer = browser.new_context().new_page()
+    customer = new_page()
     customer.goto(f"{live_server.url}/order/t/{late.tracking_token}/")
     assert customer.locator("[data-status]").inner_text() == "Paid, awaiting capacity or refund"
     assert "the cards of your plan were taken" in customer.locator("main").inner_text()

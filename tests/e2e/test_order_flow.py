@@ -14,7 +14,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_order_pay_notify_confirm_and_follow(
-    page, browser, live_server, staff, fresh_rates, address_pool, transactional_db
+    page, new_page, live_server, staff, fresh_rates, address_pool, transactional_db
 ):
     # given: the configurator
     page.goto(f"{live_server.url}/order/")
@@ -59,8 +59,7 @@ def test_order_pay_notify_confirm_and_follow(
     assert order.notices.count() == 1
 
     # staff confirm in the queue, in their own browser session
-    staff_context = browser.new_context()
-    staff_page = staff_context.new_page()
+    staff_page = new_page()
     staff_page.goto(f"{live_server.url}/order/staff/")
     staff_page.fill("input[name=username]", "staff")
     staff_page.fill("input[name=password]", "pw-for-tests")
@@ -72,7 +71,6 @@ def test_order_pay_notify_confirm_and_follow(
     staff_page.click("#staff-action button[type=submit]")
     staff_page.wait_for_url("**/order/staff/")
     assert "is now payment confirmed" in staff_page.locator("main").inner_text()
-    staff_context.close()
 
     # the customer's page shows where the order stands, with every step
     page.goto(tracking_url)

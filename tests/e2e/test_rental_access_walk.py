@@ -35,7 +35,7 @@ def _staff_submits(page, form: str) -> None:
 
 def test_order_pay_confirm_provision_and_copy_the_ssh_command(
     page,
-    browser,
+    new_page,
     live_server,
     staff,
     owner,
@@ -85,7 +85,7 @@ def test_order_pay_confirm_provision_and_copy_the_ssh_command(
     assert page.locator("#ssh-command").count() == 0  # nothing to connect to yet
 
     # staff confirm the payment, start provisioning, then record the access
-    staff_page = browser.new_context().new_page()
+    staff_page = new_page()
     staff_page.goto(f"{live_server.url}/order/staff/")
     staff_page.fill("input[name=username]", "staff")
     staff_page.fill("input[name=password]", "pw-for-tests")

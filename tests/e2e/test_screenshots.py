@@ -55,11 +55,9 @@ def shop(settings):
 
 
 def test_the_pictures_of_the_ordering_guide(
-    browser, live_server, staff, make_order, shop, transactional_db
+    new_page, live_server, staff, make_order, shop, transactional_db
 ):
-    context = browser.new_context(viewport=DESKTOP, timezone_id="Europe/Berlin")
-    page = context.new_page()
-    page.set_default_timeout(15_000)
+    page = new_page(viewport=DESKTOP, timezone_id="Europe/Berlin")
 
     # the configurator
     page.goto(f"{live_server.url}/order/")
@@ -101,4 +99,3 @@ def test_the_pictures_of_the_ordering_guide(
     assert page.locator("#staff-action").count() == 1
     assert Order.objects.get(pk=quote.pk).status == Status.AWAITING_PAYMENT
     shoot(page, "staff-order")
-    context.close()

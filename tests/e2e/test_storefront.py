@@ -25,28 +25,6 @@ PHONE = {"width": 375, "height": 812}
 LONG_ADDRESS = "bc1qrp33g0q5c5txsp9arysrx4k6zdkfs4nce4xj0gdcccefvpysxf3qccfmv3"
 
 
-@pytest.fixture
-def new_page(browser, csp_violations):
-    """Pages in contexts of their own (a phone, another time zone), watched for
-    CSP refusals as the `page` fixture's are."""
-    contexts = []
-
-    def make(**options):
-        context = browser.new_context(**options)
-        contexts.append(context)
-        page = context.new_page()
-        page.set_default_timeout(15_000)
-        page.on(
-            "console",
-            lambda msg: "Content Security Policy" in msg.text and csp_violations.append(msg.text),
-        )
-        return page
-
-    yield make
-    for context in contexts:
-        context.close()
-
-
 def tracking(live_server, order: Order) -> str:
     return f"{live_server.url}/order/t/{order.tracking_token}/"
 
@@ -145,13 +123,13 @@ def test_the_footer_leads_to_terms_refunds_and_contact(
 
 
 def test_an_underpaid_order_shows_the_missing_amount_with_its_currency(
-    page, browser, live_server, staff, make_order, transactional_db, settings
+    page, new_page, live_server, staff, make_order, transactional_db, settings
 ):
     order = make_order()
     half = (order.crypto_amount / 2).quantize(Decimal("0.00000001"))
 
     # given: staff mark it partially paid, with what arrived, on the staff page
-    staff_page = browser.new_context().new_page()
+    staff_page = new_page()
     staff_page.goto(f"{live_server.url}/order/staff/{order.pk}/")
     staff_page.fill("input[name=username]", "staff")
     staff_page.fill("input[name=password]", "pw-for-tests")
@@ -162,7 +140,6 @@ def test_an_underpaid_order_shows_the_missing_amount_with_its_currency(
     staff_page.fill("textarea[name=note]", "half arrived in block 800000")
     staff_page.click("#staff-action button[type=submit]")
     staff_page.wait_for_url("**/order/staff/")
-    staff_page.context.close()
 
     # then: the customer reads what is missing, in BTC, and whom to write to
     page.goto(tracking(live_server, order))

@@ -35,8 +35,10 @@ def test_an_active_rental_s_tracking_page_names_each_element_once(
     assert sorted({i for i in ids if ids.count(i) > 1}) == []
     # the end of the rental, in the dates card and beside how to connect
     assert page.locator("#rental #rental-end").inner_text() == _utc(order.ends_at)
-    assert page.locator("#rental-access #rental-access-end").inner_text().startswith(
-        f"The rental ends on {_utc(order.ends_at)}"
+    assert (
+        page.locator("#rental-access #rental-access-end")
+        .inner_text()
+        .startswith(f"The rental ends on {_utc(order.ends_at)}")
     )
     # and the access block's script still finds its copy buttons (hidden without it)
     assert page.locator('#rental-access button[data-copy="ssh-command"]').is_visible()

@@ -8,34 +8,11 @@ import logging
 import re
 from unittest import mock
 
-import pytest
 from kombu.exceptions import OperationalError
 
 from campaigns.runs import start
 
 URL = "/order/recover/"
-
-
-@pytest.fixture
-def sent_tasks():
-    """The messages the page sends, caught before the broker; `run()` hands
-    them to their tasks, as the `portal` worker would."""
-    from portal import tasks  # noqa: F401 — registers the tasks, as a worker's imports do
-    from portal.celery import app
-
-    class Sent(list):
-        def run(self) -> None:
-            for name, args in self:
-                app.tasks[name].apply(args=args, throw=True)
-            self.clear()
-
-    sent = Sent()
-    with mock.patch.object(
-        start.celery_app,
-        "send_task",
-        side_effect=lambda name, args=(), **_: sent.append((name, list(args))),
-    ):
-        yield sent
 
 
 def _answer(response) -> str:

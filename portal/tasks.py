@@ -6,6 +6,7 @@ import logging
 
 from celery import shared_task
 
+from portal import emails
 from portal.order_services import (
     orders_expire_unpaid,
     orders_release_lapsed_holds,
@@ -33,3 +34,12 @@ def expire_unpaid_quotes() -> dict[str, list[int]]:
 @shared_task(name="portal.tasks.rental_end_sweep")
 def rental_end_sweep() -> dict[str, list[int]]:
     return orders_rental_end_sweep()
+
+
+@shared_task(name="portal.tasks.send_tracking_links")
+def send_tracking_links(email: str) -> None:
+    """The lost-link page's e-mail, sent here rather than in its request: how
+    long the page takes to answer says nothing about whether `email` ordered
+    (portal/recovery_views.py). Nothing is returned, so no address or outcome
+    reaches the worker's log."""
+    emails.send_tracking_links(email=email)

@@ -269,3 +269,28 @@ def _no_login_lockouts(request):
 
             AccessAttempt.objects.all().delete()  # axes.utils.reset() less its log line
             return
+
+
+@pytest.fixture
+def sent_tasks():
+    """Tasks sent by name (campaigns.runs.start.task_send: the lost-link
+    page's e-mail), caught before the broker; `run()` hands them to their
+    tasks in this process, as the `portal` worker would."""
+    from unittest import mock
+
+    from portal import tasks  # noqa: F401 — registers the tasks, as a worker's imports do
+    from portal.celery import app
+
+    class Sent(list):
+        def run(self) -> None:
+            for name, args in self:
+                app.tasks[name].apply(args=args, throw=True)
+            self.clear()
+
+    sent = Sent()
+    with mock.patch.object(
+        start.celery_app,
+        "send_task",
+        side_effect=lambda name, args=(), **_: sent.append((name, list(args))),
+    ):
+        yield sent

@@ -190,6 +190,18 @@ def _send(name: str, args: list) -> bool:
     return True
 
 
+def task_send(*, task: str, args: list) -> bool:
+    """Send a task that no database row stands for (an e-mail to send, say):
+    False when the broker does not take it, and nothing resends it. The log
+    line names the task, never its arguments (an e-mail address, say)."""
+    try:
+        celery_app.send_task(task, args=args)
+    except (KombuOperationalError, OSError) as exc:
+        log.warning("broker does not answer (%s): %s not sent", exc, task)
+        return False
+    return True
+
+
 def work_send(*, task: str, args: list, what: str) -> None:
     """Send the task of work recorded as queued in the database (`what`: "the
     training", "the profile"). Within broker_outage_noted a broker that does

@@ -97,7 +97,7 @@ def test_without_javascript_update_price_shows_the_total_and_orders_nothing(
 
 
 def test_a_lost_link_comes_back_by_e_mail(
-    page, live_server, make_order, mailoutbox, transactional_db
+    page, live_server, make_order, mailoutbox, sent_tasks, transactional_db
 ):
     order = make_order(email="ada@example.org")
     mailoutbox.clear()
@@ -106,5 +106,8 @@ def test_a_lost_link_comes_back_by_e_mail(
     page.fill("input[name=email]", "ada@example.org")
     page.click("#recover-form button[type=submit]")
     assert "on its way" in page.locator("#recover-sent").inner_text()
+    # sent by the portal worker, after the page answered
+    assert mailoutbox == []
+    sent_tasks.run()
     (mail,) = mailoutbox
     assert f"/order/t/{order.tracking_token}/" in mail.body

@@ -51,7 +51,7 @@
   }
 
   function enableCopyButtons() {
-    var buttons = document.querySelectorAll("#rental button.copy[data-copy]");
+    var buttons = document.querySelectorAll("#rental-access button.copy[data-copy]");
     Array.prototype.forEach.call(buttons, function (button) {
       var source = document.getElementById(button.getAttribute("data-copy"));
       if (!source) return;

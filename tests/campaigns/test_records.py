@@ -298,3 +298,34 @@ def test_the_command_creates_a_record_campaign(project, tmp_path, capsys):
     campaign = Campaign.objects.get(name="cli-recs")
     assert campaign.records["columns"] == {"text": "text", "id": "id", "category": "lang"}
     assert sorted(units(campaign)) == ["a", "b", "c"]
+
+
+def test_a_large_parquet_imports_a_row_group_at_a_time(project, tmp_path):
+    """The reader holds a record batch of a row group, never the file: the
+    Arrow memory it allocates peaks far below the file's decoded text."""
+    path = tmp_path / "large.parquet"
+    text = "lorem ipsum dolor sit amet " * 40  # ~1 kB a row
+    rows, groups = 40_000, 10
+    with pq.ParquetWriter(path, pa.schema([("id", pa.string()), ("text", pa.string())])) as w:
+        for g in range(groups):
+            ids = [f"r{g}-{i}" for i in range(rows // groups)]
+            w.write_table(pa.table({"id": ids, "text": [f"{i} {text}" for i in ids]}))
+    decoded = rows * len(text)  # ~43 MB of text
+    pool = pa.default_memory_pool()
+    peak = 0
+    from campaigns.intake import records as records_module
+
+    real = records_module._batch_records
+
+    def watched(batch, columns):
+        nonlocal peak
+        peak = max(peak, pool.bytes_allocated())
+        yield from real(batch, columns)
+
+    records_module._batch_records = watched
+    try:
+        _, report = create(project, path)
+    finally:
+        records_module._batch_records = real
+    assert report.created == rows and report.failed == 0
+    assert 0 < peak < decoded / 5, (peak, decoded)

@@ -329,3 +329,12 @@ def test_a_large_parquet_imports_a_row_group_at_a_time(project, tmp_path):
         records_module._batch_records = real
     assert report.created == rows and report.failed == 0
     assert 0 < peak < decoded / 5, (peak, decoded)
+
+
+def test_the_unit_page_preview_shows_the_row_text(project, tmp_path):
+    from campaigns.review.previews import input_preview
+
+    campaign, _ = create(project, write_parquet(tmp_path / "c.parquet", ROWS))
+    unit = Unit.objects.get(campaign=campaign, uid="c")
+    preview = input_preview(unit=unit, campaign=campaign, params={})
+    assert (preview.kind, preview.text) == ("text", ROWS[2]["text"])

@@ -23,6 +23,7 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import NOT_PROVIDED, Max
 from django.utils import timezone
 
+from campaigns.db.record_staging import RecordTracking
 from campaigns.models import IN_FLIGHT, Campaign, ErrorClass, Unit, UnitState
 
 #: The staging columns, in the order of the importer's row tuples. All but
@@ -110,8 +111,11 @@ def _column(name: str) -> str:
 class Staging:
     """The staging table of one import; `with Staging(...) as s:` creates and drops it."""
 
-    def __init__(self, *, campaign: Campaign):
+    def __init__(self, *, campaign: Campaign, records: list[str] | None = None):
+        """`records`: the files of a record campaign's import (db/record_staging.py)."""
         self.campaign = campaign
+        self.records = records
+        self.tracking: RecordTracking | None = None
         self.postgres = connection.vendor == "postgresql"
         self.name = f"unit_import_{uuid.uuid4().hex[:16]}"
         self.table = connection.ops.quote_name(self.name)
@@ -146,6 +150,9 @@ class Staging:
         # Units of this campaign above this id were made by this import: an id
         # met again in a later chunk is a duplicate, not an existing unit.
         self.mark = Unit.objects.aggregate(top=Max("pk"))["top"] or 0
+        if self.records is not None and Unit.objects.filter(campaign=self.campaign).exists():
+            self.tracking = RecordTracking(self.campaign, self.mark)
+            self.tracking.create()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -154,6 +161,8 @@ class Staging:
         try:
             with connection.cursor() as cursor:
                 cursor.execute(f"DROP TABLE IF EXISTS {self.table}")
+            if self.tracking is not None:
+                self.tracking.drop()
         except DatabaseError:
             # An aborted transaction refuses even this; the table goes with the
             # session. Never hide the error that brought us here.
@@ -199,6 +208,10 @@ class Staging:
             # this chunk's transaction only.
             with connection.cursor() as cursor:
                 cursor.execute("SET LOCAL synchronous_commit = off")
+        if self.tracking is not None:
+            rows = list(rows)
+            uid = STAGED.index("uid")
+            self.tracking.seen([row[uid] for row in rows])
         if self.postgres and self.expect_new:
             rows = list(rows)  # kept for the staged way, should COPY refuse them
             if not rows:
@@ -286,6 +299,8 @@ class Staging:
             existing = 0
             if matched > len(earlier):
                 self._changed(cursor, report, now)
+                if self.tracking is not None:
+                    self.tracking.relocate(cursor, self.table)
                 cursor.execute(f"DELETE FROM {self.table} WHERE unit_id IS NOT NULL")
                 existing = max(cursor.rowcount, 0)
                 report.existing += existing
@@ -335,11 +350,14 @@ class Staging:
         self.statistics_checked = True
         analyze_if_stale(cursor)
 
-    def finish(self) -> None:
+    def finish(self, report=None) -> None:
         """After the last chunk (PostgreSQL): analyze_if_stale, so that what
         comes next — a run picking its first group and weighing it by id, the
         pages — is planned for the campaign's real size, not for the handful
         of units the statistics knew before the import."""
+        if self.tracking is not None and report is not None:
+            with transaction.atomic():
+                self.tracking.gone(report)
         if self.postgres:
             with connection.cursor() as cursor:
                 analyze_if_stale(cursor)

@@ -91,6 +91,8 @@ class ImportReport:
     failed: int = 0
     changed: int = 0
     duplicates: int = 0
+    # A record campaign's re-import: units whose row is no longer in the records.
+    removed: int = 0
     # The first PROBLEMS_KEPT lines, then (after close) one "… and N more".
     problems: list[str] = field(default_factory=list)
     problem_count: int = 0
@@ -132,6 +134,7 @@ class ImportReport:
             "failed": self.failed,
             "changed": self.changed,
             "duplicates": self.duplicates,
+            "removed": self.removed,
             "problem_count": self.problem_count,
             "problems": self.problems,
             "identical_groups": self.identical_groups,
@@ -345,13 +348,16 @@ def _import_rows(
     rows: Iterable[Row],
     progress: Progress | None,
     report: ImportReport | None = None,
+    records: list[str] | None = None,
 ) -> ImportReport:
+    """`records`: the record files read, for a record campaign (their units'
+    places are updated, and those whose row is gone reported)."""
     report = report or ImportReport()
     staged = _read_ahead(_staged_rows(campaign, rows), batch=READ_AHEAD[0], batches=READ_AHEAD[1])
     counted = _counted(staged, progress or _progress.get())
     streams = connection.vendor == "postgresql"
     size = CHUNK_ROWS.get(connection.vendor, CHUNK_ROWS_DEFAULT)
-    with closing(staged), Staging(campaign=campaign) as staging:
+    with closing(staged), Staging(campaign=campaign, records=records) as staging:
         while True:
             chunk = itertools.islice(counted, size)
             if not streams:
@@ -363,7 +369,7 @@ def _import_rows(
             with transaction.atomic():
                 if not staging.add(chunk, report):
                     break
-        staging.finish()
+        staging.finish(report)
     report.close()
     _note_identical(campaign, report)
     return report
@@ -425,6 +431,22 @@ def import_manifest(
         raise ManifestError(f"manifest not found: {manifest}")
     rows = manifest_rows(manifest, folder_categories=folder_categories)
     return _import_rows(campaign, rows, progress)
+
+
+def import_records(campaign: Campaign, *, progress: Progress | None = None) -> ImportReport:
+    """Import the rows of the campaign's record files (intake/records.py): new
+    ids added, a changed row's text recorded anew or failed `input_changed` as
+    a file's, every row's place brought up to date, and the units whose row
+    is gone reported (docs/importing.md, "Records")."""
+    from campaigns.intake.records import RecordColumns, record_files, record_rows
+
+    root = Path(campaign.input_root)
+    config = campaign.records or {}
+    files = record_files(root, config.get("source", "."))
+    columns = RecordColumns.from_dict(config["columns"])
+    report = ImportReport()
+    rows = record_rows(root, files, columns)
+    return _import_rows(campaign, rows, progress, report, records=files)
 
 
 @dataclass

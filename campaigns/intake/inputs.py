@@ -90,8 +90,16 @@ def read_bytes(
     else is a classified InputError.
 
     `real_root`, from `corpus_real_path(root)`, saves finding the root's real
-    path again for each of many inputs read at once (a batch's).
+    path again for each of many inputs read at once (a batch's). A record
+    unit's source path names a row of a record file (intake/records.py): its
+    text is read from there.
     """
+    if "#" in source_path:
+        from campaigns.intake import record_reads, records
+
+        located = records.parse_locator(source_path)
+        if located is not None:
+            return record_reads.read_record(root, located, limits)
     if _PROC_FD:
         try:
             return _read_checked_by_fd(root, source_path, real_root, limits)

@@ -75,6 +75,11 @@ class Campaign(models.Model):
     # labels; None: campaigns.review.reasons.DEFAULT_REJECT_REASONS). Nullable
     # for the same reason.
     reject_reasons = models.JSONField(null=True, blank=True)
+    # A campaign over records (rows of JSONL, CSV, Parquet or Arrow files as
+    # units): {"source": the file or folder relative to input_root, "columns":
+    # {"id", "text", "category"}}; None for files as units. Nullable for the
+    # same reason.
+    records = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

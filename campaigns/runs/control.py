@@ -11,7 +11,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from campaigns.intake.inputs import InputError
 from campaigns.intake.project_folders import campaign_folder_check
+from campaigns.intake.record_reads import record_identity
+from campaigns.intake.records import parse_locator
 from campaigns.intake.rows import file_identity
 from campaigns.models import Batch, Campaign, ErrorClass, Unit, UnitState
 from campaigns.review.queue import units_reviewed_out
@@ -98,8 +101,8 @@ def _reset_failed(campaign: Campaign, *, classes: set[str] | None = None) -> int
     root = Path(campaign.input_root)
     for unit in failed.filter(error_class=ErrorClass.INPUT_CHANGED):
         try:
-            size, mtime_ns, sha256 = file_identity(resolve_input(root, unit.source_path))
-        except (OSError, ValueError):
+            size, mtime_ns, sha256 = _identity(root, unit.source_path)
+        except (OSError, ValueError, InputError):
             continue  # gone or unreadable: it stays failed, verify says why
         if unit.output_path and split_member(unit.output_path)[1] is None:
             # Made from the old bytes: it must not be adopted as the new result.
@@ -127,10 +130,24 @@ def _reset_failed(campaign: Campaign, *, classes: set[str] | None = None) -> int
     retried = retryable.update(state=UnitState.PENDING, error_class="", error_message="")
     for unit in failed.filter(error_class=ErrorClass.INPUT_MISSING).only("pk", "source_path"):
         try:
-            resolve_input(root, unit.source_path).stat()
-        except (OSError, ValueError):
+            _identity(root, unit.source_path, hashed=False)
+        except (OSError, ValueError, InputError):
             continue
         retried += Unit.objects.filter(pk=unit.pk).update(
             state=UnitState.PENDING, error_class="", error_message=""
         )
     return retried
+
+
+def _identity(root: Path, source_path: str, *, hashed: bool = True) -> tuple[int, int | None, str]:
+    """Size, mtime and sha256 of a unit's input as it is now: a file's, or a
+    record's text (no mtime); `hashed=False` only checks a file is there."""
+    located = parse_locator(source_path)
+    if located is not None:
+        size, sha256 = record_identity(root, located)
+        return size, None, sha256
+    path = resolve_input(root, source_path)
+    if not hashed:
+        path.stat()
+        return 0, None, ""
+    return file_identity(path)

@@ -19,7 +19,9 @@ from campaigns.intake.importing import (
     ManifestError,
     import_folder,
     import_manifest,
+    import_records,
 )
+from campaigns.intake.records import RecordColumns
 from campaigns.models import (
     Campaign,
     ParameterVersion,
@@ -90,11 +92,15 @@ def campaign_create(
     holdout_share: float = 0.05,
     folder_categories: bool = True,
     user=None,
+    records: Path | None = None,
+    columns: RecordColumns | None = None,
 ) -> tuple[Campaign, ImportReport]:
     """Create a campaign, its first parameter version, and import its units.
 
     checkpoint_after: units before the checkpoint (None: max(1%, 200); 0: none).
     folder_categories: a unit without a category takes its top folder's name.
+    records: a record file or a folder of them (campaigns/intake/records.py),
+    each row a unit, its columns named by `columns`.
     user: the person creating it on the setup page, whose project's folders
     must hold its folder (FolderRefused otherwise). None: the operator (the
     `campaign` command, `demo`), whose folder becomes a folder of the project
@@ -112,14 +118,18 @@ def campaign_create(
             f"a campaign named {name!r} exists already: choose another name, or add "
             f"units to it with `campaign import {name}`"
         )
-    if (input_folder is None) == (manifest is None):
-        raise ValidationError("give either an input folder or a manifest")
+    if sum(given is not None for given in (input_folder, manifest, records)) != 1:
+        raise ValidationError("give one of an input folder, a manifest or records")
+    if records is not None and (columns is None or not columns.text):
+        raise ValidationError("records need a text column (--text-column)")
     if not 0 <= holdout_share < 1:
         raise ValidationError("holdout share is a fraction between 0 and 1 (0.05 = 5%)")
     spec = get_spec(processor)
     # Bad parameters, and a model file that is not there, refused before anything is written.
     model_files.digests(spec.model_params, spec.clean(params))
-    root = campaign_root(input_folder=input_folder, manifest=manifest, input_root=input_root)
+    root = campaign_root(
+        input_folder=input_folder, manifest=manifest, input_root=input_root, records=records
+    )
     if manifest is None and not root.is_dir():
         raise ManifestError(f"input folder not found: {root}")
     recorded = None
@@ -134,6 +144,12 @@ def campaign_create(
         input_root=str(root),
         checkpoint_after=checkpoint_after,
         holdout_share=holdout_share,
+        records=None
+        if records is None or columns is None
+        else {
+            "source": "." if records.resolve() == root else records.resolve().name,
+            "columns": columns.as_dict(),
+        },
     )
     try:
         version_create(campaign=campaign, params=params)
@@ -163,10 +179,20 @@ def campaign_create(
 
 
 def campaign_root(
-    *, input_folder: Path | None, manifest: Path | None, input_root: Path | None
+    *,
+    input_folder: Path | None,
+    manifest: Path | None,
+    input_root: Path | None,
+    records: Path | None = None,
 ) -> Path:
-    """The folder a new campaign reads (resolved): the input folder, or the
-    folder a manifest's paths are relative to (`input_root`, else the manifest's)."""
+    """The folder a new campaign reads (resolved): the input folder, the
+    folder a manifest's paths are relative to (`input_root`, else the
+    manifest's), or the records folder (a record file's own folder)."""
+    if records is not None:
+        resolved = records.resolve()
+        if not resolved.exists():
+            raise ManifestError(f"records not found: {records}")
+        return resolved if resolved.is_dir() else resolved.parent
     if manifest is not None:
         return (input_root or manifest.parent).resolve()
     if input_folder is None:
@@ -191,6 +217,10 @@ def campaign_import(
     # Again at every import, not only at creation: the folder may have been
     # swapped for a symlink, or taken from the project, since.
     project_folders.campaign_folder_check(campaign)
+    if campaign.records:
+        if manifest is not None:
+            raise ValidationError("a record campaign imports its records again, not a manifest")
+        return import_records(campaign)
     if manifest is not None:
         return import_manifest(campaign, manifest, folder_categories=folder_categories)
     return import_folder(campaign, folder_categories=folder_categories)

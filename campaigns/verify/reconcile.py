@@ -22,6 +22,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from campaigns.intake.record_reads import check_record
+from campaigns.intake.records import parse_locator
 from campaigns.models import (
     INPUT_ERRORS,
     Attempt,
@@ -383,6 +385,8 @@ def _check_input(unit, locate: InputLocator, deep: bool) -> tuple[str, str] | No
     import and the worker give the same trouble (campaigns/intake)."""
     if not unit["source_path"]:
         return None
+    if "#" in unit["source_path"] and (row := parse_locator(unit["source_path"])):
+        return check_record(locate, row, unit["sha256"], deep)  # a row of a records file
     try:
         path = locate(unit["source_path"])
         st = os.stat(path)

@@ -20,6 +20,7 @@ from campaigns.exports.inventory import ExportError, export
 from campaigns.intake import importing
 from campaigns.intake.importing import ManifestError
 from campaigns.intake.project_folders import covering, real_path
+from campaigns.intake.records import RecordColumns
 from campaigns.management import folders_cli, verify_cli, version_cli
 from campaigns.models import Campaign, Checkpoint, Training
 from campaigns.review.queue import checkpoint_decide, verification_status
@@ -48,6 +49,14 @@ class Command(
         source = create.add_mutually_exclusive_group(required=True)
         source.add_argument("--input", type=Path, help="folder of inputs (read recursively)")
         source.add_argument("--manifest", type=Path, help="CSV or JSONL with id, path columns")
+        source.add_argument(
+            "--records",
+            type=Path,
+            help="a JSONL(.gz), CSV, Parquet or Arrow file, or a folder of them: a unit a row",
+        )
+        create.add_argument("--text-column", help="with --records: the text's column")
+        create.add_argument("--id-column", help="with --records: the ids' (default: file:line)")
+        create.add_argument("--category-column", help="with --records: the categories'")
         create.add_argument(
             "--root", type=Path, help="folder manifest paths are relative to (default: its folder)"
         )
@@ -222,6 +231,10 @@ class Command(
         processor,
         input,
         manifest,
+        records,
+        text_column,
+        id_column,
+        category_column,
         root,
         project,
         param,
@@ -235,7 +248,14 @@ class Command(
         owner = setup.project_for_user(name=project)
         # The operator's command: a folder none of the project's covers becomes
         # one of them (docs/operations.md, "Giving a project its folders").
-        top = setup.campaign_root(input_folder=input, manifest=manifest, input_root=root)
+        top = setup.campaign_root(
+            input_folder=input, manifest=manifest, input_root=root, records=records
+        )
+        columns = None
+        if records is not None:
+            if not text_column:
+                raise CommandError("--records needs --text-column")
+            columns = RecordColumns(text=text_column, id=id_column, category=category_column)
         granted = covering(project=owner, path=real_path(top)) is None
         with self._import_progress(quiet=json):
             campaign, report = setup.campaign_create(
@@ -249,6 +269,8 @@ class Command(
                 input_root=root,
                 params=params,
                 folder_categories=folder_categories,
+                records=records,
+                columns=columns,
             )
         if json:
             self.stdout.write(_dumps({"campaign": campaign.name, **report.as_dict()}))
@@ -274,6 +296,7 @@ class Command(
             f"{campaign.name}: {report.created} new units ({report.failed} failed at import), "
             f"{report.existing} already there ({report.changed} changed), "
             f"{report.duplicates} duplicate ids skipped"
+            + (f", {report.removed} rows no longer there" if campaign.records else "")
         )
         self._print_problems(report)
 

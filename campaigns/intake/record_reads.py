@@ -1,0 +1,273 @@
+"""Reading one record unit's text at the place its import recorded
+(campaigns/intake/records.py), for `inputs.read_bytes`.
+
+JSONL and CSV: one `pread` of the line. A .gz file has no random access: a
+few decompressing cursors a file go forward from where the last read stopped
+(a read behind every cursor starts one again from the file's start), so read
+in import order a file costs one pass. Parquet: the row group's text column,
+decoded once and kept while reads hit it (RECORD_CACHE_BYTES over all kept
+groups). Arrow: the file memory-mapped, its record batches read without
+copying. Caches are per process, keyed by the file's path, size and mtime,
+so a changed file is read anew.
+
+A record no longer where the import found it (the file was rewritten) fails
+`input_changed`; its text differing is found by the sha256 check every
+reader of an input makes.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import os
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+from campaigns.intake.inputs import (
+    InputBytes,
+    InputError,
+    ReadLimits,
+    _input_bytes,
+    _refuse_over,
+)
+from campaigns.intake.manifests import BadLine
+from campaigns.intake.records import (
+    SNIFF_BYTES,
+    Located,
+    open_arrow,
+    open_lines,
+    parse_csv_record,
+    parse_json_line,
+    sniff_dialect,
+)
+from campaigns.models import ErrorClass
+from campaigns.storage.paths import resolve_input
+
+#: Decoded Parquet text columns a process keeps, over all its files (at least one group).
+RECORD_CACHE_BYTES = 256 << 20
+#: Decompressing cursors a process keeps on one .gz file.
+GZIP_CURSORS = 4
+#: Record files a process keeps open (Arrow maps, CSV headers, gz cursors).
+FILES_KEPT = 16
+
+_lock = threading.Lock()
+_groups: OrderedDict[tuple, tuple[object, int]] = OrderedDict()
+_files: OrderedDict[tuple, object] = OrderedDict()
+
+
+class RecordMoved(Exception):
+    """The record is not where its import found it."""
+
+
+def read_record(root: Path, located: Located, limits: ReadLimits) -> InputBytes:
+    """The record's text in UTF-8, as `read_bytes` reads a file: only as far as
+    `limits` keep, the whole text's sha256 taken where they ask for a digest."""
+    try:
+        path = resolve_input(root, located.file)
+        st = path.stat()
+    except ValueError as exc:
+        raise InputError(ErrorClass.INPUT_INVALID, str(exc)) from None
+    except FileNotFoundError:
+        raise InputError(
+            ErrorClass.INPUT_MISSING, f"records file not found: {located.file}"
+        ) from None
+    except OSError as exc:
+        raise InputError(ErrorClass.INPUT_UNREADABLE, f"cannot read input: {exc}") from None
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    try:
+        text = _READERS[located.kind](path, key, located)
+    except RecordMoved as exc:
+        raise InputError(
+            ErrorClass.INPUT_CHANGED,
+            f"{located.file} changed since import: row {located.row} is not at its "
+            f"recorded place ({exc}); `campaign import` reads the file again",
+        ) from None
+    except OSError as exc:
+        raise InputError(ErrorClass.INPUT_UNREADABLE, f"cannot read input: {exc}") from None
+    if text is None:
+        raise InputError(ErrorClass.INPUT_INVALID, f"row {located.row} has no text")
+    if not isinstance(text, str):
+        raise InputError(ErrorClass.INPUT_INVALID, f"row {located.row} holds no text")
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(ErrorClass.INPUT_INVALID, "the text holds a lone surrogate") from None
+    _refuse_over(len(data), limits)
+    if limits.keep is None or len(data) <= limits.keep:
+        return _input_bytes(data, len(data))
+    digest = hashlib.sha256(data).hexdigest() if limits.digest else None
+    return _input_bytes(data[: limits.keep], len(data), digest)
+
+
+def _kept(key: tuple, make):
+    """The process's object for a file (an Arrow reader, a CSV header), made once."""
+    with _lock:
+        if key in _files:
+            _files.move_to_end(key)
+            return _files[key]
+    made = make()
+    with _lock:
+        _files[key] = made
+        while len(_files) > FILES_KEPT:
+            _files.popitem(last=False)
+    return made
+
+
+def _line(path: Path, key: tuple, located: Located) -> bytes:
+    if located.b == 0:
+        raise RecordMoved("a line too long to read")
+    if path.name.lower().endswith(".gz"):
+        data = _gzip_read(path, key, located.a, located.b)
+    else:
+        with open(path, "rb") as fh:
+            data = os.pread(fh.fileno(), located.b, located.a)
+    if len(data) != located.b:
+        raise RecordMoved("the file ends before it")
+    return data
+
+
+def _jsonl_text(path: Path, key: tuple, located: Located):
+    record = parse_json_line(_line(path, key, located))
+    if isinstance(record, BadLine):
+        raise RecordMoved(record.reason)
+    if located.column not in record:
+        raise RecordMoved(f"no column {located.column!r} there")
+    return record[located.column]
+
+
+def _csv_text(path: Path, key: tuple, located: Located):
+    def header():
+        with open_lines(path) as fh:
+            dialect = sniff_dialect(fh.read(SNIFF_BYTES))
+        with open_lines(path) as fh:
+            first = fh.readline().removeprefix(b"\xef\xbb\xbf")
+        try:
+            return dialect, parse_csv_record(first, dialect)
+        except (csv.Error, UnicodeDecodeError):
+            return dialect, []
+
+    dialect, names = _kept(("csv", *key), header)
+    if located.column not in names:
+        raise RecordMoved(f"no column {located.column!r} in the header")
+    try:
+        fields = parse_csv_record(_line(path, key, located), dialect)
+    except (csv.Error, UnicodeDecodeError) as exc:
+        raise RecordMoved(f"not a CSV record there: {exc}") from None
+    if len(fields) != len(names):
+        raise RecordMoved("not a record of the header's fields there")
+    return fields[names.index(located.column)]
+
+
+def _parquet_text(path: Path, key: tuple, located: Located):
+    import pyarrow.parquet as pq
+
+    group_key = (*key, located.a, located.column)
+    with _lock:
+        kept = _groups.get(group_key)
+        if kept is not None:
+            _groups.move_to_end(group_key)
+    if kept is None:
+        try:
+            with pq.ParquetFile(path) as parquet:
+                table = parquet.read_row_group(located.a, columns=[located.column])
+        except (IndexError, KeyError) as exc:
+            raise RecordMoved(f"no row group {located.a}: {exc}") from None
+        except Exception as exc:  # ArrowInvalid and kin: not Parquet any more
+            raise RecordMoved(str(exc)) from None
+        column = table.column(0).combine_chunks()
+        kept = (column, column.nbytes)
+        with _lock:
+            _groups[group_key] = kept
+            held = sum(size for _, size in _groups.values())
+            while len(_groups) > 1 and held > RECORD_CACHE_BYTES:
+                _, (_, size) = _groups.popitem(last=False)
+                held -= size
+    column = kept[0]
+    if located.b >= len(column):  # type: ignore[arg-type]
+        raise RecordMoved(f"row group {located.a} has no row {located.b}")
+    return column[located.b].as_py()  # type: ignore[index]
+
+
+def _arrow_text(path: Path, key: tuple, located: Located):
+    def batches():
+        try:
+            reader = open_arrow(path)
+            if hasattr(reader, "get_batch"):
+                return [reader.get_batch(i) for i in range(reader.num_record_batches)]
+            return list(reader)  # zero-copy slices of the map
+        except Exception as exc:  # ArrowInvalid and kin
+            return RecordMoved(str(exc))
+
+    kept = _kept(("arrow", *key), batches)
+    if isinstance(kept, RecordMoved):
+        raise kept
+    if located.a >= len(kept):
+        raise RecordMoved(f"no record batch {located.a}")
+    batch = kept[located.a]
+    if located.column not in batch.schema.names or located.b >= batch.num_rows:
+        raise RecordMoved(f"no row {located.b} of column {located.column!r} in batch {located.a}")
+    return batch.column(located.column)[located.b].as_py()
+
+
+def _gzip_read(path: Path, key: tuple, offset: int, length: int) -> bytes:
+    cursors: list = _kept(("gz", *key), list)
+    with _lock:
+        ahead = [c for c in cursors if c.tell() <= offset]
+        cursor = max(ahead, key=lambda c: c.tell()) if ahead else None
+        if cursor is not None:
+            cursors.remove(cursor)
+    if cursor is None:
+        cursor = open_lines(path)
+    try:
+        cursor.seek(offset)
+        data = cursor.read(length)
+    except BaseException:
+        cursor.close()
+        raise
+    with _lock:
+        cursors.append(cursor)
+        if len(cursors) > GZIP_CURSORS:
+            oldest = min(cursors, key=lambda c: c.tell())
+            cursors.remove(oldest)
+            oldest.close()
+    return data
+
+
+_READERS = {
+    "line": lambda path, key, located: (
+        _csv_text if path.name.lower().endswith(".csv") else _jsonl_text
+    )(path, key, located),
+    "group": _parquet_text,
+    "batch": _arrow_text,
+}
+
+
+def record_identity(root: Path, located: Located) -> tuple[int, str]:
+    """The record's text size and sha256 as it reads now (InputError if it cannot):
+    what `resume --retry-failed` records before it runs an `input_changed` unit again."""
+    data = read_record(root, located, ReadLimits())
+    return data.size, data.sha256 or ""
+
+
+def check_record(locate, located: Located, sha256: str, deep: bool) -> tuple[str, str] | None:
+    """verify's look at a record unit's input: None when all is well, or
+    (error class, reason). The records file is stat-ed; `deep` reads the row
+    and compares its sha256 with the import's."""
+    try:
+        os.stat(locate(located.file))
+    except ValueError as exc:
+        return ErrorClass.INPUT_INVALID, str(exc)
+    except FileNotFoundError:
+        return ErrorClass.INPUT_MISSING, f"records file not found: {located.file}"
+    except OSError as exc:
+        return ErrorClass.INPUT_UNREADABLE, f"cannot read input: {exc.strerror or exc}"
+    if not (deep and sha256):
+        return None
+    try:
+        size, now = record_identity(Path(locate.root), located)
+    except InputError as exc:
+        return exc.error_class, exc.message
+    if now != sha256:
+        return ErrorClass.INPUT_CHANGED, "the row's text changed since import (sha256 differs)"
+    return None

@@ -1,0 +1,403 @@
+"""A corpus as records: each row of a JSONL, CSV, Parquet or Arrow file is a
+unit (docs/importing.md, "Records").
+
+A record unit's source path names its row where it lies, so that every
+reader of an input (`inputs.read_bytes`: the worker, costs, previews, the
+profiler) reads it without scanning the file:
+
+    corpus.jsonl#17@5120+311:text    line 17, 311 bytes at byte 5120 (JSONL, CSV;
+                                     of a .gz file, in its uncompressed stream)
+    part-0.parquet#40961@g1:8193:text    row 40961, row group 1, index 8193 in it
+    data-00000-of-00002.arrow#9@b0:9:text    row 9, record batch 0, index 9 in it
+
+After the last `:` comes the text column, percent-quoted, so that the last
+`#` of a source path always opens the position. A unit's size and sha256 are
+those of its text in UTF-8; the worker checks them like a file's.
+
+Files are read streamed: lines one at a time, Parquet a row group's record
+batches at a time, Arrow a record batch at a time; never a whole file.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import hashlib
+import io
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote, unquote
+
+from campaigns.intake.inputs import InputError, decode_text
+from campaigns.intake.manifests import BadLine, ManifestError, _json_record
+from campaigns.intake.rows import CATEGORY_MAX, PATH_MAX, UID_MAX, Row
+from campaigns.storage.paths import escape_path, resolve_input, storable
+
+#: File names that hold records, and the format each is read as.
+FORMATS = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".jsonl.gz": "jsonl",
+    ".ndjson.gz": "jsonl",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+}
+#: The longest line (or CSV record) a row may be: a longer one fails alone,
+#: and is never held whole.
+LINE_MAX = 64 << 20
+#: Rows a Parquet or Arrow reader hands over at a time.
+BATCH_ROWS = 4096
+#: What csv.Sniffer reads to tell a CSV file's dialect (the worker the same).
+SNIFF_BYTES = 64 << 10
+_BOM = b"\xef\xbb\xbf"
+_LOCATOR = re.compile(r"#(\d+)@(?:(\d+)\+(\d+)|([gb])(\d+):(\d+)):([^#:]*)\Z")
+
+
+@dataclass(frozen=True)
+class RecordColumns:
+    """Which columns of a record file are the unit's id, text and category.
+    No id column: a unit's id is `file:N` (N the line, or the row index of a
+    Parquet or Arrow file)."""
+
+    text: str
+    id: str | None = None
+    category: str | None = None
+
+    def as_dict(self) -> dict:
+        return {"text": self.text, "id": self.id, "category": self.category}
+
+    @classmethod
+    def from_dict(cls, value: dict) -> RecordColumns:
+        return cls(text=value["text"], id=value.get("id"), category=value.get("category"))
+
+    def needed(self) -> list[str]:
+        return [c for c in (self.id, self.text, self.category) if c]
+
+
+@dataclass(frozen=True, slots=True)
+class Located:
+    """A record's place, as parsed from its unit's source path."""
+
+    file: str
+    row: int
+    kind: str  # "line", "group" (Parquet) or "batch" (Arrow)
+    a: int  # byte offset, row group or batch
+    b: int  # length in bytes, or index within the group or batch
+    column: str
+
+
+def record_format(name: str) -> str | None:
+    lowered = name.lower()
+    for suffix, kind in FORMATS.items():
+        if lowered.endswith(suffix):
+            return kind
+    return None
+
+
+def locator(file: str, row: int, position: str, column: str) -> str:
+    return f"{file}#{row}@{position}:{quote(column, safe='')}"
+
+
+def parse_locator(source_path: str) -> Located | None:
+    """The record a source path names, or None for a file's source path."""
+    if "#" not in source_path:
+        return None
+    match = _LOCATOR.search(source_path)
+    if match is None:
+        return None
+    file = source_path[: match.start()]
+    if record_format(file) is None:
+        return None  # a file whose own name looks like a record's place
+    row, offset, length, kind, a, b, column = match.groups()
+    if kind is None:
+        return Located(file, int(row), "line", int(offset), int(length), unquote(column))
+    kind = "group" if kind == "g" else "batch"
+    return Located(file, int(row), kind, int(a), int(b), unquote(column))
+
+
+def record_files(root: Path, source: str) -> list[str]:
+    """The record files (relative to `root`) a source names: the file itself,
+    or every record file under the folder, in sorted order, hidden ones skipped
+    (a `datasets.save_to_disk` folder's `data-*.arrow` are in their order)."""
+    path = resolve_input(root, source) if source not in ("", ".") else root.resolve()
+    if path.is_file():
+        if record_format(path.name) is None:
+            raise ManifestError(
+                f"{path.name}: records are .jsonl, .jsonl.gz, .csv, .parquet or .arrow files"
+            )
+        return [escape_path(os.path.relpath(path, root.resolve()))]
+    if not path.is_dir():
+        raise ManifestError(f"records not found: {path}")
+    found = []
+    for dirpath, dirnames, filenames in os.walk(path):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if not name.startswith(".") and record_format(name) is not None:
+                found.append(escape_path(os.path.relpath(os.path.join(dirpath, name), root)))
+    if not found:
+        raise ManifestError(f"{path}: no .jsonl, .jsonl.gz, .csv, .parquet or .arrow file in it")
+    return found
+
+
+def record_rows(root: Path, files: list[str], columns: RecordColumns) -> Iterator[Row]:
+    """A row for each record of the files, in order; a record that cannot work
+    is a failed row with its reason. A file without the named columns is
+    refused as a whole (ManifestError)."""
+    number = 0
+    for file in files:
+        path = resolve_input(root, file)
+        kind = record_format(file)
+        read = {"jsonl": _jsonl, "csv": _csv, "parquet": _parquet, "arrow": _arrow}[kind or ""]
+        for row, position, record in read(path, columns):
+            number += 1
+            yield _record_row(number, file, row, position, record, columns)
+
+
+def _record_row(
+    number: int, file: str, row: int, position: str, record: dict | BadLine, columns: RecordColumns
+) -> Row:
+    where = f"{file}:{row}"
+    source = locator(file, row, position, columns.text)
+    if len(source) > PATH_MAX:
+        return Row(number, where[:UID_MAX], source[:PATH_MAX]).fail(
+            f"{where}: the file's path is too long ({PATH_MAX} characters at most)"
+        )
+    if isinstance(record, BadLine):
+        return Row(number, where, source).fail(f"{where}: {record.reason}")
+    uid = where
+    if columns.id:
+        given = record.get(columns.id)
+        uid = given if isinstance(given, str) else "" if given is None else str(given)
+        uid = uid.strip()
+        if not uid:
+            return Row(number, where, source).fail(f"{where}: no id in column {columns.id!r}")
+        if len(uid) > UID_MAX or not storable(uid):
+            return Row(number, where, source).fail(
+                f"{where}: the id is longer than {UID_MAX} characters or holds a NUL character"
+            )
+    category = record.get(columns.category) if columns.category else None
+    category = "" if category is None else str(category)
+    made = Row(number, uid, source)
+    if len(category) > CATEGORY_MAX or not storable(category):
+        return made.fail(
+            f"{where}: the category is longer than {CATEGORY_MAX} characters "
+            "or holds a NUL character"
+        )
+    made.category = category
+    text = record.get(columns.text)
+    if text is None:
+        return made.fail(f"{where}: no text in column {columns.text!r}")
+    if not isinstance(text, str):
+        return made.fail(f"{where}: column {columns.text!r} holds {type(text).__name__}, not text")
+    try:
+        data = text.encode("utf-8")
+        decode_text(data)
+    except UnicodeEncodeError:
+        return made.fail(f"{where}: the text holds a lone surrogate, not text")
+    except InputError as exc:
+        return made.fail(f"{where}: {'empty text' if not data else exc.message}")
+    made.size, made.sha256 = len(data), hashlib.sha256(data).hexdigest()
+    return made
+
+
+# --- JSONL and CSV: a line (or CSV record) at a byte offset ---------------------
+
+
+def open_lines(path: Path):
+    """A JSONL or CSV file as bytes; a .gz file as its uncompressed stream."""
+    return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
+
+
+def _lines(fh) -> Iterator[tuple[int, int, bytes | None]]:
+    """(line number, offset, line) of each line; line None for one over LINE_MAX,
+    which is skipped without being held."""
+    offset, lineno = 0, 0
+    while line := fh.readline(LINE_MAX + 1):
+        lineno += 1
+        start = offset
+        offset += len(line)
+        if len(line) > LINE_MAX and not line.endswith(b"\n"):
+            while (rest := fh.readline(LINE_MAX + 1)) and not rest.endswith(b"\n"):
+                offset += len(rest)
+            offset += len(rest)
+            yield lineno, start, None
+            continue
+        if start == 0 and line.startswith(_BOM):
+            start, line = 3, line[3:]
+        yield lineno, start, line
+
+
+def _too_long(start: int, end: int) -> BadLine:
+    return BadLine(f"over {LINE_MAX >> 20} MiB ({end - start:,} bytes), not read")
+
+
+def _jsonl(path: Path, columns: RecordColumns):
+    with open_lines(path) as fh:
+        for lineno, start, line in _lines(fh):
+            if line is None:
+                yield lineno, f"{start}+0", BadLine(f"line over {LINE_MAX >> 20} MiB, not read")
+                continue
+            if not line.strip():
+                continue
+            yield lineno, f"{start}+{len(line)}", parse_json_line(line)
+
+
+def parse_json_line(line: bytes) -> dict | BadLine:
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return BadLine(f"not UTF-8 (byte 0x{line[exc.start]:02x} at {exc.start})")
+    record = _json_record(0, text)
+    if isinstance(record, BadLine):
+        return BadLine(record.reason.replace("line 0 ", "the line ", 1))
+    return record
+
+
+def sniff_dialect(head: bytes) -> type[csv.Dialect] | csv.Dialect:
+    """The CSV dialect of a file's first SNIFF_BYTES (the excel one if csv.Sniffer
+    cannot tell); the importer and the worker sniff the same bytes."""
+    sample = head.removeprefix(_BOM).decode("utf-8", "ignore")
+    try:
+        return csv.Sniffer().sniff(sample, delimiters=",;\t|")
+    except csv.Error:
+        return csv.excel
+
+
+def parse_csv_record(data: bytes, dialect) -> list[str]:
+    """One CSV record's fields; csv.Error or UnicodeDecodeError if it is none."""
+    fields = next(csv.reader(io.StringIO(data.decode("utf-8"), newline=""), dialect), None)
+    if fields is None:
+        raise csv.Error("an empty record")
+    return fields
+
+
+def _csv_records(fh, quotechar: str | None) -> Iterator[tuple[int, int, bytes | None]]:
+    """(first line, offset, bytes) of each CSV record: lines joined while a
+    quoted field is open (an odd count of quote characters)."""
+    quote_byte = (quotechar or '"').encode()
+    pending: tuple[int, int] | None = None
+    parts: list[bytes] = []
+    held = 0
+    for lineno, start, line in _lines(fh):
+        if pending is None:
+            pending, parts, held = (lineno, start), [], 0
+        if line is None or held > LINE_MAX:
+            yield pending[0], pending[1], None
+            pending = None
+            continue
+        parts.append(line)
+        held += len(line)
+        if b"".join(parts).count(quote_byte) % 2 == 0:
+            yield pending[0], pending[1], b"".join(parts)
+            pending = None
+    if pending is not None:
+        yield pending[0], pending[1], b"".join(parts)
+
+
+def _csv(path: Path, columns: RecordColumns):
+    with open_lines(path) as fh:
+        dialect = sniff_dialect(fh.read(SNIFF_BYTES))
+    with open_lines(path) as fh:
+        records = _csv_records(fh, dialect.quotechar)
+        header = next(records, None)
+        try:
+            names = parse_csv_record(header[2], dialect) if header and header[2] else []
+        except (csv.Error, UnicodeDecodeError) as exc:
+            raise ManifestError(f"{path.name}: its header cannot be read as CSV: {exc}") from None
+        _check_columns(path, names, columns)
+        for lineno, start, data in records:
+            if data is None:
+                yield lineno, f"{start}+0", BadLine(f"a record over {LINE_MAX >> 20} MiB, not read")
+                continue
+            if not data.strip():
+                continue
+            yield lineno, f"{start}+{len(data)}", _csv_fields(names, data, dialect)
+
+
+def _csv_fields(names: list[str], data: bytes, dialect) -> dict | BadLine:
+    try:
+        fields = parse_csv_record(data, dialect)
+    except UnicodeDecodeError as exc:
+        return BadLine(f"not UTF-8 (byte 0x{data[exc.start]:02x})")
+    except csv.Error as exc:
+        return BadLine(f"not a CSV record: {exc}")
+    if len(fields) != len(names):
+        return BadLine(f"{len(fields)} fields where the header has {len(names)}")
+    return dict(zip(names, fields, strict=True))
+
+
+def _check_columns(path: Path, names, columns: RecordColumns) -> None:
+    missing = [c for c in columns.needed() if c not in names]
+    if missing:
+        raise ManifestError(
+            f"{path.name}: no column {', '.join(map(repr, missing))} "
+            f"(its columns: {', '.join(map(str, list(names)[:20]))})"
+        )
+
+
+# --- Parquet and Arrow: a row group's or a record batch's index -----------------
+
+
+def _batch_records(batch, columns: RecordColumns) -> Iterator[dict]:
+    values = {name: batch.column(name).to_pylist() for name in columns.needed()}
+    for i in range(batch.num_rows):
+        yield {name: column[i] for name, column in values.items()}
+
+
+def _parquet(path: Path, columns: RecordColumns):
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow's ArrowInvalid and kin: not a Parquet file
+        raise ManifestError(f"{path.name} cannot be read as Parquet: {exc}") from None
+    with parquet:
+        _check_columns(path, parquet.schema_arrow.names, columns)
+        row = 0
+        for group in range(parquet.num_row_groups):
+            index = 0
+            batches = parquet.iter_batches(
+                batch_size=BATCH_ROWS,
+                row_groups=[group],
+                columns=columns.needed(),
+                use_threads=False,
+            )
+            for batch in batches:
+                for record in _batch_records(batch, columns):
+                    yield row, f"g{group}:{index}", record
+                    row += 1
+                    index += 1
+
+
+def open_arrow(path: Path):
+    """An Arrow IPC file or stream (what `datasets.save_to_disk` writes), memory-mapped:
+    a reader whose record batches are read without copying."""
+    import pyarrow as pa
+
+    source = pa.memory_map(str(path))
+    if source.read(6) == b"ARROW1":
+        return pa.ipc.open_file(source)
+    source.seek(0)
+    return pa.ipc.open_stream(source)
+
+
+def _arrow(path: Path, columns: RecordColumns):
+    try:
+        reader = open_arrow(path)
+    except Exception as exc:  # pyarrow's ArrowInvalid and kin
+        raise ManifestError(f"{path.name} cannot be read as Arrow: {exc}") from None
+    _check_columns(path, reader.schema.names, columns)
+    batches = (
+        (reader.get_batch(i) for i in range(reader.num_record_batches))
+        if hasattr(reader, "get_batch")
+        else reader
+    )
+    row = 0
+    for number, batch in enumerate(batches):
+        for index, record in enumerate(_batch_records(batch, columns)):
+            yield row, f"b{number}:{index}", record
+            row += 1

@@ -1,0 +1,123 @@
+"""Record campaigns through the worker's own path: each row read at its
+recorded place, checked against its import checksum, embedded under the
+version's read limits, its vector as the text's own (campaigns/intake/records.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from campaigns.intake.records import RecordColumns
+from campaigns.models import ErrorClass, Unit, UnitState
+from campaigns.runs import control, setup
+from campaigns.specs.builtin import TEXT_EMBEDDING
+from campaigns.specs.limits import TEXT_BYTES_PER_TOKEN
+from campaigns.verify.reconcile import campaign_verify
+from gpuworker.processors import get_processor
+from gpuworker.runner import read as runner_read
+from tests.vectors import unit_vector
+
+pytestmark = pytest.mark.django_db
+
+DONE = (UnitState.SUCCEEDED, UnitState.NEEDS_REVIEW)
+TEXTS = {
+    f"doc-{i}": text
+    for i, text in enumerate(
+        [
+            "The harbour reopened on Monday after three weeks of repairs.",
+            "Le port a rouvert lundi après trois semaines de travaux.",
+            "港は月曜日に再開した。",
+            "def fib(n):\n    a, b = 0, 1\n    return a",
+            "the harbour reopened " * 400,  # longer than max_tokens: read in part
+            "Hello",
+        ]
+    )
+}
+ROWS = [{"id": uid, "text": text, "kind": "good"} for uid, text in TEXTS.items()]
+BAD = [{"id": "empty", "text": "", "kind": "bad"}, {"id": "null", "text": None, "kind": "bad"}]
+
+
+def jsonl(path: Path) -> Path:
+    lines = [json.dumps(r, ensure_ascii=False) for r in ROWS[:3] + BAD + ROWS[3:]]
+    path.write_text("\n".join(lines[:4]) + "\n{broken\n" + "\n".join(lines[4:]) + "\n")
+    return path
+
+
+def parquet(path: Path) -> Path:
+    table = pa.Table.from_pylist(ROWS[:3] + BAD + ROWS[3:])
+    pq.write_table(table, path, row_group_size=3)
+    return path
+
+
+@pytest.mark.parametrize("write", [jsonl, parquet], ids=["jsonl", "parquet"])
+def test_a_record_campaign_runs_to_valid_vectors_of_its_rows(
+    write, project, tmp_path, output_root, run_here, monkeypatch
+):
+    seen: list[bytes] = []
+    real = runner_read.read_bytes
+
+    def spy(*args, **kwargs):
+        seen.append(real(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(runner_read, "read_bytes", spy)
+    campaign, report = setup.campaign_create(
+        name="recs",
+        processor="text-embedding",
+        project=project,
+        records=write(tmp_path / f"corpus.{write.__name__}"),
+        columns=RecordColumns(text="text", id="id", category="kind"),
+        params={"max_tokens": 32, "batch_size": 4},
+    )
+    run_here(campaign)
+    units = {u.uid: u for u in Unit.objects.filter(campaign=campaign)}
+    assert {uid for uid, u in units.items() if u.state in DONE} == set(TEXTS)
+    failed = {uid: u.error_class for uid, u in units.items() if u.state == UnitState.FAILED}
+    assert set(failed) >= {"empty", "null"}
+    assert set(failed.values()) == {ErrorClass.INPUT_INVALID}
+    # The long row was read only as far as the model uses it.
+    assert max(len(data) for data in seen) <= 32 * TEXT_BYTES_PER_TOKEN
+    processor = get_processor("text-embedding", TEXT_EMBEDDING.clean({"max_tokens": 32}))
+    expected = processor.embed(list(TEXTS.values())).vectors
+    for (uid, _), vector in zip(TEXTS.items(), expected, strict=True):
+        ours = unit_vector(output_root, units[uid].output_path)
+        assert float(ours @ vector) >= 0.9999, uid
+        assert np.isclose(np.linalg.norm(ours), 1.0, atol=1e-4)
+    assert units["doc-4"].attempts.latest("pk").metrics["truncated"] is True
+    # verify finds every row where it was, deep or not.
+    for deep in (False, True):
+        verified = campaign_verify(campaign=campaign, deep=deep)
+        assert not any(
+            verified.counts.get(k) for k in ("input_missing", "input_changed", "output_missing")
+        ), verified.counts
+
+
+def test_a_row_changed_after_import_fails_input_changed_and_runs_after_reimport(
+    project, tmp_path, output_root, run_here
+):
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS[:3]))
+    campaign, _ = setup.campaign_create(
+        name="recs",
+        processor="text-embedding",
+        project=project,
+        records=path,
+        columns=RecordColumns(text="text", id="id"),
+    )
+    # The same length, another text: the row is where it was, its bytes are not.
+    changed = dict(ROWS[0], text=ROWS[0]["text"].upper())
+    path.write_text("".join(json.dumps(r) + "\n" for r in (changed, ROWS[1], ROWS[2])))
+    run_here(campaign)
+    units = {u.uid: u for u in Unit.objects.filter(campaign=campaign)}
+    assert units["doc-0"].error_class == ErrorClass.INPUT_CHANGED
+    assert units["doc-1"].state in DONE and units["doc-2"].state in DONE
+    report = setup.campaign_import(campaign=campaign)
+    assert report.changed == 1
+    control.campaign_resume(campaign=campaign, retry_failed=True)
+    run_here(campaign)
+    assert Unit.objects.get(campaign=campaign, uid="doc-0").state in DONE

@@ -283,6 +283,12 @@ ORDER_UNDERPAID_HOLD_HOURS = env.int("ORDER_UNDERPAID_HOLD_HOURS", default=48)
 # address, and one client address, may have at once.
 ORDER_OPEN_PER_EMAIL = env.int("ORDER_OPEN_PER_EMAIL", default=2)
 ORDER_OPEN_PER_CLIENT = env.int("ORDER_OPEN_PER_CLIENT", default=3)
+# The share of a model's stock those unpaid orders may hold, per e-mail address
+# and per client (rounded down, at least one card): one order for every card
+# of a model would otherwise hold them all until its hold ends. 1 turns it off.
+ORDER_MAX_HELD_SHARE = env.float("ORDER_MAX_HELD_SHARE", default=0.5)
+if not 0 < ORDER_MAX_HELD_SHARE <= 1:
+    raise ImproperlyConfigured("ORDER_MAX_HELD_SHARE is a share of the stock: above 0, at most 1.")
 for _name in (
     "ORDER_NOTICE_HOLD_MINUTES",
     "ORDER_UNDERPAID_HOLD_HOURS",

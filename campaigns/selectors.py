@@ -28,6 +28,7 @@ from campaigns.models import (
     Profile,
     Unit,
     UnitState,
+    sees_every_project,
 )
 from campaigns.runs.memory_errors import MemoryFailure, ProfileBatch, explain
 from campaigns.specs.processors import cost_unit, get_spec
@@ -134,8 +135,10 @@ COMPACT_AFTER_ROWS = 200
 
 
 def campaigns_for_user(user) -> QuerySet[Campaign]:
+    """The campaigns of the user's projects; a superuser's, every one
+    (sees_every_project: order staff see none of the customers')."""
     qs = Campaign.objects.select_related("project", "current_version")
-    if user.is_staff:
+    if sees_every_project(user):
         return qs
     return qs.filter(project__members=user)
 

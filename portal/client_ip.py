@@ -2,8 +2,12 @@
 
 django-ratelimit reads RATELIMIT_IP_META_KEY (portal/settings.py): a request
 header such as HTTP_X_REAL_IP, or the dotted path of a function taking the
-request, such as `forwarded_for` below. django-axes (login lockouts) asks
-`client_ip`, which reads the same setting, so both count the same client.
+request, such as `forwarded_for` below, and counts an IPv6 client by its /64
+(RATELIMIT_IPV6_MASK; IPv4 by the whole address, RATELIMIT_IPV4_MASK): one
+customer's line or one cloud machine is given a whole /64, so its addresses
+are one client. django-axes (login lockouts) and the caps on open orders ask
+`client_network`, which reads the same settings, so all three count the same
+client.
 """
 
 from __future__ import annotations
@@ -34,6 +38,26 @@ def client_ip(request: HttpRequest) -> str:
     return request.META.get("REMOTE_ADDR", "")
 
 
+def client_network(request: HttpRequest) -> str:
+    """The client as the rate limits count it: `client_ip`, an IPv6 address
+    cut to its /64 (2001:db8:1:2::) as django-ratelimit's "ip" key does, with
+    the same settings; an IPv4 address whole by default.
+
+    Something that is not an address (an empty REMOTE_ADDR behind a Unix
+    socket, say) is returned as it is: it still counts as one client.
+    """
+    address = client_ip(request)
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if parsed.version == 6:
+        mask = getattr(settings, "RATELIMIT_IPV6_MASK", 64)
+    else:
+        mask = getattr(settings, "RATELIMIT_IPV4_MASK", 32)
+    return str(ipaddress.ip_network(f"{parsed}/{mask}", strict=False).network_address)
+
+
 def forwarded_for(request: HttpRequest) -> str:
     """The client's address as our own proxies saw it, from X-Forwarded-For.
 
@@ -55,11 +79,8 @@ def forwarded_for(request: HttpRequest) -> str:
 
 
 def client_key(request: HttpRequest) -> str:
-    """A keyed hash of the address the rate limits count the client by.
-
-    The same address as django-ratelimit's "ip" key (its own function, so the
-    proxy settings and IPv6 /64 grouping agree); hashed with SECRET_KEY so an
-    order row never stores a client's address.
-    """
-    address = client_ip(request)
+    """A keyed hash of the client the rate limits count (`client_network`: the
+    same proxy settings, an IPv6 client by its /64), hashed with SECRET_KEY so
+    an order row never stores a client's address."""
+    address = client_network(request)
     return hmac.new(settings.SECRET_KEY.encode(), address.encode(), hashlib.sha256).hexdigest()[:32]

@@ -27,10 +27,10 @@ from portal.models import (
     PaymentAddress,
     PaymentNotice,
 )
+from portal.order_caps import check_open_orders as _check_open_orders
 from portal.order_states import (
     ACCEPTS_NOTICE,
     HOLDS_STOCK,
-    HOLDS_STOCK_UNTIL,
     PaymentException,
     Status,
     TransitionRefused,
@@ -79,8 +79,9 @@ def order_create(
     key or taken from the pool (portal/payment_addresses.py) and the amount
     comes from the staff's rate; with BTCPay configured both come from a new BTCPay invoice
     (docs/btcpay.md), and a BTCPay failure refuses the quote, creating nothing.
-    `client_key` (portal/client_ip.py) counts toward the cap on open unpaid
-    orders per client address, as `email` does per e-mail address.
+    `client_key` (portal/client_ip.py) counts toward the caps on open unpaid
+    orders and the cards they hold per client, as `email` does per e-mail
+    address (portal/order_caps.py).
     `campaigns` is the rental's batch list (`campaign` is put in it), the keys
     and folders what its machines are set up with (portal/access.py).
     """
@@ -102,7 +103,9 @@ def order_create(
         gpu = cards[plan.gpu.pk]
         if not gpu.active:
             raise QuoteRefused(f"{gpu.name} is no longer offered.")
-        _check_open_orders(email=email, client_key=client_key, now=now)
+        _check_open_orders(
+            email=email, client_key=client_key, gpu=gpu, quantity=plan.quantity, now=now
+        )
         available = cards_available(gpu=gpu, now=now)
         if plan.quantity > available:
             raise QuoteRefused(
@@ -157,28 +160,6 @@ def order_create(
         order = _quote_from_btcpay(order=order, client=processor, now=now)
     log.info("order quoted", extra={"order": order.reference})
     return order
-
-
-def _check_open_orders(*, email: str, client_key: str, now: datetime) -> None:
-    """QuoteRefused when the e-mail or client address has as many unpaid orders
-    holding cards as allowed: a quote is free, so without a cap one visitor
-    could take every card off sale by quoting again and again."""
-    unpaid = Order.objects.filter(status__in=HOLDS_STOCK_UNTIL, held_until__gt=now)
-    wait = (
-        "Pay one of them, or wait until its quote expires, then order again; "
-        "each order's link is in the e-mail we sent when you ordered it."
-    )
-    limit = settings.ORDER_OPEN_PER_EMAIL
-    if unpaid.filter(email__iexact=email).count() >= limit:
-        raise QuoteRefused(
-            f"This e-mail address already has {limit} unpaid order(s), the most we hold "
-            f"at once. {wait}"
-        )
-    limit = settings.ORDER_OPEN_PER_CLIENT
-    if client_key and unpaid.filter(client_key=client_key).count() >= limit:
-        raise QuoteRefused(
-            f"Your connection already has {limit} unpaid order(s), the most we hold at once. {wait}"
-        )
 
 
 _PROCESSOR_DOWN = (

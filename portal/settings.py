@@ -283,6 +283,12 @@ ORDER_UNDERPAID_HOLD_HOURS = env.int("ORDER_UNDERPAID_HOLD_HOURS", default=48)
 # address, and one client address, may have at once.
 ORDER_OPEN_PER_EMAIL = env.int("ORDER_OPEN_PER_EMAIL", default=2)
 ORDER_OPEN_PER_CLIENT = env.int("ORDER_OPEN_PER_CLIENT", default=3)
+# The share of a model's stock those unpaid orders may hold, per e-mail address
+# and per client (rounded down, at least one card): one order for every card
+# of a model would otherwise hold them all until its hold ends. 1 turns it off.
+ORDER_MAX_HELD_SHARE = env.float("ORDER_MAX_HELD_SHARE", default=0.5)
+if not 0 < ORDER_MAX_HELD_SHARE <= 1:
+    raise ImproperlyConfigured("ORDER_MAX_HELD_SHARE is a share of the stock: above 0, at most 1.")
 for _name in (
     "ORDER_NOTICE_HOLD_MINUTES",
     "ORDER_UNDERPAID_HOLD_HOURS",
@@ -362,22 +368,36 @@ if RATELIMIT_TRUSTED_PROXIES < 1:
 
 # --- Login throttling (django-axes), on the site's and the admin's login ------
 # LOGIN_FAILURE_LIMIT wrong passwords for one username from one client address
-# lock that pair out for LOGIN_COOLOFF_MINUTES (the right password included);
-# another address, or another username, is not affected. Failures are kept in
-# the database (AccessAttempt); `manage.py axes_reset` lifts every lockout.
+# lock that pair out for LOGIN_COOLOFF_MINUTES (the right password included),
+# and LOGIN_ADDRESS_FAILURE_LIMIT wrong passwords from one client address,
+# whatever the usernames, lock the address (portal/login_throttle.py). Failures
+# are kept in the database (AccessAttempt); `manage.py axes_reset` lifts every
+# lockout.
 AXES_FAILURE_LIMIT = env.int("LOGIN_FAILURE_LIMIT", default=5)
+LOGIN_ADDRESS_FAILURE_LIMIT = env.int("LOGIN_ADDRESS_FAILURE_LIMIT", default=20)
 LOGIN_COOLOFF_MINUTES = env.int("LOGIN_COOLOFF_MINUTES", default=30)
 AXES_COOLOFF_TIME = timedelta(minutes=LOGIN_COOLOFF_MINUTES)
-AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_HANDLER = "portal.login_throttle.LoginThrottleHandler"
+# What the handler reads; listed for axes' own tools and log lines.
+AXES_LOCKOUT_PARAMETERS = ["ip_address", ["username", "ip_address"]]
+# A successful login clears its username's failures at that address only
+# (LoginThrottleHandler.reset_user_attempts).
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
-# The same client address as the rate limits (RATELIMIT_IP_META_KEY above).
-AXES_CLIENT_IP_CALLABLE = "portal.client_ip.client_ip"
-# Log lines name the username, address and path of a failure (what locks), not
-# the user agent, and no start-up banner in every process's log.
+# The same client as the rate limits (RATELIMIT_IP_META_KEY above), an IPv6
+# client by its /64.
+AXES_CLIENT_IP_CALLABLE = "portal.client_ip.client_network"
+# Log lines name the path of a failure, the username and address masked
+# (AXES_SENSITIVE_PARAMETERS), not the user agent, and no start-up banner in
+# every process's log.
 AXES_VERBOSE = False
 if AXES_FAILURE_LIMIT < 1 or LOGIN_COOLOFF_MINUTES < 1:
     raise ImproperlyConfigured("LOGIN_FAILURE_LIMIT and LOGIN_COOLOFF_MINUTES: 1 or more.")
+if LOGIN_ADDRESS_FAILURE_LIMIT < AXES_FAILURE_LIMIT:
+    raise ImproperlyConfigured(
+        "LOGIN_ADDRESS_FAILURE_LIMIT counts every username of an address: at least "
+        "LOGIN_FAILURE_LIMIT."
+    )
 
 # Order dossiers are kept here, regenerated when the order changes.
 DOSSIER_ROOT = _path(env.str("DOSSIER_ROOT", default=str(VAR_DIR / "dossiers")))

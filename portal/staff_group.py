@@ -2,10 +2,12 @@
 
 docs/ordering.md, "For staff", lists the tasks: verify payments and move orders
 on (the verification pages), record exchange rates, and keep the payment
-address pool (the admin). Being `is_staff` only lets an account log into the
-admin; what it may see and do there, and on the verification pages, comes from
-these permissions. The catalog (cards, prices, stock) stays with the owner's
-superuser account.
+address pool (the admin). Being `is_staff` lets an account log into the admin
+and open the verification pages; what it may see and do there comes from these
+permissions. It opens no customer's corpus: the campaign pages and the setup
+page's folders follow project membership, and only a superuser sees every
+project (campaigns.models.sees_every_project). The catalog (cards, prices,
+stock) and the user accounts stay with the owner's superuser account.
 """
 
 from __future__ import annotations

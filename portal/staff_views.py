@@ -12,6 +12,7 @@ from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
+from campaigns.selectors import campaigns_for_user
 from portal import access, order_services, payment_addresses
 from portal.forms import AccessForm, StaffActionForm
 from portal.models import Order, RentalAccess
@@ -119,6 +120,7 @@ def _staff_order_page(
     may_act = request.user.has_perm(VERIFY_ACT)
     if not may_act:
         actions = []  # may look, not act: the action would answer 403
+    linked = access.linked_campaigns(order=order)
     context = {
         "order": order,
         "free": free,
@@ -127,7 +129,15 @@ def _staff_order_page(
         "actions": actions,
         "form": StaffActionForm(),
         "rental": access.rental_view(order=order, now=now),
-        "linked_campaigns": access.linked_campaigns(order=order),
+        "linked_campaigns": linked,
+        # Order staff see the batch list's counts and estimates here; the
+        # campaign pages themselves follow project membership (a superuser
+        # sees every one), so only those this account may open are links.
+        "openable_campaigns": set(
+            campaigns_for_user(request.user)
+            .filter(pk__in=[item.campaign.pk for item in linked])
+            .values_list("pk", flat=True)
+        ),
         "access_form": (access_form or _access_form(order)) if may_act else None,
         "missing": missing_amount(order),
     }

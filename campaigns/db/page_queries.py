@@ -29,6 +29,7 @@ from campaigns.models import (
     Project,
     Reconciliation,
     UnitState,
+    sees_every_project,
 )
 
 # --- unit counts ------------------------------------------------------------------
@@ -47,7 +48,8 @@ def unit_count_rows(*, campaign_ids: list[int]) -> list[tuple]:
         return cursor.fetchall()
 
 
-# campaigns_for_user's rule in SQL, on a campaign `c` (members and staff; tests/
+# campaigns_for_user's rule in SQL, on a campaign `c` (members and superusers:
+# sees_every_project, passed in as %(staff)s; tests/
 # campaigns/test_page_queries.py holds the two together): for the queries that
 # read a campaign and more in one round trip.
 _MAY_SEE = """(%(staff)s OR EXISTS (
@@ -66,7 +68,7 @@ GROUP BY c.id, u.state, u.error_class
 
 
 def _access(user, name: str) -> dict:
-    return {"name": name, "staff": bool(user.is_staff), "user": user.pk}
+    return {"name": name, "staff": sees_every_project(user), "user": user.pk}
 
 
 def unit_count_rows_for_user(*, user, name: str) -> list[tuple]:

@@ -7,7 +7,8 @@ folders"):
    inside them (`campaign folders add`, the admin), and the setup page offers
    and accepts only project folders inside them.
 2. A project's folders: on the setup page a user picks a folder (or a
-   sub-folder) of a project they belong to (staff: of any project). The posted
+   sub-folder) of a project they belong to (a superuser: of any project; order
+   staff, `is_staff`, only of their own). The posted
    path is resolved (symlinks, `..`) and must lie inside a folder of the chosen
    project, compared by whole path components (/data/ab is not inside /data/a).
 3. Every import and run checks again that the campaign's folder, resolved at
@@ -31,7 +32,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 
-from campaigns.models import Campaign, Project, ProjectFolder
+from campaigns.models import Campaign, Project, ProjectFolder, sees_every_project
 
 #: How far below a project folder the setup page offers sub-folders.
 BROWSE_DEPTH = 2
@@ -68,9 +69,10 @@ def in_corpus_roots(path: str) -> bool:
 
 
 def projects_for_user(user: Any) -> QuerySet[Project]:
-    """The projects whose folders a user may use: their own; staff, every one
-    (as they see every campaign: selectors.campaigns_for_user)."""
-    if user.is_staff:
+    """The projects whose folders a user may use: their own; a superuser, every
+    one (as they see every campaign: selectors.campaigns_for_user). Order staff
+    (`is_staff`) use only the projects they are a member of."""
+    if sees_every_project(user):
         return Project.objects.order_by("name")
     return Project.objects.filter(members=user).order_by("name")
 

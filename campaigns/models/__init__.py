@@ -7,7 +7,13 @@ from __future__ import annotations
 # isort: off
 # In the order the models were declared in one module, so that the app
 # registry lists them (and everything that walks it) in that same order.
-from campaigns.models.campaign import Campaign, ParameterVersion, Project, ProjectFolder
+from campaigns.models.campaign import (
+    Campaign,
+    ParameterVersion,
+    Project,
+    ProjectFolder,
+    sees_every_project,
+)
 from campaigns.models.batch import Batch
 from campaigns.models.unit import (
     IN_FLIGHT,
@@ -51,4 +57,5 @@ __all__ = [
     "Unit",
     "UnitCount",
     "UnitState",
+    "sees_every_project",
 ]

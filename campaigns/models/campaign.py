@@ -18,6 +18,15 @@ class Project(models.Model):
         return self.name
 
 
+def sees_every_project(user) -> bool:
+    """Whether `user` may see every project's campaigns and use every project's
+    folders: an active superuser, the operator. Anyone else, order staff
+    included, sees the projects they are a member of. `is_staff` is the admin
+    login the order staff need for payments and rates (portal/staff_group.py):
+    it opens no customer's corpus."""
+    return bool(getattr(user, "is_active", False) and getattr(user, "is_superuser", False))
+
+
 class ProjectFolder(models.Model):
     """A folder a project's members may make campaigns over, with everything under
     it (campaigns/intake/project_folders.py keeps the rules)."""

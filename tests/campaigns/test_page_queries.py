@@ -19,6 +19,7 @@ from campaigns.models import (
 )
 from campaigns.runs import batch_stats
 from tests.campaigns.test_views import HTMX_COUNTS, _detail
+from tests.conftest import UserFactory
 
 
 @pytest.fixture
@@ -233,11 +234,15 @@ _SQL_LOOKUPS = {
 def test_each_sql_lookup_follows_the_access_rule_of_campaigns_for_user(
     lookup, owner, outsider, staff, campaign
 ):
-    """The plain SQL repeats campaigns_for_user's rule: members and staff, no one else."""
-    for user in (owner, outsider, staff):
+    """The plain SQL repeats campaigns_for_user's rule: members and superusers, no
+    one else (order staff included)."""
+    root = UserFactory(username="root", is_staff=True, is_superuser=True)
+    for user in (owner, outsider, staff, root):
         visible = selectors.campaigns_for_user(user).filter(name=campaign.name).exists()
         assert (lookup(user=user, name=campaign.name) is not None) == visible, user
-    assert lookup(user=staff, name="no-such-campaign") is None
+    assert lookup(user=staff, name=campaign.name) is None
+    assert lookup(user=root, name=campaign.name) is not None
+    assert lookup(user=root, name="no-such-campaign") is None
 
 
 def test_the_sql_lookups_read_what_the_orm_reads(owner, campaign):

@@ -210,14 +210,31 @@ def test_a_manifest_create_is_held_to_the_folder_too(owner, customers, tmp_path)
     assert not Unit.objects.exists()
 
 
-def test_staff_use_any_projects_folders_but_each_under_its_own_project(client, customers):
-    staff = UserFactory(username="operator", is_staff=True)
+def test_order_staff_are_offered_no_customers_folders_and_cannot_create_over_them(
+    client, staff, customers
+):
+    # `is_staff` in the order-staff group verifies payments; it reads no corpus
     client.force_login(staff)
+    html = client.get(NEW).content.decode()
+    assert str(customers / "acme") not in html and str(customers / "beta") not in html
+    for project in ("acme", "beta"):
+        folder = customers / project
+        assert client.post(NEW, _form(folder, project=project)).status_code == 400
+    assert not Campaign.objects.exists()
+
+
+def test_a_superuser_uses_any_projects_folders_but_each_under_its_own_project(client, customers):
+    root = UserFactory(username="operator", is_staff=True, is_superuser=True)
+    client.force_login(root)
     html = client.get(NEW).content.decode()
     assert str(customers / "acme") in html and str(customers / "beta") in html
     crossed = client.post(NEW, _form(customers / "beta" / "private", project="acme"))
     assert crossed.status_code == 400
     assert not Campaign.objects.exists()
+    with mock.patch.object(start.celery_app, "send_task"):
+        made = client.post(NEW, _form(customers / "beta" / "private", project="beta"))
+    assert made.status_code == 302
+    assert Campaign.objects.get(name="mine").project.name == "beta"
 
 
 # --- again at import and run ----------------------------------------------------

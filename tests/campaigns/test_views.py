@@ -9,6 +9,7 @@ from django.urls import reverse
 
 from campaigns.models import Unit, UnitState
 from campaigns.runs import start
+from tests.conftest import UserFactory
 
 HTMX_COUNTS = {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "counts"}
 
@@ -43,8 +44,19 @@ def test_another_customer_gets_not_found(client, outsider, campaign):
     assert campaign.name not in client.get(reverse("campaign_list")).content.decode()
 
 
-def test_staff_see_every_campaign(client, staff, campaign):
+def test_order_staff_get_not_found_on_a_customers_campaign(client, staff, campaign):
+    # `is_staff` in the order-staff group: the admin and the verification pages,
+    # not the customers' campaigns (portal/staff_group.py)
     client.force_login(staff)
+    assert client.get(_detail(campaign)).status_code == 404
+    assert campaign.name not in client.get(reverse("campaign_list")).content.decode()
+    assert client.get(_detail(campaign), **HTMX_COUNTS).status_code == 404
+    assert client.post(reverse("campaign_run", args=[campaign.name])).status_code == 404
+
+
+def test_a_superuser_sees_every_campaign(client, campaign):
+    root = UserFactory(username="root", is_staff=True, is_superuser=True)
+    client.force_login(root)
     assert client.get(_detail(campaign)).status_code == 200
     assert campaign.name in client.get(reverse("campaign_list")).content.decode()
 

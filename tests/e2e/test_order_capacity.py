@@ -19,9 +19,10 @@ def _sign_in(page, url: str) -> None:
 
 
 def test_a_late_payment_waits_for_capacity_and_is_provisioned_once_cards_free(
-    page, new_page, live_server, staff, make_order, transactional_db
+    page, new_page, live_server, staff, make_order, transactional_db, settings
 ):
     # given: an A100 order (stock 2) expired unpaid, its cards quoted to someone else
+    settings.ORDER_MAX_HELD_SHARE = 1  # one customer may quote the whole stock
     late = svc.order_expire(order=make_order(gpu="A100 SXM", quantity=2))
     other = make_order(gpu="A100 SXM", quantity=2)
 

@@ -41,6 +41,49 @@ def test_wrong_passwords_lock_the_username_at_that_address(client, alice, settin
     assert other.status_code == 302
 
 
+def _guess(client, url: str, username: str, **headers):
+    return client.post(url, {"username": username, "password": "guess"}, **headers)
+
+
+@pytest.mark.parametrize("url", [SITE, ADMIN])
+def test_wrong_passwords_for_many_usernames_lock_the_address(client, alice, settings, url):
+    # As reported, the other way round: one guess per username never reaches
+    # the per-username limit, so the address has a limit of its own.
+    settings.AXES_FAILURE_LIMIT = 5
+    settings.LOGIN_ADDRESS_FAILURE_LIMIT = 12
+    for n in range(11):
+        assert _guess(client, url, f"user{n}").status_code == 200
+    assert _guess(client, url, "user11").status_code == 429  # the twelfth locks
+    # then every username from that address is refused, alice's right password too
+    locked = _login(client, url, "pw-for-tests")
+    assert locked.status_code == 429
+    assert "from your address" in locked.content.decode()
+    assert "_auth_user_id" not in client.session
+    # another address is not locked out
+    assert _login(client, url, "pw-for-tests", REMOTE_ADDR="198.51.100.9").status_code == 302
+
+
+def test_an_ipv6_client_is_one_address_across_its_64(client, alice, settings):
+    settings.LOGIN_ADDRESS_FAILURE_LIMIT = 6
+    for n in range(6):
+        _guess(client, SITE, f"user{n}", REMOTE_ADDR=f"2001:db8:1:2::{n + 1}")
+    assert _login(client, SITE, "pw-for-tests", REMOTE_ADDR="2001:db8:1:2::99").status_code == 429
+    assert _login(client, SITE, "pw-for-tests", REMOTE_ADDR="2001:db8:1:3::1").status_code == 302
+
+
+def test_logging_into_one_account_does_not_clear_the_address_s_count(client, alice, settings):
+    # An attacker with an account of their own cannot wipe the address's
+    # failures by logging into it between guesses.
+    settings.AXES_FAILURE_LIMIT = 5
+    settings.LOGIN_ADDRESS_FAILURE_LIMIT = 6
+    for n in range(5):
+        _guess(client, SITE, f"user{n}")
+    assert _login(client, SITE, "pw-for-tests").status_code == 302  # alice, 5 < 6
+    client.logout()
+    assert _guess(client, SITE, "user5").status_code == 429  # the sixth locks
+    assert _login(client, SITE, "pw-for-tests").status_code == 429
+
+
 def test_the_lock_lifts_after_the_cool_off(client, alice, settings):
     from axes.models import AccessAttempt
 

@@ -54,6 +54,14 @@ def cards_held(gpu: str) -> int:
     return held.aggregate(n=Sum("quantity"))["n"] or 0
 
 
+@pytest.fixture(autouse=True)
+def _whole_stock_quotes(settings):
+    """The holds below are of a model's whole stock (A100: 2) by one order, as
+    reported; the cap on one visitor's share of a model has its own tests, which
+    set it back (test_one_visitor_...)."""
+    settings.ORDER_MAX_HELD_SHARE = 1
+
+
 # --- holds end -----------------------------------------------------------------------
 
 
@@ -378,3 +386,68 @@ def test_two_quotes_at_once_for_two_cards_cannot_pass_the_cap_twice(
     assert sorted(outcomes)[-1] == "quoted"
     assert "already has 1 unpaid order(s)" in sorted(outcomes)[0]
     assert Order.objects.filter(email="eve@example.org").count() == 1
+
+
+def test_ipv6_addresses_of_one_64_share_the_cap_on_unpaid_orders(
+    client, fresh_rates, address_pool, settings
+):
+    # An IPv6 line or cloud machine holds a whole /64: rotating the low 64 bits
+    # is not a new visitor.
+    settings.ORDER_OPEN_PER_CLIENT = 3
+    one_64 = ["2001:db8:1:2::1", "2001:db8:1:2::2", "2001:db8:1:2:abcd::9", "2001:db8:1:2:ffff::"]
+    for n, (gpu, address) in enumerate(zip(("L40S", "A40", "L4"), one_64, strict=False)):
+        assert (
+            _order(client, email=f"v{n}@example.org", gpu=gpu, address=address).status_code == 302
+        )
+    refused = _order(client, email="v9@example.org", gpu="RTX 4090", address=one_64[3])
+    assert "Your connection already has 3 unpaid order(s)" in refused.content.decode()
+    assert Order.objects.count() == 3
+    # the next /64 is another visitor
+    other = _order(client, email="w@example.org", gpu="RTX 4090", address="2001:db8:1:3::1")
+    assert other.status_code == 302
+
+
+# --- one visitor's share of a model's stock ---------------------------------------------
+
+
+def test_one_visitor_cannot_quote_a_whole_model_s_stock(
+    client, fresh_rates, address_pool, settings
+):
+    # As reported: one order for every A100 held them all for hours, unpaid.
+    settings.ORDER_MAX_HELD_SHARE = 0.5
+    data = _post_data(quantity=2, gpu=GpuModel.objects.get(name=A100).pk)
+    refused = client.post("/order/", data, REMOTE_ADDR="203.0.113.7")
+    assert refused.status_code == 200
+    page = refused.content.decode()
+    assert "You can order 1 more A100 SXM card(s) right now." in page
+    assert "one customer&#x27;s orders hold at most 1 of our 2 A100 SXM cards" in page
+    assert Order.objects.count() == 0
+    assert free_shown(client, A100) == 2
+    # what the message says can be ordered, can
+    data["quantity"] = 1
+    assert client.post("/order/", data, REMOTE_ADDR="203.0.113.7").status_code == 302
+    assert free_shown(client, A100) == 1
+
+
+def test_a_visitor_s_unpaid_cards_count_toward_the_share_by_e_mail_and_by_client(
+    client, fresh_rates, address_pool, settings
+):
+    settings.ORDER_MAX_HELD_SHARE = 0.5  # L40S: 4 in stock, 2 per visitor
+    settings.ORDER_OPEN_PER_EMAIL = 5  # the count of orders is not what this is about
+    assert _order(client, email="eve@example.org", address="203.0.113.7").status_code == 302
+    assert _order(client, email="eve@example.org", address="198.51.100.1").status_code == 302
+    # the same e-mail from a third address
+    page = _order(client, email="Eve@Example.org", address="192.0.2.9").content.decode()
+    assert "You can order 0 more L40S card(s) right now." in page
+    assert "your unpaid orders hold 2 already" in page
+    assert "Pay your open order first" in page
+    # another e-mail from an address that holds 1 card may take 1 more, not 2
+    data = _post_data(quantity=2, email="mallory@example.org")
+    page = client.post("/order/", data, REMOTE_ADDR="203.0.113.7").content.decode()
+    assert "You can order 1 more L40S card(s) right now." in page
+    assert Order.objects.count() == 2
+    # once paid, the cards no longer count: the visitor may order the rest
+    for order in Order.objects.all():
+        svc.order_confirm_payment(order=order, actor=STAFF, note="paid")
+    assert client.post("/order/", data, REMOTE_ADDR="203.0.113.7").status_code == 302
+    assert free_shown(client, "L40S") == 0

@@ -383,9 +383,9 @@ def test_an_order_made_from_a_profile_keeps_that_profile(
 
     page = client.get("/order/", {"campaign": campaign.name, "profile": profile.pk})
     assert f'name="profile" value="{profile.pk}"' in page.content.decode()
-    client.post("/order/", _post_data(campaign=campaign.name, profile=profile.pk))
+    client.post("/order/", _post_data(campaign=campaign.name, profile=profile.pk, quantity=1))
     # Another campaign's profile (a tampered field) is not linked.
-    client.post("/order/", _post_data(campaign=campaign.name, profile=foreign.pk))
+    client.post("/order/", _post_data(campaign=campaign.name, profile=foreign.pk, quantity=1))
 
     first, second = Order.objects.order_by("pk")
     assert (first.campaign, first.profile) == (campaign, profile)

@@ -15,6 +15,7 @@ from portal import access
 from portal import order_services as svc
 from portal.models import Environment, GpuModel, Order, RentalAccess, RentalDuration
 from portal.order_states import Status, TransitionRefused
+from tests.conftest import UserFactory
 from tests.portal.test_ssh_keys import (
     ED25519,
     ED25519_FINGERPRINT,
@@ -467,7 +468,10 @@ def test_the_staff_page_shows_the_batch_list_with_profile_and_estimate(
     assert 'id="linked-texts"' in page and 'id="linked-more-texts"' in page
     assert page.index('id="linked-texts"') < page.index('id="linked-more-texts"')
     sized_block = page[page.index('id="linked-texts"') : page.index('id="linked-more-texts"')]
-    assert f"profile {profile.pk}</a> on NVIDIA L40S" in sized_block
+    # order staff read the campaign's figures here, but its pages are the
+    # customer's: no link to them (a 404 for this account)
+    assert f"profile {profile.pk} on NVIDIA L40S" in sized_block
+    assert "/campaigns/texts/" not in page
     assert "batch size 64" in sized_block and "9.0\xa0GB" in sized_block
     assert "39 units in 3.25 h on NVIDIA L40S; plan 1 × L40S for 7 days" in sized_block
     assert "39: 0 succeeded, 39 pending" in sized_block
@@ -515,3 +519,15 @@ def test_the_dossier_lists_what_the_machines_are_set_up_with_never_how_to_reach_
     }
     for secret in (b"gpu-7", NOTEBOOK_TOKEN.encode(), order.tracking_token.encode()):
         assert secret not in text
+
+
+def test_a_superuser_on_the_staff_page_gets_links_to_the_campaign_pages(
+    client, make_order, make_campaign
+):
+    sized = make_campaign("texts")
+    profile = _done_profile(sized)
+    order = _provisioning(make_order, campaign=sized, profile=profile, ssh_public_keys=[RSA_2048])
+    client.force_login(UserFactory(username="root", is_staff=True, is_superuser=True))
+    page = client.get(f"/order/staff/{order.pk}/").content.decode()
+    assert '<a href="/campaigns/texts/">texts</a>' in page
+    assert f'<a href="/campaigns/texts/profile/">profile {profile.pk}</a> on' in page

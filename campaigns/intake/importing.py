@@ -35,7 +35,7 @@ from django.db import connection, transaction
 from django.db.models import Count, Sum
 
 from campaigns.db.import_staging import Staging
-from campaigns.intake.manifests import ManifestError, manifest_rows
+from campaigns.intake.manifests import FIELD_MAX, ManifestError, manifest_rows
 from campaigns.intake.rows import (
     CATEGORY_MAX,
     PATH_MAX,
@@ -242,6 +242,12 @@ def _staged_rows(campaign: Campaign, rows: Iterable[Row]) -> Iterator[tuple]:
             metadata = "{}"
         elif not storable(metadata):
             row.fail(f"line {row.line}: a metadata value holds a lone surrogate, not text")
+            metadata = "{}"
+        elif len(metadata) > FIELD_MAX:
+            row.fail(
+                f"line {row.line}: its metadata is {len(metadata):,} characters as JSON, "
+                f"over the {FIELD_MAX:,} a row's metadata may hold"
+            )
             metadata = "{}"
         _keep_storable(row)
         if row.error_class:

@@ -5,11 +5,15 @@ previews, the profiler, the worker) goes through `read_bytes`, under the
 `ReadLimits` of its processor and parameters: a text is read only as far as
 the model can use, the rest of the file counted (and hashed where the worker
 checks its input) but never held; an input over `max_input_bytes` is refused
-before it is read.
+before it is read. Verify opens inputs through `input_fd`, by the rules
+`read_bytes` reads them (a regular file whose real path is in the corpus), and
+hashes them with `sha256_of`, never past the size they had when opened.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
 import stat
@@ -85,9 +89,8 @@ def read_bytes(
     real_root: str | None = None,
     limits: ReadLimits = WHOLE,
 ) -> InputBytes:
-    """A unit's input, read only if its real path is inside the corpus root
-    (no `..` or symlink out of it), and only as far as `limits` say; anything
-    else is a classified InputError.
+    """A unit's input, opened as `open_input` opens it and read only as far as
+    `limits` say; anything else is a classified InputError.
 
     `real_root`, from `corpus_real_path(root)`, saves finding the root's real
     path again for each of many inputs read at once (a batch's). A record
@@ -100,13 +103,47 @@ def read_bytes(
         located = records.parse_locator(source_path)
         if located is not None:
             return record_reads.read_record(root, located, limits)
+    with open_input(root, source_path, real_root) as fh:
+        try:
+            return _read_limited(fh, limits)
+        except OSError as exc:  # an I/O error in the middle of the file
+            raise InputError(
+                ErrorClass.INPUT_UNREADABLE, f"cannot read input: {exc.strerror or exc}"
+            ) from None
+
+
+def open_input(root: Path, source_path: str, real_root: str | None = None) -> BinaryIO:
+    """`input_fd`'s file, as a binary file object the caller closes."""
+    return os.fdopen(input_fd(root, source_path, real_root), "rb")
+
+
+def input_fd(root: Path, source_path: str, real_root: str | None = None) -> int:
+    """A unit's input opened for reading, by the rules every reader of inputs
+    keeps (the worker's, verify's): only if its real path is inside the corpus
+    root (no `..` or symlink out of it) and it is a regular file. It is opened
+    without blocking, so a FIFO, a device or a socket in an input's place is
+    refused, never waited on or read forever; anything wrong is a classified
+    InputError. The caller closes the descriptor; `os.fstat` of it gives the
+    size and mtime of the very file opened."""
     if _PROC_FD:
         try:
-            return _read_checked_by_fd(root, source_path, real_root, limits)
+            return _open_checked_by_fd(root, source_path, real_root)
         except (OSError, ValueError):
             # Missing, unreadable, a NUL in the path: classified the slow way.
-            return _read_resolved(root, source_path, limits)
-    return _read_resolved(root, source_path, limits)
+            pass
+    return _open_resolved(root, source_path)
+
+
+def sha256_of(fd: int, size: int) -> str:
+    """The sha256 of an open input, reading at most `size` + 1 bytes (its size
+    when opened): a file that grows meanwhile hashes as changed, and is not
+    read to an end that may never come."""
+    digest = hashlib.sha256()
+    left = size + 1
+    while left > 0 and (chunk := os.read(fd, min(_CHUNK, left))):
+        digest.update(chunk)
+        left -= len(chunk)
+    return digest.hexdigest()
 
 
 def read_path(path: Path, limits: ReadLimits = WHOLE) -> InputBytes:
@@ -186,44 +223,60 @@ def corpus_real_path(root: Path) -> str | None:
     return real_root
 
 
-def _read_checked_by_fd(
-    root: Path, source_path: str, real_root: str | None, limits: ReadLimits
-) -> InputBytes:
+def _open_checked_by_fd(root: Path, source_path: str, real_root: str | None) -> int:
     if real_root is None:
         root_fd, real_root = _real_path(str(root), os.O_DIRECTORY)
         os.close(root_fd)
     fd, real = _real_path(os.path.join(root, input_relpath(source_path)))
-    with os.fdopen(fd, "rb") as fh:
+    try:
         if real != real_root and not real.startswith(real_root.rstrip("/") + "/"):
             raise InputError(
                 ErrorClass.INPUT_INVALID,
                 f"path {source_path!r} leaves the corpus folder {real_root}",
             )
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
-            # Opened without blocking, a FIFO would read as empty: say what it is.
-            raise InputError(
-                ErrorClass.INPUT_INVALID,
-                f"input is not a regular file but {special_kind(mode)}: {source_path}",
-            )
-        return _read_limited(fh, limits)
+        _refuse_other_than_file(os.fstat(fd).st_mode, source_path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
-def _read_resolved(root: Path, source_path: str, limits: ReadLimits) -> InputBytes:
+def _open_resolved(root: Path, source_path: str) -> int:
     try:
         path = resolve_input(root, source_path)
     except ValueError as exc:
         raise InputError(ErrorClass.INPUT_INVALID, str(exc)) from None
     try:
-        return read_path(path, limits)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
     except FileNotFoundError:
         raise InputError(ErrorClass.INPUT_MISSING, f"input file not found: {source_path}") from None
-    except IsADirectoryError:
-        raise InputError(ErrorClass.INPUT_INVALID, f"input is a folder: {source_path}") from None
     except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a socket: what it is says more than "no such device"
+            with contextlib.suppress(OSError):
+                _refuse_other_than_file(os.stat(path).st_mode, source_path)
         raise InputError(
             ErrorClass.INPUT_UNREADABLE, f"cannot read input: {exc.strerror or exc}"
         ) from None
+    try:
+        _refuse_other_than_file(os.fstat(fd).st_mode, source_path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _refuse_other_than_file(mode: int, source_path: str) -> None:
+    """InputError where an input's place holds a folder or a special file:
+    the import's words for them (campaigns/intake/importing.py)."""
+    if stat.S_ISREG(mode):
+        return
+    if stat.S_ISDIR(mode):
+        raise InputError(ErrorClass.INPUT_INVALID, f"input is a folder, not a file: {source_path}")
+    # Opened without blocking, a FIFO would read as empty: say what it is.
+    raise InputError(
+        ErrorClass.INPUT_INVALID,
+        f"input is not a regular file but {special_kind(mode)}: {source_path}",
+    )
 
 
 def decode_text(data: bytes) -> str:

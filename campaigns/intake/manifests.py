@@ -2,7 +2,8 @@
 
 A manifest that cannot be read as a whole (not UTF-8, no `path` column, a CSV
 field past csv's limit) is refused with ManifestError; anything wrong with
-one row fails that row only, with its reason, so the rest imports.
+one row fails that row only, with its reason, so the rest imports. A JSONL
+line over LINE_MAX characters is such a row, and is never held whole.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from campaigns.intake.rows import CATEGORY_MAX, PATH_MAX, UID_MAX, Row, top_folder
 from campaigns.storage.paths import escape_path, normalise_uid, storable
@@ -21,6 +23,16 @@ from campaigns.storage.paths import escape_path, normalise_uid, storable
 _COLUMNS = frozenset({"id", "path", "category", "size", "sha256"})
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 _BIGINT_MAX = 2**63 - 1
+
+#: The most characters a CSV field holds (csv.field_size_limit()'s default,
+#: which a CSV manifest keeps), and so the most a row's metadata may hold as
+#: JSON in either format (campaigns/intake/importing.py checks it).
+FIELD_MAX = 131_072
+#: The most characters a JSONL line holds: metadata at FIELD_MAX with room for
+#: id, path and category beside it. A longer line is read in pieces of
+#: _SKIP_CHUNK and dropped, never held whole; its row fails alone.
+LINE_MAX = 2 * FIELD_MAX
+_SKIP_CHUNK = 1 << 16
 
 
 class ManifestError(Exception):
@@ -57,14 +69,33 @@ def _manifest_records(manifest: Path) -> Iterator[tuple[int, dict | BadLine]]:
                     ) from exc
         elif suffix in (".jsonl", ".ndjson"):
             with manifest.open(encoding="utf-8-sig") as fh:
-                for lineno, line in enumerate(fh, start=1):
-                    if not line.strip():
-                        continue
-                    yield lineno, _json_record(lineno, line)
+                yield from _jsonl_records(fh)
         else:
             raise ManifestError(f"{manifest.name}: a manifest is .csv or .jsonl")
     except UnicodeDecodeError as exc:
         raise ManifestError(f"{manifest.name} is not UTF-8 text: {exc}") from exc
+
+
+def _jsonl_records(fh: TextIO) -> Iterator[tuple[int, dict | BadLine]]:
+    """Each non-blank line's record, read with a bounded readline: a line over
+    LINE_MAX is a BadLine, and only LINE_MAX + 1 of its characters are held."""
+    lineno = 0
+    while line := fh.readline(LINE_MAX + 1):
+        lineno += 1
+        if len(line) > LINE_MAX and not line.endswith("\n"):
+            length = len(line)
+            while (rest := fh.readline(_SKIP_CHUNK)) and not rest.endswith("\n"):
+                length += len(rest)
+            length += len(rest.rstrip("\n"))
+            yield (
+                lineno,
+                BadLine(
+                    f"line {lineno} is {length:,} characters long, over the {LINE_MAX:,} "
+                    "a manifest line may hold"
+                ),
+            )
+        elif line.strip():
+            yield lineno, _json_record(lineno, line)
 
 
 def _json_record(lineno: int, line: str) -> dict | BadLine:

@@ -30,6 +30,7 @@ from campaigns.intake.inputs import (
     ReadLimits,
     _input_bytes,
     _refuse_over,
+    input_fd,
 )
 from campaigns.intake.manifests import BadLine
 from campaigns.intake.records import (
@@ -63,17 +64,14 @@ class RecordMoved(Exception):
 def read_record(root: Path, located: Located, limits: ReadLimits) -> InputBytes:
     """The record's text in UTF-8, as `read_bytes` reads a file: only as far as
     `limits` keep, the whole text's sha256 taken where they ask for a digest."""
+    # Opened by the rules every input is (inside the corpus, a regular file,
+    # never waited on): a FIFO in the records file's place is refused, not read.
+    fd = input_fd(root, located.file)
     try:
-        path = resolve_input(root, located.file)
-        st = path.stat()
-    except ValueError as exc:
-        raise InputError(ErrorClass.INPUT_INVALID, str(exc)) from None
-    except FileNotFoundError:
-        raise InputError(
-            ErrorClass.INPUT_MISSING, f"records file not found: {located.file}"
-        ) from None
-    except OSError as exc:
-        raise InputError(ErrorClass.INPUT_UNREADABLE, f"cannot read input: {exc}") from None
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    path = resolve_input(root, located.file)
     key = (str(path), st.st_size, st.st_mtime_ns)
     try:
         text = _READERS[located.kind](path, key, located)
@@ -250,22 +248,21 @@ def record_identity(root: Path, located: Located) -> tuple[int, str]:
     return data.size, data.sha256 or ""
 
 
-def check_record(locate, located: Located, sha256: str, deep: bool) -> tuple[str, str] | None:
+def check_record(
+    root: Path, real_root: str | None, located: Located, sha256: str, deep: bool
+) -> tuple[str, str] | None:
     """verify's look at a record unit's input: None when all is well, or
-    (error class, reason). The records file is stat-ed; `deep` reads the row
-    and compares its sha256 with the import's."""
+    (error class, reason). The records file is opened by the rules every input
+    is (intake/inputs.py `input_fd`); `deep` reads the row and compares its
+    sha256 with the import's."""
     try:
-        os.stat(locate(located.file))
-    except ValueError as exc:
-        return ErrorClass.INPUT_INVALID, str(exc)
-    except FileNotFoundError:
-        return ErrorClass.INPUT_MISSING, f"records file not found: {located.file}"
-    except OSError as exc:
-        return ErrorClass.INPUT_UNREADABLE, f"cannot read input: {exc.strerror or exc}"
+        os.close(input_fd(root, located.file, real_root))
+    except InputError as exc:
+        return exc.error_class, exc.message
     if not (deep and sha256):
         return None
     try:
-        size, now = record_identity(Path(locate.root), located)
+        size, now = record_identity(root, located)
     except InputError as exc:
         return exc.error_class, exc.message
     if now != sha256:

@@ -144,11 +144,12 @@ def output_relpath(*, campaign: str, version_label: str, uid: str, suffix: str) 
 
 
 class InputLocator:
-    """resolve_input's lexical twin for verify's hot loop: no syscall per unit.
+    """resolve_input's lexical twin for the import's trusted rows: no syscall
+    per unit.
 
-    Symlinks are not followed here; that is acceptable because verify only
-    stats (and with --deep hashes) inputs, and workers read them through the
-    strict resolve_input.
+    Symlinks are not followed here; that is acceptable because those rows'
+    files are not opened at import, and the worker and verify open them
+    through intake.inputs.open_input, which checks the real path.
     """
 
     def __init__(self, root: Path):

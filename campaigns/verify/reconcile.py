@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from campaigns.intake.inputs import InputError, corpus_real_path, input_fd, sha256_of
 from campaigns.intake.record_reads import check_record
 from campaigns.intake.records import parse_locator
 from campaigns.models import (
@@ -40,7 +40,6 @@ from campaigns.storage.outputs import InvalidOutput, file_sha256, is_temp_file
 from campaigns.storage.paths import (
     DAMAGED_FOLDER,
     LEASES_FOLDER,
-    InputLocator,
     damaged_relpath,
     output_name,
 )
@@ -76,6 +75,14 @@ class Verdict:
         NEEDS_REVIEW,
     )
 
+
+#: The verdict of an input the import or the worker failed, or verify finds so.
+_INPUT_VERDICTS: dict[str, str] = {
+    ErrorClass.INPUT_MISSING: Verdict.INPUT_MISSING,
+    ErrorClass.INPUT_CHANGED: Verdict.INPUT_CHANGED,
+    ErrorClass.INPUT_UNREADABLE: Verdict.INPUT_UNREADABLE,
+    ErrorClass.INPUT_INVALID: Verdict.INPUT_INVALID,
+}
 
 SAMPLES_PER_VERDICT = 20
 # Under a campaign's output folder: where an adaptation campaign's checkpoints go.
@@ -148,7 +155,8 @@ def campaign_verify(*, campaign: Campaign, deep: bool = False) -> VerifyReport:
     spec = get_spec(campaign.processor)
     versions = {v.label: v.params for v in campaign.versions.all()}
     suffixes = {spec.suffix(params) for params in versions.values()} or {spec.output_suffix}
-    locate = InputLocator(Path(campaign.input_root))
+    root = Path(campaign.input_root)
+    real_root = corpus_real_path(root)  # once a verify, not once an input
     output_root = str(settings.OUTPUT_ROOT)
     fixes: dict[tuple, list[int]] = defaultdict(list)
     # '<shard>/<name>' of every unit: any other file in a version folder is an orphan.
@@ -170,7 +178,7 @@ def campaign_verify(*, campaign: Campaign, deep: bool = False) -> VerifyReport:
             unit = dict(zip(_FIELDS, row, strict=True))
             for suffix in suffixes:
                 claimed.add(output_name(unit["uid"], suffix))
-            verdict, reason = _judge(unit, spec, versions, locate, shards, deep)
+            verdict, reason = _judge(unit, spec, versions, (root, real_root), shards, deep)
             if verdict == Verdict.OUTPUT_INCOMPLETE:
                 reason = _set_aside(unit, reason, versions, shards, report, damaged_shards)
             report.note(verdict, unit["uid"], reason)
@@ -274,22 +282,20 @@ def _shards_in_use(campaign: Campaign) -> set[str]:
     return {"/".join(split_member(rel)[0].split("/")[2:]) for rel in rels}
 
 
-def _judge(unit, spec, versions, locate, shards: ShardChecker, deep) -> tuple[str, str]:
+def _judge(
+    unit, spec, versions, corpus: tuple[Path, str | None], shards: ShardChecker, deep
+) -> tuple[str, str]:
     state = unit["state"]
     if state in (UnitState.QUEUED, UnitState.RUNNING):
         return Verdict.IN_PROGRESS, ""
     if state == UnitState.NEEDS_REVIEW:
         return Verdict.NEEDS_REVIEW, ""
     if state == UnitState.FAILED and unit["error_class"] in INPUT_ERRORS:
-        verdict = {
-            ErrorClass.INPUT_MISSING: Verdict.INPUT_MISSING,
-            ErrorClass.INPUT_CHANGED: Verdict.INPUT_CHANGED,
-            ErrorClass.INPUT_UNREADABLE: Verdict.INPUT_UNREADABLE,
-        }.get(unit["error_class"], Verdict.INPUT_INVALID)
+        verdict = _INPUT_VERDICTS.get(unit["error_class"], Verdict.INPUT_INVALID)
         return verdict, unit["error_message"]
 
     # The input first: a vanished source is not a vanished result.
-    input_verdict = _check_input(unit, locate, deep)
+    input_verdict = _check_input(unit, *corpus, deep)
     if input_verdict is not None:
         return input_verdict
     if state == UnitState.PENDING:
@@ -380,35 +386,34 @@ def _move_aside(output_root: Path, rel: str) -> str | None:
     return aside
 
 
-def _check_input(unit, locate: InputLocator, deep: bool) -> tuple[str, str] | None:
-    """The input's verdict where something is wrong with it, in the classes the
-    import and the worker give the same trouble (campaigns/intake)."""
+def _check_input(unit, root: Path, real_root: str | None, deep: bool) -> tuple[str, str] | None:
+    """The input's verdict where something is wrong with it: opened by the
+    rules the worker reads it by (campaigns/intake/inputs.py), so a FIFO, a
+    device, a folder or a symlink out of the corpus in an input's place is
+    input_invalid with the worker's reason, and no read waits or runs on."""
     if not unit["source_path"]:
         return None
     if "#" in unit["source_path"] and (row := parse_locator(unit["source_path"])):
-        return check_record(locate, row, unit["sha256"], deep)  # a row of a records file
+        return check_record(root, real_root, row, unit["sha256"], deep)  # a row of a records file
     try:
-        path = locate(unit["source_path"])
-        st = os.stat(path)
-    except ValueError as exc:
-        return Verdict.INPUT_INVALID, str(exc)
-    except FileNotFoundError:
-        return Verdict.INPUT_MISSING, f"input file not found: {unit['source_path']}"
-    except OSError as exc:  # a folder on the way that may not be entered, an I/O error
-        return Verdict.INPUT_UNREADABLE, f"cannot read input: {exc.strerror or exc}"
-    if stat.S_ISDIR(st.st_mode):
-        return Verdict.INPUT_INVALID, f"input is a folder, not a file: {unit['source_path']}"
-    if unit["size"] is not None and st.st_size != unit["size"]:
-        return Verdict.INPUT_CHANGED, f"input size {st.st_size} bytes, recorded {unit['size']}"
-    # Same size: a new mtime (or --deep) earns a checksum, which decides.
-    touched = unit["mtime_ns"] is not None and st.st_mtime_ns != unit["mtime_ns"]
-    if (deep or touched) and unit["sha256"]:
-        try:
-            sha256 = file_sha256(path)
-        except OSError as exc:
-            return Verdict.INPUT_UNREADABLE, f"cannot read input: {exc.strerror or exc}"
-        if sha256 != unit["sha256"]:
-            return Verdict.INPUT_CHANGED, "input content changed since import (sha256 differs)"
+        fd = input_fd(root, unit["source_path"], real_root)
+    except InputError as exc:
+        return _INPUT_VERDICTS.get(exc.error_class, Verdict.INPUT_INVALID), exc.message
+    try:
+        st = os.fstat(fd)
+        if unit["size"] is not None and st.st_size != unit["size"]:
+            return Verdict.INPUT_CHANGED, f"input size {st.st_size} bytes, recorded {unit['size']}"
+        # Same size: a new mtime (or --deep) earns a checksum, which decides.
+        touched = unit["mtime_ns"] is not None and st.st_mtime_ns != unit["mtime_ns"]
+        if (deep or touched) and unit["sha256"]:
+            try:
+                sha256 = sha256_of(fd, st.st_size)
+            except OSError as exc:
+                return Verdict.INPUT_UNREADABLE, f"cannot read input: {exc.strerror or exc}"
+            if sha256 != unit["sha256"]:
+                return Verdict.INPUT_CHANGED, "input content changed since import (sha256 differs)"
+    finally:
+        os.close(fd)
     return None
 
 

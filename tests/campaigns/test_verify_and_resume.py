@@ -226,7 +226,7 @@ def test_verify_takes_no_input_hash_for_untouched_files(done, monkeypatch):
     calls = []
     import campaigns.verify.reconcile as reconcile
 
-    monkeypatch.setattr(reconcile, "file_sha256", lambda p: calls.append(p) or "x")
+    monkeypatch.setattr(reconcile, "sha256_of", lambda fd, size: calls.append(fd) or "x")
     campaign_verify(campaign=done)
     assert calls == []
     os.utime(Path(done.input_root) / "news/rail-strike.txt")  # touched, same bytes

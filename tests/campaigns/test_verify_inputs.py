@@ -27,11 +27,12 @@ def texts(tmp_path):
     return root
 
 
-def test_an_input_the_worker_could_not_read_is_input_unreadable_at_verify_too(
+def test_an_input_the_worker_refused_is_filed_where_the_worker_filed_it_at_verify_too(
     project, texts, output_root, run_here
 ):
     # given: a trusted manifest row (not opened at import) naming a socket,
-    # which no process, root included, can open as a file
+    # which no process, root included, can open as a file: the worker files
+    # it as the import would, not a regular file
     server = socket.socket(socket.AF_UNIX)
     server.bind(str(texts / "socket.txt"))
     try:
@@ -42,15 +43,32 @@ def test_an_input_the_worker_could_not_read_is_input_unreadable_at_verify_too(
         )
         run_here(campaign)
         unit = campaign.units.get(uid="socket.txt")
-        assert (unit.state, unit.error_class) == (UnitState.FAILED, "input_unreadable")
+        assert (unit.state, unit.error_class) == (UnitState.FAILED, "input_invalid")
+        assert unit.error_message == "input is not a regular file but a socket: socket.txt"
         # when
         report = campaign_verify(campaign=campaign).as_dict()
     finally:
         server.close()
     # then: verify files it where the worker did
+    assert report["input_invalid"] == 1 and report["input_unreadable"] == 0
+    (sample,) = report["samples"]["input_invalid"]
+    assert sample == {"id": "socket.txt", "reason": unit.error_message}
+
+
+def test_an_input_the_worker_could_not_read_stays_input_unreadable_at_verify(
+    project, texts, output_root
+):
+    # given: a unit the worker failed on an I/O error
+    campaign, _ = setup.campaign_create(
+        name="io-error", processor="text-embedding", project=project, input_folder=texts
+    )
+    reason = "cannot read input: Input/output error"
+    Unit.objects.filter(campaign=campaign, uid="a.txt").update(
+        state=UnitState.FAILED, error_class="input_unreadable", error_message=reason
+    )
+    report = campaign_verify(campaign=campaign).as_dict()
     assert report["input_unreadable"] == 1 and report["input_invalid"] == 0
-    (sample,) = report["samples"]["input_unreadable"]
-    assert sample["id"] == "socket.txt" and sample["reason"].startswith("cannot read input")
+    assert report["samples"]["input_unreadable"] == [{"id": "a.txt", "reason": reason}]
 
 
 @pytest.mark.skipif(AS_ROOT, reason="root reads and lists whatever the permissions say")

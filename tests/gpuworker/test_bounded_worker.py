@@ -357,3 +357,44 @@ def test_an_input_changed_before_its_output_is_made_fails_input_changed(
     assert "input changed" in changed.error_message
     assert not list((output_root).rglob("1.png"))
     assert units["0.bmp"].state in DONE and units["2.bmp"].state in DONE
+
+
+def test_the_profilers_sample_reads_only_what_the_model_uses_of_a_huge_text(project, tmp_path):
+    # given: a 24 MB text among short ones, the heaviest of a profile's sample
+    from campaigns.models import Profile
+    from gpuworker.profiler import _Sample
+
+    root = tmp_path / "huge"
+    root.mkdir()
+    line = (WORDS * 40 + "\n").encode()
+    (root / "huge.txt").write_bytes(line * (24 * 2**20 // len(line) + 1))
+    for i in range(3):
+        (root / f"small{i}.txt").write_text(f"a short note, number {i}")
+    campaign, _ = setup.campaign_create(
+        name="profiled",
+        processor="text-embedding",
+        project=project,
+        input_folder=root,
+        params={"max_tokens": 16},
+    )
+    units = list(Unit.objects.filter(campaign=campaign).order_by("pk"))
+    profile = Profile.objects.create(
+        campaign=campaign,
+        version=campaign.current_version,
+        sample=[u.pk for u in units],
+        heavy=[u.pk for u in units if u.uid == "huge.txt"],
+    )
+    processor = get_processor("text-embedding", campaign.current_version.params)
+    _Sample(profile, processor)  # once untraced: what is made once (imports) is made
+    # when: the sample is read and prepared, traced
+    tracemalloc.start()
+    try:
+        sample = _Sample(profile, processor)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # then: all four prepared, the huge one from its first max_tokens × 256 bytes:
+    # far less than its file is allocated
+    assert len(sample.items) == 4 and not sample.failed
+    assert [row[0].uid for row in sample.heaviest] == ["huge.txt"]
+    assert peak < 4 * 2**20, f"{peak / 2**20:.1f} MiB allocated"

@@ -20,6 +20,12 @@ after the last, and each batch's wall time. Cases:
   ones wait for it; image+4huge: four of them in the batch.
 - image+cap: 4 small PNGs resized to max_output_pixels (the default cap, or
   `--cap`), batch_size 4.
+- image+rawbig: the small PNGs plus `--raw-count` BMPs of `--raw-mpx`
+  megapixels (uncompressed: 3 bytes a pixel on disk, 51 MB at 17 Mpx),
+  converted to JPEG in one batch: a conversion needs its input until its
+  output is made, and one over IMAGE_PIXEL_BUDGET is not kept decoded. More
+  of them than the worker's 4 reader threads, so what the batch holds of
+  their files while its outputs are written shows.
 
 `--runs N` runs each case N times (the peak moves between runs) and prints
 every run; `--glibc-default` leaves glibc's mmap threshold as it is, to see
@@ -33,6 +39,7 @@ import json
 import os
 import random
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -48,7 +55,7 @@ SENTENCE = (
     "debated a new budget for schools roads and the library extension"
 )
 WORDS = SENTENCE.split(" ")
-CASES = ("text", "text+big", "image", "image+huge", "image+4huge", "image+cap")
+CASES = ("text", "text+big", "image", "image+huge", "image+4huge", "image+cap", "image+rawbig")
 
 
 def _rss_mb() -> float:
@@ -82,6 +89,14 @@ def make_corpus(case: str, corpus: Path, args: argparse.Namespace) -> None:
         photo = noise.resize((side, side * 3 // 4), Image.Resampling.BICUBIC)
         for i in range(huge):
             photo.save(corpus / f"i{1 + 2 * i:03d}-huge.jpg", quality=90)
+    if case == "image+rawbig":
+        side = int((args.raw_mpx * 1e6 * 4 / 3) ** 0.5)
+        size = (side, side * 3 // 4)
+        ramp = Image.linear_gradient("L").resize(size)
+        for i in range(args.raw_count):
+            flat = Image.new("L", size, i * 20 % 255)
+            raw = Image.merge("RGB", (ramp, flat, ramp.rotate(180)))
+            raw.save(corpus / f"i{1 + 2 * i:03d}-raw.bmp")
 
 
 def child(case: str, args: argparse.Namespace) -> dict:
@@ -118,6 +133,8 @@ def child(case: str, args: argparse.Namespace) -> dict:
                 "batch_size": 4,
             }
             if case == "image+cap"
+            else {"operation": "convert", "format": "jpeg", "batch_size": 32}
+            if case == "image+rawbig"
             else {"operation": "thumbnail", "width": 32, "height": 32, "batch_size": 16}
         )
     project = setup.project_for_user(name="bench")
@@ -144,12 +161,14 @@ def child(case: str, args: argparse.Namespace) -> dict:
         .values_list("state")
         .annotate(n=__import__("django.db.models", fromlist=["Count"]).Count("pk"))
     )
+    peak_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    shutil.rmtree(corpus)  # hundreds of MB for image+rawbig
     return {
         "case": case,
         "planning_s": round(planning_s, 2),
         "planning_peak_mb": round(planning_peak),
         "rss_before_batches_mb": round(before),
-        "peak_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "peak_mb": peak_mb,
         "rss_after_batches_mb": round(_rss_mb()),
         "batch_seconds": batches,
         "units": states,
@@ -162,6 +181,8 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=40)
     parser.add_argument("--images", type=int, default=5)
     parser.add_argument("--huge-side", type=int, default=8000)
+    parser.add_argument("--raw-mpx", type=float, default=17.0)
+    parser.add_argument("--raw-count", type=int, default=12)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--cases", default=",".join(CASES))
     parser.add_argument(
@@ -185,6 +206,7 @@ def main() -> None:
     options = [
         *("--big-mb", str(args.big_mb), "--texts", str(args.texts)),
         *("--images", str(args.images), "--huge-side", str(args.huge_side)),
+        *("--raw-mpx", str(args.raw_mpx), "--raw-count", str(args.raw_count)),
         *(["--glibc-default"] if args.glibc_default else []),
         *(["--cap", str(args.cap)] if args.cap else []),
     ]

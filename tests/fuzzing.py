@@ -5,11 +5,13 @@ writers and people damage files (bytes flipped, cut short, inserted, a header
 that declares a huge array over a few bytes of data). The properties are
 the same everywhere: only the documented error classes come out, each example
 finishes within the profile's deadline (tests/conftest.py), and memory stays
-bounded (`bounded`).
+bounded (`bounded`: Python's, numpy's and Pillow's alike).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import io
 import tracemalloc
 import zipfile
@@ -20,9 +22,9 @@ import numpy as np
 from hypothesis import strategies as st
 from numpy.lib import format as npy_format
 
-#: What one check of one small file may allocate (Python and numpy memory,
-#: as tracemalloc sees it): well above any valid example here, far below an
-#: array a damaged header declares.
+#: What one check of one small file may allocate, and grow the process's
+#: resident memory by: well above any valid example here, far below an array
+#: a damaged header declares or an image a damaged header claims.
 MEMORY_BOUND = 64 * 2**20
 
 
@@ -30,8 +32,15 @@ def bounded(
     check: Callable[[], Any], allowed: tuple[type[BaseException], ...]
 ) -> BaseException | None:
     """Run `check`; return the allowed exception it raised (or None), after
-    asserting its traced memory peak stays under MEMORY_BOUND. Any other
-    exception propagates, so hypothesis shrinks and reports it."""
+    asserting that its memory stayed under MEMORY_BOUND. Any other exception
+    propagates, so hypothesis shrinks and reports it.
+
+    Memory, two ways: tracemalloc's peak (Python's and numpy's allocations,
+    counted when made, even those never touched) and the peak resident memory
+    the process grew by (`ResidentPeak`: every allocator's, Pillow's pixel
+    buffers and any C library's, which tracemalloc does not see).
+    """
+    resident = ResidentPeak()
     tracemalloc.start()
     try:
         check()
@@ -41,8 +50,59 @@ def bounded(
     finally:
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-    assert peak < MEMORY_BOUND, f"peak {peak / 2**20:.0f} MiB"
+        grown = resident.grown()
+    assert peak < MEMORY_BOUND, f"traced peak {peak / 2**20:.0f} MiB"
+    assert grown < MEMORY_BOUND, f"resident memory grew by {grown / 2**20:.0f} MiB"
     return raised
+
+
+class ResidentPeak:
+    """How far the process's resident memory rose above its level now, at its
+    peak: Linux's high-water mark (VmHWM) set back to the current RSS by
+    writing 5 to /proc/self/clear_refs, then read. Where it cannot be set
+    back, the rise above the process's earlier peak (a check that only
+    reaches an earlier test's peak again is not seen there)."""
+
+    def __init__(self) -> None:
+        # Memory freed earlier but kept by malloc would be used again without
+        # growing: given back first, so the rise is what the check uses.
+        if _malloc_trim is not None:
+            _malloc_trim(0)
+        before = _status()
+        self.base = before.get("VmRSS", 0)
+        try:
+            with open("/proc/self/clear_refs", "w") as fh:
+                fh.write("5")
+        except OSError:
+            self.base = max(self.base, before.get("VmHWM", 0))
+
+    def grown(self) -> int:
+        return max(0, _status().get("VmHWM", 0) - self.base)
+
+
+def _load_malloc_trim():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None  # not glibc
+
+
+_malloc_trim = _load_malloc_trim()
+
+
+def _status() -> dict[str, int]:
+    """/proc/self/status's memory lines in bytes ({} where there is none)."""
+    try:
+        with open("/proc/self/status") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return {}
+    found = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            found[key] = int(value.split()[0]) * 1024
+    return found
 
 
 @st.composite

@@ -65,16 +65,52 @@ class InputBytes(bytes):
 
     size: int
     _sha256: str | None
+    # Where read_bytes read it: (root, source_path, real_root, limits).
+    _where: tuple[Path, str, str | None, ReadLimits] | None = None
 
     @property
     def cut(self) -> bool:
         return self.size > len(self)
 
     @property
+    def source(self) -> InputSource | None:
+        """What reads these bytes again later, in place of holding them (None
+        for bytes read_bytes did not read, or a cut read without its digest)."""
+        if self._where is None or self.sha256 is None:
+            return None
+        return InputSource(*self._where, sha256=self.sha256)
+
+    @property
     def sha256(self) -> str | None:
         if self._sha256 is None and not self.cut:
             self._sha256 = hashlib.sha256(self).hexdigest()
         return self._sha256
+
+
+@dataclass(frozen=True)
+class InputSource:
+    """An input's place and the sha256 of the bytes first read from it: a
+    processor keeps this instead of a large input's bytes between its
+    reading and its output (gpuworker/processors/image_transform.py)."""
+
+    root: Path
+    source_path: str
+    real_root: str | None
+    limits: ReadLimits
+    sha256: str
+
+    def read(self) -> InputBytes:
+        """The input read again through `read_bytes` (the same checks of its
+        place and size); InputError input_changed when its bytes are not
+        those first read any more."""
+        data = read_bytes(self.root, self.source_path, self.real_root, self.limits)
+        if data.sha256 != self.sha256:
+            raise InputError(
+                ErrorClass.INPUT_CHANGED,
+                "input changed while its batch ran (sha256 differs from the bytes first read); "
+                "resume --retry-failed processes the new content",
+            )
+        return data
 
 
 def _input_bytes(data: bytes, size: int, sha256: str | None = None) -> InputBytes:
@@ -95,8 +131,14 @@ def read_bytes(
     `real_root`, from `corpus_real_path(root)`, saves finding the root's real
     path again for each of many inputs read at once (a batch's). A record
     unit's source path names a row of a record file (intake/records.py): its
-    text is read from there.
+    text is read from there. The answer's `source` reads it again, the same way.
     """
+    data = _read(root, source_path, real_root, limits)
+    data._where = (root, source_path, real_root, limits)
+    return data
+
+
+def _read(root: Path, source_path: str, real_root: str | None, limits: ReadLimits) -> InputBytes:
     if "#" in source_path:
         from campaigns.intake import record_reads, records
 

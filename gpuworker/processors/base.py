@@ -31,7 +31,9 @@ class Processor(Protocol):
     def prepare(self, data: bytes, /) -> Any:
         """One input's bytes decoded for `run`, or `InputError(class, reason)`.
         Called from several threads at once, and while `run` works on the last
-        batch: it must not use an object that `run` changes."""
+        batch: it must not use an object that `run` changes. `data` is an
+        `InputBytes`: its `source` reads the file again later (sha256
+        checked), for a processor that lets go of a large input meanwhile."""
         ...
 
     def run(self, items: list[Any], /) -> Any:

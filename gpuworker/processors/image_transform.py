@@ -4,8 +4,9 @@ What a worker holds of a batch (docs/processors.md, "Memory"): between its
 reading and its writing, each unit's output when it is smaller than its input
 (a thumbnail is made as its input is read, in the reader threads, and the
 input let go of), else its decoded input — while they fit the kept pixel
-budget (gpuworker/processors/pixel_budget.py); past it, the input's file
-bytes, decoded again when its output is made. An output is made, encoded
+budget (gpuworker/processors/pixel_budget.py); past it, nothing but where
+its file is: the file is read again (its sha256 checked against the bytes
+first read) and decoded when its output is made. An output is made, encoded
 straight into its file and checked from the file under the working budget:
 one large image at a time, never the encoded bytes whole beside it.
 """
@@ -23,6 +24,7 @@ from typing import IO, cast
 from PIL import Image
 
 from campaigns.intake.images import decode_image, open_image
+from campaigns.intake.inputs import InputSource
 from campaigns.review.flags import image_input_flags
 from campaigns.specs.builtin import (
     IMAGE_FORMATS,
@@ -43,7 +45,9 @@ class Prepared:
     source: tuple[int, int]  # its width × height, EXIF orientation applied
     image: Image.Image | None  # its output when `made`, else its decoded input
     made: bool
-    data: bytes | None  # its file, when no image of it fitted the kept budget
+    # When no image of it fitted the kept budget: its file, read again for its
+    # output (bytes only when given bytes read_bytes did not read).
+    again: InputSource | bytes | None
     seconds: float  # transforming it, when `made`
 
 
@@ -126,8 +130,8 @@ class ImageTransformProcessor:
             seconds = time.perf_counter() - started if made else 0.0
             if pixel_budget.kept.keep(image, image.width * image.height):
                 return Prepared(source, image, made, None, seconds)
-            del image  # kept as its file's bytes instead
-        return Prepared(source, None, False, data, 0.0)
+            del image  # read again from its file instead
+        return Prepared(source, None, False, getattr(data, "source", None) or data, 0.0)
 
     def transform(self, image: Image.Image, size: tuple[int, int]) -> Image.Image:
         """`image` as an output of `size` (itself when it has that size: a conversion)."""
@@ -152,8 +156,9 @@ class ImageTransformProcessor:
         return Streamed(functools.partial(self._write, job))
 
     def _write(self, job: Job, fh: HashingWriter) -> None:
-        """The output made (its input decoded again, when kept as bytes, and
-        transformed, unless made already) and encoded into the file."""
+        """The output made (its input read and decoded again, when not kept,
+        and transformed, unless made already) and encoded into the file.
+        InputError when the input read again is not the one first read."""
         item = job.item
         size = expected_size(*item.source, self.params)
         work = 0
@@ -167,13 +172,15 @@ class ImageTransformProcessor:
             started = time.perf_counter()
             image = item.image
             if image is None:
-                assert item.data is not None  # kept as its file's bytes instead
+                assert item.again is not None  # read again from its file instead
+                data = item.again.read() if isinstance(item.again, InputSource) else item.again
                 image = decode_image(
-                    item.data,
+                    data,
                     max_pixels=int(self.params["max_pixels"]),
                     max_aspect=int(self.params["max_aspect"]),
                     keep_alpha=self.params["format"] in IMAGE_FORMATS_WITH_ALPHA,
                 )
+                del data
             if not item.made:
                 image = self.transform(image, size)
             job.batch.seconds += time.perf_counter() - started

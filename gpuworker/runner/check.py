@@ -14,6 +14,7 @@ from typing import Protocol
 import numpy as np
 from django.conf import settings
 
+from campaigns.intake.inputs import InputError
 from campaigns.models import Batch, ErrorClass
 from campaigns.storage.lease_records import Vouched, read_records
 from campaigns.storage.outputs import InvalidOutput, WrittenFile
@@ -31,8 +32,21 @@ from gpuworker.runner.claim import Outcome
 log = logging.getLogger(__name__)
 
 
+class InputLost(OSError):
+    """An input read again to make its output, and no longer the one its batch
+    read (changed, gone): its write stops, with no file left, and the unit
+    fails with the input's error class."""
+
+    def __init__(self, error: InputError):
+        super().__init__(error.message)
+        self.error = error
+
+
 def check_written(processor: Processor, outcome: Outcome, written: WrittenFile | OSError) -> None:
     """A written output counts once it loads back and holds; a write error fails the unit."""
+    if isinstance(written, InputLost):
+        outcome.fail(written.error.error_class, written.error.message)
+        return
     if isinstance(written, OSError):
         # Disk full, permissions, a storage outage: no partial file was left,
         # and resume puts the unit back once the storage is fixed.

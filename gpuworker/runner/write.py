@@ -6,16 +6,19 @@ file a unit beside the claim's lease record) and checked
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 from django.conf import settings
 
+from campaigns.intake.inputs import InputError
 from campaigns.models import Batch, ErrorClass
 from campaigns.runs.recording import outcomes_flag_drift, outcomes_flag_duplicates
 from campaigns.storage.lease_records import Vouched, record_bytes, remove_records
 from campaigns.storage.outputs import (
+    HashingWriter,
     InvalidOutput,
     Streamed,
     WrittenFile,
@@ -32,7 +35,7 @@ from campaigns.storage.vector_shards import (
 )
 from gpuworker.processors import review_flags, sharded
 from gpuworker.processors.base import Processor, ShardedProcessor
-from gpuworker.runner.check import check_written, refuse
+from gpuworker.runner.check import InputLost, check_written, refuse
 from gpuworker.runner.claim import Outcome
 from gpuworker.runner.run import Part, merge_batch_metrics
 from gpuworker.runner.threads import in_threads
@@ -60,8 +63,16 @@ def complete(batch: Batch, processor: Processor, parts: list[Part], token: str) 
     # a time. The claim's lease record goes first, in the same group, made
     # from what was written: one flush to disk for all, and a later claim
     # adopts only what it vouches for.
+    # An input read again to make its output (a large image's) may have
+    # changed since: that unit's write stops and it fails, the others go on.
     def made(result: Any, index: int) -> bytes | Streamed:
-        return processor.serialize(processor.output(result, index))
+        try:
+            content = processor.serialize(processor.output(result, index))
+        except InputError as exc:
+            raise InputLost(exc) from None
+        if isinstance(content, Streamed):
+            return Streamed(functools.partial(_reading_again, content.write))
+        return content
 
     written = write_atomic_group(
         ((cast(Path, o.path), functools.partial(made, result, index)) for o, result, index in jobs),
@@ -76,6 +87,13 @@ def complete(batch: Batch, processor: Processor, parts: list[Part], token: str) 
         list(zip(outcomes, written, strict=True)),
     )
     return merge_batch_metrics([processor.batch_metrics(result) for _, result in parts])
+
+
+def _reading_again(write: Callable[[HashingWriter], None], fh: HashingWriter) -> None:
+    try:
+        write(fh)
+    except InputError as exc:
+        raise InputLost(exc) from None
 
 
 def lease_record_path(batch: Batch, token: str) -> Path:

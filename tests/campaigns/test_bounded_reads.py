@@ -4,6 +4,7 @@ large text is counted (and hashed where the worker checks it), never held."""
 from __future__ import annotations
 
 import hashlib
+import tracemalloc
 from unittest import mock
 
 import pytest
@@ -114,3 +115,49 @@ def test_the_unit_page_shows_an_output_up_to_the_cap_without_calling_it_a_bomb()
     assert summary.kind == "image", summary.error
     assert summary.thumbnail.startswith("data:image/png;base64,")
     assert summary.dimensions == f"{side}×{side} PNG"
+
+
+# --- a huge text in each path that reads an input for a person -----------------
+# A 24 MB text: each path reads at most its bound of it (a few kB), so what
+# Python allocates meanwhile stays far below the file (tracemalloc sees every
+# bytes and str object made, however the file is read).
+HUGE_BYTES = 24 * 2**20
+READ_AT_MOST = 4 * 2**20
+
+
+def _huge_text(folder) -> None:
+    line = (WORDS * 40 + "\n").encode()
+    with open(folder / "a-huge.txt", "wb") as fh:
+        fh.write(line * (HUGE_BYTES // len(line) + 1))
+
+
+def _traced_peak(call):
+    """`call()` run twice, the second time traced (the first made what is made
+    once: imports, compiled templates); its answer and its traced peak."""
+    call()
+    tracemalloc.start()
+    try:
+        answer = call()
+        return answer, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.django_db
+def test_the_input_preview_reads_only_the_start_of_a_huge_text(project, tmp_path):
+    from campaigns.models import Unit
+    from campaigns.review.previews import input_preview
+    from campaigns.runs import setup
+
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    _huge_text(folder)
+    campaign, _ = setup.campaign_create(
+        name="huge", processor="text-embedding", project=project, input_folder=folder, params={}
+    )
+    unit = Unit.objects.get(campaign=campaign, uid="a-huge.txt")
+    params = campaign.current_version.params
+    preview, peak = _traced_peak(lambda: input_preview(unit=unit, campaign=campaign, params=params))
+    assert preview.kind == "text" and preview.cut
+    assert preview.text.startswith(WORDS.strip())
+    assert peak < READ_AT_MOST, f"{peak / 2**20:.1f} MiB allocated"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tracemalloc
 from unittest import mock
 
 import pytest
@@ -466,3 +467,26 @@ def test_create_and_start_of_an_adaptation_campaign_starts_its_training(
     assert Training.objects.get(campaign=campaign).state == Training.State.QUEUED
     assert send.call_count == 1
     assert Unit.objects.filter(campaign=campaign).count() == 8
+
+
+def test_the_setup_pages_check_reads_only_what_the_model_uses_of_a_huge_text(
+    client, owner, roots, send
+):
+    # given: a 24 MB text among the inputs the page checks
+    line = b"the harbour reopened on monday after three weeks of repairs " * 40 + b"\n"
+    (roots / "a-huge.txt").write_bytes(line * (24 * 2**20 // len(line) + 1))
+    client.force_login(owner)
+    form = _form(roots, action="preview", param_max_tokens="16")
+    client.post(NEW, form)  # once untraced: templates compiled, imports made
+    # when: the preview is asked, traced
+    tracemalloc.start()
+    try:
+        html = client.post(NEW, form).content.decode()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # then: the huge text is listed and not failing, and far less than its
+    # file was allocated (its first max_tokens × 256 bytes were read)
+    assert "a-huge.txt" in html
+    assert "a-huge.txt" not in html.split('class="grid failing"')[1].split("</table>")[0]
+    assert peak < 4 * 2**20, f"{peak / 2**20:.1f} MiB allocated"

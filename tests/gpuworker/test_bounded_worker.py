@@ -5,6 +5,7 @@ and a batch's outputs are made and written one at a time."""
 
 from __future__ import annotations
 
+import tracemalloc
 import weakref
 from pathlib import Path
 from unittest import mock
@@ -272,3 +273,128 @@ def test_a_large_image_goes_alone_and_the_small_ones_of_its_batch_are_made_as_us
     # once, and the large one was never decoded beside more than the small
     # ones kept for their outputs.
     assert len(alive) == 7
+
+
+def _uncompressed(root: Path, count: int, size: tuple[int, int]) -> dict[str, Image.Image]:
+    """`count` BMPs of `size`: 3 bytes a pixel on disk, whatever they show."""
+    root.mkdir()
+    made = {}
+    ramp = Image.linear_gradient("L").resize(size)
+    for i in range(count):
+        image = Image.merge("RGB", (ramp, Image.new("L", size, i * 20), ramp.rotate(180)))
+        image.save(root / f"{i}.bmp")
+        made[f"{i}.bmp"] = image
+    return made
+
+
+def test_a_batch_writing_its_outputs_holds_one_large_input_file_not_all_of_them(
+    tmp_path, project, output_root, run_here, settings
+):
+    # given: ten 1500×1000 BMPs (4.5 MB each) converted in one batch, on a
+    # worker whose pixel budget keeps none of them decoded until its output
+    settings.IMAGE_PIXEL_BUDGET = 100_000
+    root = tmp_path / "raw"
+    inputs = _uncompressed(root, 10, (1500, 1000))
+    each = (root / "0.bmp").stat().st_size
+    from campaigns.intake import images as intake_images
+
+    held: list[int] = []  # bytes Python holds as each image is decoded
+
+    def decode(*args, **kwargs):
+        held.append(tracemalloc.get_traced_memory()[0])
+        return intake_images.decode_image(*args, **kwargs)
+
+    # when
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        with mock.patch("gpuworker.processors.image_transform.decode_image", decode):
+            units = _campaign(
+                "raw",
+                "image-transform",
+                project,
+                root,
+                run_here,
+                operation="convert",
+                batch_size=10,
+            )
+    finally:
+        tracemalloc.stop()
+    # then: every output holds its input's pixels, and while they were made
+    # (each input's second decode) the batch held about one input's file, not
+    # the ten of them (their bytes are read again from their files instead)
+    assert all(u.state in DONE for u in units.values()), [u.error_message for u in units.values()]
+    for name, image in inputs.items():
+        with Image.open(output_root / units[name].output_path) as out:
+            assert out.convert("RGB").tobytes() == image.tobytes()
+    assert len(held) == 20
+    writing = max(held[10:]) - base
+    assert writing < 3 * each, f"{writing / each:.1f} input files held while writing"
+
+
+def test_an_input_changed_before_its_output_is_made_fails_input_changed(
+    tmp_path, project, output_root, run_here, settings
+):
+    # given: inputs kept as their files between reading and writing
+    settings.IMAGE_PIXEL_BUDGET = 1000
+    root = tmp_path / "changing"
+    _uncompressed(root, 3, (60, 40))
+    run = ImageTransformProcessor.run
+
+    def run_then_change(self, items):
+        # The batch has read its inputs; one of them changes before its output is made.
+        Image.new("RGB", (60, 40), (255, 0, 0)).save(root / "1.bmp")
+        return run(self, items)
+
+    # when
+    with mock.patch.object(ImageTransformProcessor, "run", run_then_change):
+        units = _campaign(
+            "changing", "image-transform", project, root, run_here, operation="convert"
+        )
+    # then: the changed one fails as changed, with no output left; the others are made
+    changed = units["1.bmp"]
+    assert (changed.state, changed.error_class) == (UnitState.FAILED, ErrorClass.INPUT_CHANGED)
+    assert "input changed" in changed.error_message
+    assert not list((output_root).rglob("1.png"))
+    assert units["0.bmp"].state in DONE and units["2.bmp"].state in DONE
+
+
+def test_the_profilers_sample_reads_only_what_the_model_uses_of_a_huge_text(project, tmp_path):
+    # given: a 24 MB text among short ones, the heaviest of a profile's sample
+    from campaigns.models import Profile
+    from gpuworker.profiler import _Sample
+
+    root = tmp_path / "huge"
+    root.mkdir()
+    line = (WORDS * 40 + "\n").encode()
+    (root / "huge.txt").write_bytes(line * (24 * 2**20 // len(line) + 1))
+    for i in range(3):
+        (root / f"small{i}.txt").write_text(f"a short note, number {i}")
+    campaign, _ = setup.campaign_create(
+        name="profiled",
+        processor="text-embedding",
+        project=project,
+        input_folder=root,
+        params={"max_tokens": 16},
+    )
+    units = list(Unit.objects.filter(campaign=campaign).order_by("pk"))
+    profile = Profile.objects.create(
+        campaign=campaign,
+        version=campaign.current_version,
+        sample=[u.pk for u in units],
+        heavy=[u.pk for u in units if u.uid == "huge.txt"],
+    )
+    processor = get_processor("text-embedding", campaign.current_version.params)
+    _Sample(profile, processor)  # once untraced: what is made once (imports) is made
+    # when: the sample is read and prepared, traced
+    tracemalloc.start()
+    try:
+        sample = _Sample(profile, processor)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # then: all four prepared, the huge one from its first max_tokens × 256 bytes:
+    # far less than its file is allocated
+    assert len(sample.items) == 4 and not sample.failed
+    assert [row[0].uid for row in sample.heaviest] == ["huge.txt"]
+    assert peak < 4 * 2**20, f"{peak / 2**20:.1f} MiB allocated"

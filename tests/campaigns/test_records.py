@@ -17,6 +17,7 @@ from campaigns.intake.inputs import WHOLE, InputError, ReadLimits, read_bytes
 from campaigns.intake.records import RecordColumns
 from campaigns.models import Campaign, ErrorClass, Unit, UnitState
 from campaigns.runs import control, setup
+from tests.campaigns.test_verify_special_inputs import deadline  # noqa: F401 — a fixture
 
 pytestmark = pytest.mark.django_db
 
@@ -338,3 +339,24 @@ def test_the_unit_page_preview_shows_the_row_text(project, tmp_path):
     unit = Unit.objects.get(campaign=campaign, uid="c")
     preview = input_preview(unit=unit, campaign=campaign, params={})
     assert (preview.kind, preview.text) == ("text", ROWS[2]["text"])
+
+
+@pytest.mark.usefixtures("deadline")  # a wait that comes back fails, never hangs the run
+def test_a_fifo_in_the_records_file_s_place_is_refused_not_waited_on(project, tmp_path):
+    import os
+
+    from campaigns.verify.reconcile import Verdict, campaign_verify
+
+    path = write_jsonl(tmp_path / "d.jsonl", ROWS)
+    campaign, _ = create(project, path)
+    unit = Unit.objects.get(campaign=campaign, uid="b")
+    path.unlink()
+    os.mkfifo(path)  # nobody ever writes to it: a blocking open would wait for ever
+
+    with pytest.raises(InputError) as raised:
+        read_bytes(Path(campaign.input_root), unit.source_path, limits=WHOLE)
+    assert raised.value.error_class == ErrorClass.INPUT_INVALID
+    assert "FIFO" in raised.value.message
+    for deep in (False, True):
+        report = campaign_verify(campaign=campaign, deep=deep)
+        assert report.counts[Verdict.INPUT_INVALID] == len(ROWS)

@@ -193,3 +193,20 @@ def test_records_are_offered_to_text_processors_only(client, owner, tables, send
     data["params_for"] = "image-transform"
     errors = _refused(client, data)
     assert "reads files, not texts" in " ".join(errors["source"])
+
+
+def test_campaign_create_refuses_records_for_a_processor_that_takes_no_text(project, tables):
+    from django.core.exceptions import ValidationError
+
+    from campaigns.intake.records import RecordColumns
+    from campaigns.runs import setup
+
+    with pytest.raises(ValidationError, match="does not take text"):
+        setup.campaign_create(
+            name="pictures",
+            processor="image-transform",
+            project=project,
+            records=tables / "docs.jsonl",
+            columns=RecordColumns(text="text", id="id"),
+        )
+    assert not Campaign.objects.exists()

@@ -61,7 +61,7 @@ def refused_processor(spec: ProcessorSpec | None) -> str | None:
 def records_path(*, folder: str | None, given: str) -> Path:
     """The records the user names: an absolute path, or one relative to the
     chosen inputs folder."""
-    path = Path(given.strip()).expanduser()
+    path = Path(given.strip())
     if not path.is_absolute():
         if not folder:
             raise ValidationError({"records": "choose the inputs folder the records lie in"})

@@ -345,8 +345,10 @@ def _campaign_new(request: HttpRequest, *, refused_uploads: set[str]) -> HttpRes
     if not form.is_valid():
         return render(request, "campaigns/campaign_new.html", {"form": form}, status=400)
     data = form.cleaned_data
-    token = request.POST.get("manifest_token", "")
-    if data["manifest"]:
+    records = form.uses_records()
+    # A manifest kept from a folder's preview is no part of a record campaign.
+    token = "" if records else request.POST.get("manifest_token", "")
+    if data["manifest"] and not records:
         manifest = uploads.manifest_store(upload=data["manifest"])
     elif token:
         # Uploaded with the preview; a browser does not send a file twice.
@@ -368,7 +370,6 @@ def _campaign_new(request: HttpRequest, *, refused_uploads: set[str]) -> HttpRes
             "campaigns/campaign_new.html",
             {"form": form, "manifest_token": manifest.name if manifest else ""},
         )
-    records = form.uses_records()
     if request.POST.get("action") != "create":
         spec = form.spec
         result = importing.preview(

@@ -210,3 +210,15 @@ def test_campaign_create_refuses_records_for_a_processor_that_takes_no_text(proj
             columns=RecordColumns(text="text", id="id"),
         )
     assert not Campaign.objects.exists()
+
+
+def test_a_manifest_kept_from_a_folder_preview_does_not_stop_a_records_file(
+    client, owner, tables, send
+):
+    # given: the page kept a manifest from an earlier preview of a folder
+    client.force_login(owner)
+    data = _form(tables, action="create", manifest_token="a-manifest-long-gone.csv")
+    # when: a records file is created instead: the manifest is no part of it
+    response = client.post(NEW, data)
+    assert response.status_code == 302, response.context["form"].errors
+    assert Campaign.objects.get(name="rows").records["source"] == "docs.jsonl"

@@ -222,3 +222,15 @@ def test_a_manifest_kept_from_a_folder_preview_does_not_stop_a_records_file(
     response = client.post(NEW, data)
     assert response.status_code == 302, response.context["form"].errors
     assert Campaign.objects.get(name="rows").records["source"] == "docs.jsonl"
+
+
+def test_the_preview_of_a_large_file_counts_only_its_start(
+    client, owner, tables, send, monkeypatch
+):
+    from campaigns.web import setup_records
+
+    monkeypatch.setattr(setup_records, "PREVIEW_COUNT", 2)
+    client.force_login(owner)
+    html = client.post(NEW, _form(tables, action="preview")).content.decode()
+    assert "More than 2 rows (the preview counts no further)" in html
+    assert not Campaign.objects.exists()

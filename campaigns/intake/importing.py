@@ -51,6 +51,7 @@ from campaigns.storage.paths import InputLocator, escape_path, resolve_input, st
 
 if TYPE_CHECKING:
     from campaigns.intake.inputs import ReadLimits
+    from campaigns.intake.records import RecordColumns
 
 #: Rows per staging round (one transaction each). PostgreSQL streams them
 #: through COPY, so a chunk costs no Python memory; SQLite's chunk is a list
@@ -463,6 +464,8 @@ class Preview:
     checked: int = 0
     # Sub-folders the import would not read, with the reason (the first `show`).
     skipped: list[str] = field(default_factory=list)
+    # False when counting stopped at `count` rows (records): `total` is a floor.
+    counted_all: bool = True
 
 
 def preview(
@@ -475,11 +478,18 @@ def preview(
     check: int = 200,
     folder_categories: bool = True,
     limits: ReadLimits | None = None,
+    records: tuple[list[str], RecordColumns] | None = None,
+    count: int | None = None,
 ) -> Preview:
     """What an import would make, without writing anything: the first units, and
     which of the first `check` inputs would fail and why (each read under
-    `limits`, its processor's `ProcessorSpec.input_limits`)."""
+    `limits`, its processor's `ProcessorSpec.input_limits`).
+
+    records: the record files under `root` and their columns, for a record
+    campaign (intake/records.py). count: rows counted at most, so that the
+    preview of a file of millions of rows reads only its start."""
     from campaigns.intake.inputs import WHOLE, InputError, read_bytes
+    from campaigns.intake.records import record_rows
 
     result = Preview()
 
@@ -488,7 +498,9 @@ def preview(
             result.skipped.append(line)
 
     rows = (
-        manifest_rows(manifest, folder_categories=folder_categories)
+        record_rows(root, *records)
+        if records is not None
+        else manifest_rows(manifest, folder_categories=folder_categories)
         if manifest is not None
         else walk_folder(
             root,
@@ -497,6 +509,9 @@ def preview(
         )
     )
     for row in rows:
+        if count is not None and result.total >= count:
+            result.counted_all = False
+            break
         result.total += 1
         if len(result.first) < show:
             result.first.append(

@@ -125,6 +125,11 @@ def campaign_create(
     if not 0 <= holdout_share < 1:
         raise ValidationError("holdout share is a fraction between 0 and 1 (0.05 = 5%)")
     spec = get_spec(processor)
+    if records is not None and not spec.takes_text:
+        raise ValidationError(
+            f"a record's input is its text, and {processor} ({spec.title}) does not take "
+            "text: give it a folder of files"
+        )
     # Bad parameters, and a model file that is not there, refused before anything is written.
     model_files.digests(spec.model_params, spec.clean(params))
     root = campaign_root(

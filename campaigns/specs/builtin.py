@@ -191,6 +191,7 @@ TEXT_EMBEDDING = ProcessorSpec(
     output_suffix=".npy",
     implementation="gpuworker.processors.text_embedding:TextEmbeddingProcessor",
     padding="longest",
+    takes_text=True,
     model_params=("model",),
     params={
         "model": ParamSpec(

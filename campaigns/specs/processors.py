@@ -109,6 +109,11 @@ class ProcessorSpec:
     # Raises campaigns.intake.inputs.InputError for input bytes the processor will refuse;
     # lets the setup page show the failing inputs before anything runs.
     check_input: CheckInput | None = None
+    # Each input is one UTF-8 text (the text embedding, a text plugin): a row
+    # of a records file can be a unit, its text column the input
+    # (campaigns/intake/records.py). The setup page offers records only to
+    # such a processor, and `campaign create --records` refuses the others.
+    takes_text: bool = False
     # When the output format is a parameter: params -> suffix (".png").
     suffix_for: SuffixFor | None = None
     # An adaptation processor: a run is one training that writes checkpoints,

@@ -12,8 +12,11 @@ from django.core.exceptions import ValidationError
 from django.utils.text import slugify
 
 from campaigns.intake import project_folders
+from campaigns.intake.records import RecordColumns
+from campaigns.models import Project
 from campaigns.specs import model_files
 from campaigns.specs.processors import ProcessorSpec, all_specs, get_spec
+from campaigns.web import setup_records
 
 PARAM_PREFIX = "param_"
 DEFAULT_HOLDOUT_PERCENT = 5
@@ -117,6 +120,34 @@ class CampaignSetupForm(ParamsMixin, forms.Form):
             "of those offered"
         },
     )
+    source = forms.ChoiceField(
+        choices=[("folder", "a folder of files"), ("records", "a records file")],
+        initial="folder",
+        required=False,
+        widget=forms.RadioSelect,
+        label="Inputs",
+        help_text="a file a unit, or a row a unit: a JSONL (.gz), CSV, Parquet file or "
+        "an Arrow folder (datasets.save_to_disk) with an id and a text column",
+    )
+    records = forms.CharField(
+        required=False,
+        max_length=4096,
+        label="Records file",
+        help_text="its path, or its name within the inputs folder: .jsonl, .jsonl.gz, .csv, "
+        ".parquet, or a folder of .arrow files; inside a folder of the project",
+    )
+    id_column = forms.CharField(
+        required=False,
+        max_length=200,
+        label="Id column",
+        help_text="blank: a row's id is file:N (its line, or its row number)",
+    )
+    text_column = forms.CharField(
+        required=False, max_length=200, initial="text", label="Text column"
+    )
+    category_column = forms.CharField(
+        required=False, max_length=200, label="Category column", help_text="optional"
+    )
     manifest = forms.FileField(
         required=False,
         help_text="optional CSV or JSONL (id, path, category…); paths relative to the folder",
@@ -154,6 +185,7 @@ class CampaignSetupForm(ParamsMixin, forms.Form):
         processor: str | None = None,
         refused_uploads: Collection[str] = (),
         user: Any,
+        source: str | None = None,
         **kwargs,
     ):
         specs = all_specs()
@@ -181,6 +213,16 @@ class CampaignSetupForm(ParamsMixin, forms.Form):
         ]
         self.fields["processor"].initial = chosen
         self.add_params(get_spec(chosen))
+        # A records file only for a processor that takes text (ProcessorSpec.takes_text).
+        self.records_refused = setup_records.refused_processor(self.spec)
+        if source in ("folder", "records") and not self.records_refused:
+            self.fields["source"].initial = source
+        self.offered_records = setup_records.offered_records(
+            [f for b in self.browsable for f in b.folders]
+        )
+
+    def uses_records(self) -> bool:
+        return self.cleaned_data.get("source") == "records"
 
     def clean_name(self) -> str:
         from campaigns.models import Campaign
@@ -221,11 +263,18 @@ class CampaignSetupForm(ParamsMixin, forms.Form):
             raise ValidationError(HOLDOUT_ERROR)
         return value / 100
 
+    def clean_source(self) -> str:
+        return self.cleaned_data.get("source") or "folder"
+
     def clean(self):
         super().clean()
         cleaned = self.cleaned_data
         name, folder = cleaned.get("project"), cleaned.get("folder")
-        if name and folder:
+        if cleaned.get("source") == "records":
+            if name:
+                cleaned["project"] = project_folders.projects_for_user(self.user).get(name=name)
+            self._clean_records(folder)
+        elif name and folder:
             project = project_folders.projects_for_user(self.user).get(name=name)
             try:
                 # Resolved and checked against the chosen project's folders: a
@@ -239,6 +288,41 @@ class CampaignSetupForm(ParamsMixin, forms.Form):
             cleaned["project"] = project
         self.check_params()
         return cleaned
+
+    def _clean_records(self, folder: str | None) -> None:
+        """The records and their columns (setup_records.check_records), the
+        folder they lie in becoming the campaign's folder."""
+        cleaned = self.cleaned_data
+        if self.records_refused:
+            self.add_error("source", self.records_refused)
+            return
+        if cleaned.get("manifest"):
+            self.add_error(
+                "manifest", "a records file lists its own units: leave the manifest empty"
+            )
+        given = (cleaned.get("records") or "").strip()
+        text = (cleaned.get("text_column") or "").strip()
+        if not given:
+            self.add_error("records", "name the records file (or Arrow folder) to read")
+        if not text:
+            self.add_error("text_column", "name the column that holds each row's text")
+        project = cleaned.get("project")
+        if not given or not text or not isinstance(project, Project):
+            return
+        columns = RecordColumns(
+            text=text,
+            id=(cleaned.get("id_column") or "").strip() or None,
+            category=(cleaned.get("category_column") or "").strip() or None,
+        )
+        try:
+            path = setup_records.records_path(folder=folder, given=given)
+            root, files = setup_records.check_records(
+                user=self.user, project=project, path=path, columns=columns
+            )
+        except ValidationError as exc:
+            self.add_error(None, exc)
+            return
+        cleaned.update(records=path, columns=columns, folder=root, record_files=files)
 
 
 def _with_defaults(data, spec: ProcessorSpec):

@@ -31,7 +31,7 @@ from campaigns.review import queue as review
 from campaigns.runs import batch_stats, control, setup, start
 from campaigns.specs import processors as processor_specs
 from campaigns.verify import reconcile
-from campaigns.web import training_views
+from campaigns.web import setup_records, training_views
 from campaigns.web.access import campaign_for_user_or_404
 from campaigns.web.forms import CampaignSetupForm, ParametersForm
 
@@ -327,9 +327,13 @@ def campaign_new(request: HttpRequest) -> HttpResponse:
 def _campaign_new(request: HttpRequest, *, refused_uploads: set[str]) -> HttpResponse:
     processor = request.POST.get("processor") or request.GET.get("processor")
     if request.method != "POST":
-        form = CampaignSetupForm(processor=processor, user=request.user)
+        form = CampaignSetupForm(
+            processor=processor, user=request.user, source=request.GET.get("source")
+        )
         if request.htmx and request.htmx.target == "params":
-            return render(request, "campaigns/campaign_new.html#params", {"form": form})
+            # The parameters, and the inputs' choice out of band: records only
+            # for a processor that takes text.
+            return render(request, "campaigns/campaign_new_params.html", {"form": form})
         return render(request, "campaigns/campaign_new.html", {"form": form})
     form = CampaignSetupForm(
         request.POST,
@@ -341,8 +345,10 @@ def _campaign_new(request: HttpRequest, *, refused_uploads: set[str]) -> HttpRes
     if not form.is_valid():
         return render(request, "campaigns/campaign_new.html", {"form": form}, status=400)
     data = form.cleaned_data
-    token = request.POST.get("manifest_token", "")
-    if data["manifest"]:
+    records = form.uses_records()
+    # A manifest kept from a folder's preview is no part of a record campaign.
+    token = "" if records else request.POST.get("manifest_token", "")
+    if data["manifest"] and not records:
         manifest = uploads.manifest_store(upload=data["manifest"])
     elif token:
         # Uploaded with the preview; a browser does not send a file twice.
@@ -373,6 +379,8 @@ def _campaign_new(request: HttpRequest, *, refused_uploads: set[str]) -> HttpRes
             params=data["params"],
             folder_categories=not data["no_folder_categories"],
             limits=spec.input_limits(data["params"]) if spec else None,
+            records=(data["record_files"], data["columns"]) if records else None,
+            count=setup_records.PREVIEW_COUNT if records else None,
         )
         return render(
             request,
@@ -384,9 +392,11 @@ def _campaign_new(request: HttpRequest, *, refused_uploads: set[str]) -> HttpRes
             name=data["name"],
             processor=data["processor"],
             project=data["project"],
-            input_folder=None if manifest else data["folder"],
+            input_folder=None if manifest or records else data["folder"],
             manifest=manifest,
             input_root=data["folder"] if manifest else None,
+            records=data["records"] if records else None,
+            columns=data["columns"] if records else None,
             params=data["params"],
             checkpoint_after=data["checkpoint_after"],
             holdout_share=data["holdout_share"],
@@ -395,8 +405,12 @@ def _campaign_new(request: HttpRequest, *, refused_uploads: set[str]) -> HttpRes
             # check and this one are the same rule: project_folders).
             user=request.user,
         )
-    except (ValidationError, importing.ManifestError) as exc:
-        form.add_error(None, "; ".join(getattr(exc, "messages", [str(exc)])))
+    except (ValidationError, importing.ManifestError, OSError, EOFError) as exc:
+        # A record file's later part refused by the import (a file of an
+        # Arrow folder without the column): said on the records field.
+        form.add_error(
+            "records" if records else None, "; ".join(getattr(exc, "messages", [str(exc)]))
+        )
         return render(request, "campaigns/campaign_new.html", {"form": form}, status=400)
     if adaptation.is_adaptation(campaign):
         # Its run is a training, started and followed on its own page.

@@ -3,6 +3,7 @@ the preview shows what will fail, Create starts the work."""
 
 from __future__ import annotations
 
+import json
 from unittest import mock
 
 import pytest
@@ -103,3 +104,65 @@ def test_the_checkpoint_size_and_holdout_share_are_set_in_the_browser(
     main = page.locator("main").inner_text()
     assert "6 units are identical inputs (the same sha256) in 1 group" in main
     assert "archive/copy-0.txt = archive/copy-1.txt = archive/copy-2.txt" in main
+
+
+def test_a_record_campaign_is_set_up_from_a_jsonl_file(
+    page, live_server, owner, tmp_path, settings, transactional_db, allow_folder
+):
+    # given: a folder of acme's holding a JSONL file, one row of it without text
+    tables = tmp_path / "corpora" / "tables"
+    tables.mkdir(parents=True)
+    rows = [
+        {"doc": "harbour-1", "body": "The harbour reopened on Monday.", "desk": "ports"},
+        {"doc": "rail-2", "body": "Trains run again on the coast line.", "desk": "rail"},
+        {"doc": "blank-3", "body": "", "desk": "rail"},
+    ]
+    (tables / "articles.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    settings.CORPUS_ROOTS = [tables.parent]
+    allow_folder(tables)
+    page.goto(f"{live_server.url}/campaigns/new/")
+    page.fill("input[name=username]", "owner")
+    page.fill("input[name=password]", "pw-for-tests")
+    page.click("button[type=submit]")
+    page.wait_for_url("**/campaigns/new/")
+
+    # an image processor takes no records: the choice is withdrawn with the parameters
+    page.select_option("select[name=processor]", "image-transform")
+    page.wait_for_selector("#records-refused")
+    assert page.locator("input[name=source][value=records]").is_disabled()
+    page.select_option("select[name=processor]", "text-embedding")
+    page.wait_for_selector("input[name=param_max_tokens]")
+    assert page.locator("input[name=source][value=records]").is_enabled()
+
+    # the records' fields show once a records file is chosen; the manifest's go
+    assert not page.locator("input[name=text_column]").is_visible()
+    page.check("input[name=source][value=records]")
+    assert page.locator("input[name=text_column]").is_visible()
+    assert not page.locator("input[name=manifest]").is_visible()
+    page.select_option("select[name=project]", "acme")
+    page.fill("input[name=name]", "articles")
+    page.select_option("select[name=folder]", str(tables))
+    page.fill("input[name=records]", "articles.jsonl")
+    page.fill("input[name=id_column]", "doc")
+    page.fill("input[name=text_column]", "text")
+
+    # a misnamed column is said on its field, and nothing is made
+    page.click("button[value=preview]")
+    assert "no column 'text'" in page.locator("#records").inner_text()
+    assert not Campaign.objects.exists()
+    page.fill("input[name=text_column]", "body")
+    page.fill("input[name=category_column]", "desk")
+    page.click("button[value=preview]")
+    assert "empty text" in page.locator("table.failing").inner_text()
+    assert "harbour-1" in page.locator("table.first").inner_text()
+
+    # create: the campaign page lists the rows as units
+    with mock.patch.object(start.celery_app, "send_task"):
+        page.click("button[value=create]")
+        page.wait_for_url("**/campaigns/articles/")
+    campaign = Campaign.objects.get(name="articles")
+    assert campaign.records["columns"] == {"id": "doc", "text": "body", "category": "desk"}
+    main = page.locator("main").inner_text()
+    assert "Created articles: 3 units (1 failed at import)" in main
+    assert "harbour-1" in main and "rail-2" in main and "blank-3" in main
+    assert int(page.locator('#counts [data-count="queued"]').inner_text()) == 2

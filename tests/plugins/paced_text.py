@@ -53,6 +53,7 @@ SPEC = ProcessorSpec(
     help="Upper-cases each text, taking a known time per padded word.",
     output_suffix=".txt",
     implementation="tests.plugins.paced_text:PacedText",
+    takes_text=True,
     padding="longest",
     params={
         "batch_size": ParamSpec(8, type=int, minimum=1),

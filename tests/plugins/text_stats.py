@@ -41,6 +41,7 @@ SPEC = ProcessorSpec(
     help="Characters, words and lines of each text.",
     output_suffix=".json",
     implementation="tests.plugins.text_stats:TextStats",
+    takes_text=True,
     params={
         "batch_size": ParamSpec(8, type=int, minimum=1),
         "batch_policy": ParamSpec("original", choices=("original", "length_grouped")),

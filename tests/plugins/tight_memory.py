@@ -55,6 +55,7 @@ SPEC = ProcessorSpec(
     help="Upper-cases each text on a device that holds only small batches.",
     output_suffix=".txt",
     implementation="tests.plugins.tight_memory:TightMemory",
+    takes_text=True,
     padding="longest",
     params={
         "batch_size": ParamSpec(8, type=int, minimum=1),

@@ -36,7 +36,10 @@ from campaigns.runs.versions import outputs_count, outputs_of
 from campaigns.specs import model_files
 
 #: Bytes of list values (vectors, features, probabilities) a row group holds.
-ROW_GROUP_BYTES = 16 << 20
+ROW_GROUP_BYTES = 4 << 20
+
+#: Columns whose values repeat from row to row.
+_REPEATING = ("version", "label", "error")
 
 #: What the rows are in, said in each table's metadata.
 ORDER = "unit import order: row i is row i of the version's .npy matrix"
@@ -53,7 +56,10 @@ class TableWriter:
         """`rows`: how many rows are coming, if known (a smaller table's
         buffers are that long)."""
         self.schema = schema
-        self._writer = pq.ParquetWriter(sink, schema)
+        # Dictionary encoding where values repeat; tried on the floats, it
+        # costs five times the writing and saves nothing (bench/RESULTS.md).
+        repeating = [f.name for f in schema if f.name in _REPEATING]
+        self._writer = pq.ParquetWriter(sink, schema, use_dictionary=repeating)
         self._lists = {
             f.name: f.type.list_size for f in schema if isinstance(f.type, pa.FixedSizeListType)
         }
@@ -77,8 +83,7 @@ class TableWriter:
         for name, block in self._blocks.items():
             value = values.get(name)
             self._present[name][i] = value is not None
-            if value is not None:
-                block[i] = value
+            block[i] = np.nan if value is None else value
         self._filled += 1
         self.rows += 1
         if self._filled == self.group_rows:

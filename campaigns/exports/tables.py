@@ -56,8 +56,8 @@ class TableWriter:
         """`rows`: how many rows are coming, if known (a smaller table's
         buffers are that long)."""
         self.schema = schema
-        # Dictionary encoding where values repeat; tried on the floats, it
-        # costs five times the writing and saves nothing (bench/RESULTS.md).
+        # Dictionary encoding only where values repeat: on the floats it
+        # costs time and saves no space (bench/RESULTS.md).
         repeating = [f.name for f in schema if f.name in _REPEATING]
         self._writer = pq.ParquetWriter(sink, schema, use_dictionary=repeating)
         self._lists = {

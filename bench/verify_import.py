@@ -128,9 +128,14 @@ def main() -> None:
         rows.append((f"verify{' --deep' if deep else ''}", time.perf_counter() - started))
     (work / "export").mkdir()
     started = time.perf_counter()
-    (matrix, _ids) = consolidate_vectors(campaign, work / "export")
+    (matrix, _ids, _table) = consolidate_vectors(campaign, work / "export")
     assert np.load(matrix, mmap_mode="r").shape == (n, 384)
-    rows.append(("export: the vectors in one matrix", time.perf_counter() - started))
+    rows.append(
+        (
+            "export: the vectors in one matrix, its rows as CSV and Parquet",
+            time.perf_counter() - started,
+        )
+    )
 
     engine = settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]
     print(f"# {n} units, database {engine}, {os.cpu_count()} cores, outputs: {args.layout}")

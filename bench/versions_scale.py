@@ -11,8 +11,9 @@ and an attempt per unit, then a switch to v2 (every unit pending again) and
 v2's outputs the same way, recorded on the unit rows as a worker does. Then
 times, with the process's RSS after each: the versions table
 (runs/versions.version_progress), the download of v1's matrix (read from its
-attempts) and v2's (from the unit rows), the comparison of the two, and
-`campaign export`'s matrices.
+attempts) and v2's (from the unit rows), the same as Parquet tables, the
+comparison of the two, and `campaign export`'s matrices (with their CSV and
+Parquet rows).
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ def main() -> None:
 
     from campaigns.exports.inventory import consolidate_vectors
     from campaigns.exports.matrices import matrix_stream
+    from campaigns.exports.tables import table_stream
     from campaigns.intake.importing import import_manifest
     from campaigns.review.compare import compare_versions
     from campaigns.runs import setup, versions
@@ -143,6 +145,13 @@ def main() -> None:
         timed(
             f"download {version.label} ({'unit rows' if version == second else 'attempts'})",
             lambda matrix=matrix: f"{sum(map(len, matrix.body)) / 2**20:.0f} MiB streamed",
+        )
+    for version in (first, second):
+        table = table_stream(campaign=campaign, version=version)
+        assert table is not None
+        timed(
+            f"download {version.label} as Parquet",
+            lambda table=table: f"{sum(map(len, table.body)) / 2**20:.0f} MiB streamed",
         )
     timed(
         "compare v1 v2",

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 from numpy.lib import format as npy_format
 
+from campaigns.exports import tables
 from campaigns.exports.csv_stream import stream_csv
 from campaigns.exports.matrices import RowReader, chunks, dimension_of
 from campaigns.exports.predictions import export_classifications, predictions_csv
@@ -224,9 +225,11 @@ def files_for(campaign: Campaign) -> dict:
 
 def consolidate_vectors(campaign: Campaign, folder: Path) -> list[Path]:
     """One (n, dim) float32 matrix per parameter version, rows in unit order,
-    with a CSV naming each row: versions never share a file. Read a chunk of
-    units at a time (campaigns/exports/matrices.py), written to a memory-mapped
-    file: a million rows in constant memory."""
+    with a CSV naming each row and the same rows as a Parquet table
+    (campaigns/exports/tables.py): versions never share a file. Read a chunk
+    of units at a time (campaigns/exports/matrices.py), written to a
+    memory-mapped file and a row group at a time: a million rows in constant
+    memory."""
     written = []
     for version in campaign.versions.order_by("number"):
         count = outputs_count(campaign=campaign, version=version)
@@ -235,34 +238,41 @@ def consolidate_vectors(campaign: Campaign, folder: Path) -> list[Path]:
             continue
         matrix_path = folder / f"vectors-{version.label}.npy"
         ids_path = folder / f"vectors-{version.label}.csv"
+        table_path = folder / f"vectors-{version.label}.parquet"
         tmp = folder / f".{matrix_path.name}.tmp"
         shape = (count, dimension or int(version.params.get("dimension", 0)))
         matrix = npy_format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=shape)
         matrix[:] = np.nan  # rows gone since the count stay NaN
         header = ["row", "id", "source_path", "output_path", "error"]
-        rows = _matrix_rows(campaign, version, matrix, count)
-        write_atomic(ids_path, (c.encode() for c in stream_csv(header, rows)))
+        with tables.atomic_file(table_path) as sink:
+            schema = tables.vector_schema(campaign=campaign, version=version, dimension=shape[1])
+            table = tables.TableWriter(sink, schema, count)
+            rows = _matrix_rows(campaign, version, matrix, count, table)
+            write_atomic(ids_path, (c.encode() for c in stream_csv(header, rows)))
+            table.close()
         matrix.flush()
         del matrix
         os.replace(tmp, matrix_path)
-        written += [matrix_path, ids_path]
+        written += [matrix_path, ids_path, table_path]
     return written
 
 
-def _matrix_rows(campaign: Campaign, version, matrix: np.ndarray, count: int) -> Iterator[list]:
-    """Fill `matrix` with the version's rows, yielding each row's name; an
-    output deleted or damaged since is NaN with the reason, the rest goes on.
-    Units done after the count was taken wait for the next export."""
+def _matrix_rows(
+    campaign: Campaign, version, matrix: np.ndarray, count: int, table: tables.TableWriter
+) -> Iterator[list]:
+    """Fill `matrix` and `table` with the version's rows, yielding each row's
+    name; an output deleted or damaged since is NaN (a null vector in the
+    table) with the reason, the rest goes on. Units done after the count was
+    taken wait for the next export."""
     reader = RowReader(campaign)
     outputs = itertools.islice(outputs_of(campaign=campaign, version=version), count)
     row = 0
     for chunk in chunks(outputs):
         for out, read in zip(chunk, reader.read_chunk(chunk), strict=True):
             # An unreadable output stays NaN (the matrix starts so), its reason in `error`.
-            error = read.error
-            if read.vector is not None and read.vector.shape == matrix.shape[1:]:
-                matrix[row] = read.vector
-            elif read.vector is not None:
-                error = f"a vector of {len(read.vector)} values, expected {matrix.shape[1]}"
-            yield [row, out.uid, out.source_path, out.output_path, error]
+            cells = tables.vector_cells(read.vector, read.error, matrix.shape[1])
+            if cells["vector"] is not None:
+                matrix[row] = cells["vector"]
+            table.add(id=out.uid, row=row, version=version.number, **cells)
+            yield [row, out.uid, out.source_path, out.output_path, cells["error"]]
             row += 1

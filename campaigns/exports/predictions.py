@@ -12,6 +12,7 @@ rest goes on: `campaign verify` then says which outputs to make again.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from collections.abc import Iterator
@@ -21,15 +22,16 @@ import numpy as np
 from django.conf import settings
 from numpy.lib import format as npy_format
 
+from campaigns.exports import tables
 from campaigns.exports.csv_stream import stream_csv
 from campaigns.models import Campaign, ParameterVersion
 from campaigns.runs.versions import outputs_count, outputs_of
 from campaigns.storage.outputs import InvalidOutput, load_npz, write_atomic
 
-_ARRAYS = ("top_labels", "top_probs", "margin", "features")
+_ARRAYS = ("top_indices", "top_labels", "top_probs", "margin", "features")
 
 
-def _outputs(campaign: Campaign, version: ParameterVersion) -> Iterator[tuple]:
+def prediction_outputs(campaign: Campaign, version: ParameterVersion) -> Iterator[tuple]:
     """(uid, source path, category, output path, arrays or the reason they
     could not be read) of each unit with a valid output under the version, in
     id order (campaigns/runs/versions.py says which)."""
@@ -51,7 +53,9 @@ def predictions_csv(campaign: Campaign, version: ParameterVersion | None = None)
     version = version or campaign.current_version
     if version is None:
         return stream_csv(_header(1), ())
-    return stream_csv(_header(_k(version)), _rows(_outputs(campaign, version), _k(version)))
+    return stream_csv(
+        _header(_k(version)), _rows(prediction_outputs(campaign, version), _k(version))
+    )
 
 
 def _k(version: ParameterVersion) -> int:
@@ -87,9 +91,9 @@ def _rows(outputs, k: int, features=None) -> Iterator[list]:
 
 
 def export_classifications(campaign: Campaign, folder: Path) -> list[Path]:
-    """predictions-<version>.csv and features-<version>.npy (n, d) float32 for
-    each version with done units, in one pass: row i of the matrix is row i of
-    the table."""
+    """predictions-<version>.csv, features-<version>.npy (n, d) float32 and
+    predictions-<version>.parquet for each version with done units, in one
+    pass: row i of the matrix is row i of each table."""
     written = []
     for version in campaign.versions.order_by("number"):
         count = outputs_count(campaign=campaign, version=version)
@@ -115,14 +119,34 @@ def export_classifications(campaign: Campaign, folder: Path) -> list[Path]:
                 matrix[0][unreadable] = np.nan
             matrix[0][row] = vector
 
-        # Units done after the count was taken wait for the next export.
-        outputs = itertools.islice(_outputs(campaign, version), count)
-        rows = _rows(outputs, _k(version), features=keep)
-        write_atomic(table, (chunk.encode() for chunk in stream_csv(_header(_k(version)), rows)))
-        written.append(table)
+        with contextlib.ExitStack() as stack:
+            parquet = tables.PredictionTable(
+                folder / f"predictions-{version.label}.parquet",
+                stack,
+                campaign=campaign,
+                version=version,
+                classes=tables.classes_of(version, prediction_outputs(campaign, version)),
+                rows=count,
+            )
+            # Units done after the count was taken wait for the next export.
+            outputs = _also(itertools.islice(prediction_outputs(campaign, version), count), parquet)
+            rows = _rows(outputs, _k(version), features=keep)
+            write_atomic(
+                table, (chunk.encode() for chunk in stream_csv(_header(_k(version)), rows))
+            )
+            written.append(table)
+            if parquet.close():
+                written.append(parquet.path)
         if matrix:  # no readable output: no features to gather
             matrix[0].flush()
             del matrix[0]
             os.replace(tmp, matrix_path)
             written.append(matrix_path)
     return written
+
+
+def _also(outputs: Iterator[tuple], parquet: tables.PredictionTable) -> Iterator[tuple]:
+    """`outputs`, each added to the Parquet table as it goes by."""
+    for output in outputs:
+        parquet.add(output[0], output[-1])
+        yield output

@@ -10,7 +10,7 @@ from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpRespons
 from django.shortcuts import render
 from django.views.decorators.vary import vary_on_headers
 
-from campaigns.exports import matrices
+from campaigns.exports import matrices, tables
 from campaigns.exports.csv_stream import stream_csv
 from campaigns.exports.predictions import predictions_csv
 from campaigns.models import Campaign, ParameterVersion
@@ -25,8 +25,8 @@ PAGE_COMPARE_UNITS = 20_000
 
 #: What a version offers for download, by the kind of matrix its outputs form.
 DOWNLOADS = {
-    "vectors": ("vectors.npy", "rows.csv"),
-    "features": ("features.npy", "rows.csv", "predictions.csv"),
+    "vectors": ("vectors.npy", "rows.csv", "vectors.parquet"),
+    "features": ("features.npy", "rows.csv", "predictions.csv", "predictions.parquet"),
     None: (),
 }
 
@@ -74,8 +74,9 @@ def _version(campaign: Campaign, label: str) -> ParameterVersion:
 def version_download(
     request: HttpRequest, name: str, number: int, filename: str
 ) -> StreamingHttpResponse:
-    """One version's matrix (.npy, streamed), its rows named (.csv), or a
-    classifier's predictions (.csv)."""
+    """One version's matrix (.npy, streamed), its rows named (.csv), a
+    classifier's predictions (.csv), or its outputs as a table (.parquet,
+    streamed a row group at a time)."""
     campaign = campaign_for_user_or_404(request, name)
     version = _version(campaign, str(number))
     if filename not in DOWNLOADS[matrices.kind_of(campaign)]:
@@ -87,6 +88,13 @@ def version_download(
         response = StreamingHttpResponse(matrix.body, content_type="application/octet-stream")
         response["Content-Disposition"] = f'attachment; filename="{matrix.filename}"'
         response["X-Matrix-Shape"] = f"{matrix.rows},{matrix.dimension}"
+        return response
+    if filename.endswith(".parquet"):
+        table = tables.table_stream(campaign=campaign, version=version)
+        if table is None:
+            raise Http404(f"{version.label} has no readable output yet.")
+        response = StreamingHttpResponse(table.body, content_type="application/vnd.apache.parquet")
+        response["Content-Disposition"] = f'attachment; filename="{table.filename}"'
         return response
     if filename == "predictions.csv":
         body = predictions_csv(campaign, version)

@@ -11,6 +11,7 @@ from pathlib import Path
 from unittest import mock
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from campaigns.models import Attempt, Batch, Unit, UnitState
@@ -337,11 +338,14 @@ def test_outputs_written_a_file_a_unit_before_shards_still_verify_and_export(
         output_path=rel, output_size=len(data), output_sha256=hashlib.sha256(data).hexdigest()
     )
     assert campaign_verify(campaign=done, deep=True).as_dict()["valid"] == DEMO_GOOD
-    matrix_path, ids_path = consolidate_vectors(done, tmp_path)
+    matrix_path, ids_path, table_path = consolidate_vectors(done, tmp_path)
     with open(ids_path) as fh:
         row_of = {r["id"]: int(r["row"]) for r in csv.DictReader(fh)}
     matrix = np.load(matrix_path)
     assert np.array_equal(matrix[row_of[old.uid]], vector)
+    table = pq.read_table(table_path, columns=["id", "vector"]).to_pylist()
+    assert table[row_of[old.uid]]["id"] == old.uid
+    assert np.array_equal(np.asarray(table[row_of[old.uid]]["vector"], np.float32), vector)
     assert np.array_equal(matrix[row_of[new.uid]], unit_vector(output_root, new.output_path))
     # and a damaged old file is still caught
     (output_root / rel).write_bytes(data[:-4])

@@ -6,7 +6,7 @@
 Writes --rows records (id, text of 200–1,000 characters, category) as a
 Parquet file (row groups of 100,000 rows) and as the same JSONL, with
 pyarrow, in a temp dir (not timed). Then, each in its own process so that
-peak RSS (ru_maxrss) is the importer's: creates a record campaign over the
+peak RSS (VmHWM) is the importer's: creates a record campaign over the
 file through the setup service (`campaign create NAME --records FILE
 --id-column id --text-column text --category-column category`), then
 imports the unchanged file again (every row already there). On PostgreSQL

@@ -101,7 +101,7 @@ def _jsonl_records(fh: TextIO) -> Iterator[tuple[int, dict | BadLine]]:
 def _json_record(lineno: int, line: str) -> dict | BadLine:
     """One JSONL line's object, or the BadLine of a row that fails alone."""
     try:
-        record = json.loads(line, parse_constant=_not_json)
+        record = _loads(line)
     except json.JSONDecodeError as exc:
         return BadLine(f"line {lineno} is not JSON: {exc.msg}")
     except (ValueError, RecursionError) as exc:
@@ -118,6 +118,16 @@ def _json_record(lineno: int, line: str) -> dict | BadLine:
 
 def _not_json(constant: str):
     raise ValueError(f"{constant} is not a JSON value")
+
+
+# json.loads(line, parse_constant=_not_json) without a decoder made a line.
+_DECODER = json.JSONDecoder(parse_constant=_not_json)
+
+
+def _loads(line: str):
+    if line.startswith("\ufeff"):  # as json.loads refuses it
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", line, 0)
+    return _DECODER.decode(line)
 
 
 def _encodes(record: dict) -> bool:

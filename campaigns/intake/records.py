@@ -21,6 +21,7 @@ batches at a time, Arrow a record batch at a time; never a whole file.
 from __future__ import annotations
 
 import csv
+import functools
 import gzip
 import hashlib
 import io
@@ -99,7 +100,13 @@ def record_format(name: str) -> str | None:
 
 
 def locator(file: str, row: int, position: str, column: str) -> str:
-    return f"{file}#{row}@{position}:{quote(column, safe='')}"
+    return f"{file}#{row}@{position}:{_quoted(column)}"
+
+
+@functools.lru_cache(maxsize=64)
+def _quoted(column: str) -> str:
+    """A column's name as a source path ends with it (quoted once, not a row)."""
+    return quote(column, safe="")
 
 
 def parse_locator(source_path: str) -> Located | None:
@@ -151,10 +158,74 @@ def record_rows(root: Path, files: list[str], columns: RecordColumns) -> Iterato
     for file in files:
         path = resolve_input(root, file)
         kind = record_format(file)
-        read = {"jsonl": _jsonl, "csv": _csv, "parquet": _parquet, "arrow": _arrow}[kind or ""]
+        if kind in ("parquet", "arrow"):
+            read_batches = _parquet if kind == "parquet" else _arrow
+            for row, place, index, batch in read_batches(path, columns):
+                yield from _batch_rows(number, file, row, place, index, batch, columns)
+                number += batch.num_rows
+            continue
+        read = {"jsonl": _jsonl, "csv": _csv}[kind or ""]
         for row, position, record in read(path, columns):
             number += 1
             yield _record_row(number, file, row, position, record, columns)
+
+
+def _plain_text(text: str) -> bool:
+    """Whether decode_text takes this text as it is, by a look at its first
+    visible character (a letter, a digit or printable ASCII is content): true
+    of nearly every record; the rest goes through decode_text itself."""
+    if "\x00" in text:
+        return False
+    head = text.lstrip()
+    if not head:
+        return False
+    first = head[0]
+    return first.isalnum() or "!" <= first <= "~"
+
+
+def _batch_rows(
+    number: int, file: str, row: int, place: str, index: int, batch, columns: RecordColumns
+) -> Iterator[Row]:
+    """_record_row of each row of a Parquet or Arrow record batch (its first row
+    the file's `row`, at `index` of row group or batch `place`): the same rows,
+    with the common case (an id, a category and a text that need no word of
+    refusal) made here, a column at a time, and every other row by _record_row."""
+    texts = batch.column(columns.text).to_pylist()
+    ids = batch.column(columns.id).to_pylist() if columns.id else None
+    categories = batch.column(columns.category).to_pylist() if columns.category else None
+    head, tail = f"{file}#", f":{_quoted(columns.text)}"
+    sha256 = hashlib.sha256
+    for i, text in enumerate(texts):
+        number += 1
+        source = f"{head}{row + i}@{place}:{index + i}{tail}"
+        if ids is None:
+            uid = f"{file}:{row + i}"
+        else:
+            uid = ids[i]
+            uid = uid.strip() if type(uid) is str else str(uid) if type(uid) is int else ""
+        category = categories[i] if categories is not None else ""
+        category = "" if category is None else category
+        if (
+            type(text) is str
+            and uid
+            and len(uid) <= UID_MAX
+            and type(category) is str
+            and len(category) <= CATEGORY_MAX
+            and len(source) <= PATH_MAX
+            and storable(uid)
+            and storable(category)
+            and _plain_text(text)
+        ):
+            # An Arrow string is UTF-8: it encodes (no lone surrogate).
+            data = text.encode("utf-8")
+            yield Row(number, uid, source, category, None, len(data), sha256(data).hexdigest())
+            continue
+        record = {columns.text: text}
+        if ids is not None:
+            record[columns.id] = ids[i]  # type: ignore[index]
+        if categories is not None:
+            record[columns.category] = categories[i]  # type: ignore[index]
+        yield _record_row(number, file, row + i, f"{place}:{index + i}", record, columns)
 
 
 def _record_row(
@@ -195,7 +266,8 @@ def _record_row(
         return made.fail(f"{where}: column {columns.text!r} holds {type(text).__name__}, not text")
     try:
         data = text.encode("utf-8")
-        decode_text(data)
+        if not _plain_text(text):
+            decode_text(data)
     except UnicodeEncodeError:
         return made.fail(f"{where}: the text holds a lone surrogate, not text")
     except InputError as exc:
@@ -342,12 +414,6 @@ def _check_columns(path: Path, names, columns: RecordColumns) -> None:
 # --- Parquet and Arrow: a row group's or a record batch's index -----------------
 
 
-def _batch_records(batch, columns: RecordColumns) -> Iterator[dict]:
-    values = {name: batch.column(name).to_pylist() for name in columns.needed()}
-    for i in range(batch.num_rows):
-        yield {name: column[i] for name, column in values.items()}
-
-
 def _parquet(path: Path, columns: RecordColumns):
     import pyarrow.parquet as pq
 
@@ -367,10 +433,9 @@ def _parquet(path: Path, columns: RecordColumns):
                 use_threads=False,
             )
             for batch in batches:
-                for record in _batch_records(batch, columns):
-                    yield row, f"g{group}:{index}", record
-                    row += 1
-                    index += 1
+                yield row, f"g{group}", index, batch
+                row += batch.num_rows
+                index += batch.num_rows
 
 
 def open_arrow(path: Path):
@@ -398,6 +463,5 @@ def _arrow(path: Path, columns: RecordColumns):
     )
     row = 0
     for number, batch in enumerate(batches):
-        for index, record in enumerate(_batch_records(batch, columns)):
-            yield row, f"b{number}:{index}", record
-            row += 1
+        yield row, f"b{number}", 0, batch
+        row += batch.num_rows

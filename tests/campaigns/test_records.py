@@ -200,6 +200,75 @@ def test_parquet_rows_with_their_row_group_and_index(project, tmp_path):
     assert texts(campaign) == {**{r["id"]: r["text"] for r in ROWS}, "5": "five"}
 
 
+AWKWARD = [
+    {"id": "plain", "text": "An ordinary row.", "lang": "en"},
+    {"id": "  padded  ", "text": "  (a bracket) after spaces", "lang": None},
+    {"id": "cjk", "text": "港は月曜日に再開した。", "lang": "ja"},
+    {"id": "accent", "text": "\u00e9t\u00e9 \u2014 ao\u00fbt", "lang": "fr"},
+    {"id": "bom", "text": "\ufeffafter a byte order mark", "lang": "en"},
+    {"id": "empty", "text": "", "lang": "en"},
+    {"id": "blank", "text": " \t\n ", "lang": "en"},
+    {"id": "invisible", "text": "\u200b\u200d\x01", "lang": "en"},
+    {"id": "nul", "text": "text\x00with a NUL", "lang": "en"},
+    {"id": "nul-late", "text": "x" * 9000 + "\x00", "lang": "en"},
+    {"id": "none", "text": None, "lang": "en"},
+    {"id": None, "text": "no id", "lang": "en"},
+    {"id": "   ", "text": "a blank id", "lang": "en"},
+    {"id": "x" * 1001, "text": "an id too long", "lang": "en"},
+    {"id": "nul\x00id", "text": "an id with a NUL", "lang": "en"},
+    {"id": "long-category", "text": "a long category", "lang": "c" * 201},
+    {"id": "plain", "text": "the same id again", "lang": "en"},
+    {"id": "last", "text": "~tilde first, still imported", "lang": "en"},
+]
+
+
+def _made(campaign) -> list[tuple]:
+    """What a user sees of each unit, the file's own name and row numbers left out."""
+    import re
+
+    where = re.compile(r"\bc\.(?:jsonl|parquet):\d+")
+    return [
+        (
+            where.sub("ROW", u.uid),
+            u.state,
+            u.error_class,
+            where.sub("ROW", u.error_message),
+            u.size,
+            u.sha256,
+            u.category,
+        )
+        for u in Unit.objects.filter(campaign=campaign).order_by("pk")
+    ]
+
+
+def test_parquet_and_jsonl_of_the_same_rows_make_the_same_units(project, tmp_path):
+    """Rows of Parquet (read a column at a time) and of JSONL (a line at a
+    time): the same ids, checksums, categories and refusals, row for row."""
+    for folder in ("j", "p", "n"):
+        (tmp_path / folder).mkdir()
+    from_jsonl, report_jsonl = create(
+        project, write_jsonl(tmp_path / "j" / "c.jsonl", AWKWARD), name="j", category="lang"
+    )
+    parquet = write_parquet(tmp_path / "p" / "c.parquet", AWKWARD, row_group_size=5)
+    from_parquet, report_parquet = create(project, parquet, name="p", category="lang")
+    made = _made(from_parquet)
+    assert made == _made(from_jsonl)
+    assert report_parquet.as_dict()["failed"] == report_jsonl.as_dict()["failed"] == 10
+    assert report_parquet.duplicates == report_jsonl.duplicates == 1
+    states = {uid: state for uid, state, *_ in made}
+    pending = {"plain", "padded", "cjk", "accent", "bom", "nul-late", "last"}
+    assert {uid for uid, state in states.items() if state == UnitState.PENDING} == pending
+    # Integer ids, as a Parquet id column often holds.
+    numbered = write_parquet(
+        tmp_path / "n" / "c.parquet", [{"id": 7, "text": "seven"}, {"id": 8, "text": " "}]
+    )
+    campaign, _ = create(project, numbered, name="n")
+    assert [(u.uid, u.state) for u in Unit.objects.filter(campaign=campaign).order_by("pk")] == [
+        ("7", UnitState.PENDING),
+        ("8", UnitState.FAILED),
+    ]
+
+
 def test_a_datasets_save_to_disk_folder(project, tmp_path):
     rows = [{"id": f"r{i}", "text": f"text {i}", "label": f"l{i % 2}"} for i in range(7)]
     campaign, report = create(project, save_to_disk(tmp_path / "ds", rows), category="label")
@@ -316,18 +385,18 @@ def test_a_large_parquet_imports_a_row_group_at_a_time(project, tmp_path):
     peak = 0
     from campaigns.intake import records as records_module
 
-    real = records_module._batch_records
+    real = records_module._batch_rows
 
-    def watched(batch, columns):
+    def watched(*args):
         nonlocal peak
         peak = max(peak, pool.bytes_allocated())
-        yield from real(batch, columns)
+        yield from real(*args)
 
-    records_module._batch_records = watched
+    records_module._batch_rows = watched
     try:
         _, report = create(project, path)
     finally:
-        records_module._batch_records = real
+        records_module._batch_rows = real
     assert report.created == rows and report.failed == 0
     assert 0 < peak < decoded / 5, (peak, decoded)
 

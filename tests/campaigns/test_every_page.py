@@ -38,6 +38,7 @@ from pathlib import Path
 from unittest import mock
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 from django.conf import settings
@@ -406,6 +407,9 @@ def _download_problem(page: Page, response, content: bytes) -> str | None:
     if page.url.endswith(".json"):
         json.loads(content)
         return None
+    if page.url.endswith(".parquet"):
+        table = pq.read_table(io.BytesIO(content))
+        return None if table.num_rows > 0 else "a table without rows"
     rows = list(csv.reader(io.StringIO(content.decode())))
     if not rows:
         return "empty, not even a header"

@@ -412,7 +412,7 @@ def test_the_page_lists_the_last_batches_one_by_one_and_every_batch_downloads(
     assert cells[3] == str(newest[0].size)
     assert cells[4] == f"{newest[0].real_tokens:,}" and cells[5] == f"{newest[0].padded_tokens:,}"
     assert float(cells[8]) >= float(cells[7]) > 0  # the batch holds its model's time
-    assert cells[9].endswith("MB")
+    assert re.fullmatch(r"[\d.]+\xa0[MG]B", cells[9])  # the worker's RSS, as a size
 
     # Every batch, in batches.csv, as the campaign page offers it.
     response = client.get(reverse("campaign_export", args=[campaign.name, "batches.csv"]))

@@ -170,6 +170,11 @@ def record_rows(root: Path, files: list[str], columns: RecordColumns) -> Iterato
             yield _record_row(number, file, row, position, record, columns)
 
 
+def record_uid(value) -> str:
+    """A unit's id as the value of a row's id column gives it ("" for none)."""
+    return "" if value is None else (value if isinstance(value, str) else str(value)).strip()
+
+
 def _plain_text(text: str) -> bool:
     """Whether decode_text takes this text as it is, by a look at its first
     visible character (a letter, a digit or printable ASCII is content): true
@@ -241,9 +246,7 @@ def _record_row(
         return Row(number, where, source).fail(f"{where}: {record.reason}")
     uid = where
     if columns.id:
-        given = record.get(columns.id)
-        uid = given if isinstance(given, str) else "" if given is None else str(given)
-        uid = uid.strip()
+        uid = record_uid(record.get(columns.id))
         if not uid:
             return Row(number, where, source).fail(f"{where}: no id in column {columns.id!r}")
         if len(uid) > UID_MAX or not storable(uid):

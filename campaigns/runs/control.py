@@ -136,9 +136,7 @@ def _reset_failed(campaign: Campaign, *, classes: set[str] | None = None) -> int
     # Inputs that are still missing cannot be retried; nor can outputs a
     # reviewer rejected under the current version (they run again under a new
     # one: the same parameters would adopt or remake the rejected output).
-    retryable = failed.exclude(
-        error_class__in=[ErrorClass.INPUT_MISSING, ErrorClass.INPUT_CHANGED]
-    )
+    retryable = failed.exclude(error_class__in=[ErrorClass.INPUT_MISSING, ErrorClass.INPUT_CHANGED])
     if campaign.current_version_id:
         retryable = retryable.exclude(
             error_class=ErrorClass.REJECTED_BY_REVIEW,

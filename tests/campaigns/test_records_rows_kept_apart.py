@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from campaigns.intake import importing
 from campaigns.intake.inputs import read_bytes
 from campaigns.models import ErrorClass, Unit, UnitState
 from campaigns.runs import control, setup
@@ -66,3 +67,24 @@ def test_a_retry_after_a_rewrite_without_an_import_takes_no_other_row(project, t
     for uid in "abcd":
         unit = Unit.objects.get(campaign=campaign, uid=uid)
         assert unit.state != UnitState.FAILED and text_of(campaign, uid) == f"text of {uid}"
+
+
+def test_a_reimport_keeps_the_first_copy_of_an_id_chunks_apart(project, tmp_path, monkeypatch):
+    monkeypatch.setattr(importing, "CHUNK_ROWS_DEFAULT", 2)
+    monkeypatch.setitem(importing.CHUNK_ROWS, "postgresql", 2)
+    rows = [
+        {"id": "a", "text": "first a"},
+        {"id": "b", "text": "b"},
+        {"id": "c", "text": "c"},
+        {"id": "a", "text": "second a"},
+    ]
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    campaign, report = create(project, path)
+    assert report.duplicates == 1 and text_of(campaign, "a") == "first a"
+    report = setup.campaign_import(campaign=campaign)
+    assert (report.duplicates, report.changed, report.created) == (1, 0, 0)
+    assert any(p.startswith("a: duplicate id in this import") for p in report.problems)
+    a = Unit.objects.get(campaign=campaign, uid="a")
+    assert a.state == UnitState.PENDING and a.sha256 == sha("first a")
+    assert text_of(campaign, "a") == "first a"

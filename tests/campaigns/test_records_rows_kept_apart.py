@@ -88,3 +88,41 @@ def test_a_reimport_keeps_the_first_copy_of_an_id_chunks_apart(project, tmp_path
     a = Unit.objects.get(campaign=campaign, uid="a")
     assert a.state == UnitState.PENDING and a.sha256 == sha("first a")
     assert text_of(campaign, "a") == "first a"
+
+
+def test_a_stray_quote_in_an_unquoted_csv_field_is_that_field_s_text(project, tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_text('id,text\n1,a 5" screen\n2,second row\n3,"quoted, ok"\n4,fourth\n')
+    campaign, report = create(project, path)
+    assert (report.created, report.failed) == (4, 0)
+    assert [text_of(campaign, uid) for uid in "1234"] == [
+        'a 5" screen',
+        "second row",
+        "quoted, ok",
+        "fourth",
+    ]
+
+
+def test_doubled_quotes_past_the_sniffed_sample_are_one_quote(project, tmp_path):
+    lines = ["id,text"] + [f'{i},"plain, row {i}"' for i in range(3000)]
+    path = tmp_path / "c.csv"
+    path.write_text("\n".join([*lines, 'x,"He said ""hi"" there"']) + "\n")
+    campaign, report = create(project, path)
+    assert report.failed == 0
+    assert text_of(campaign, "x") == 'He said "hi" there'
+
+
+def test_a_csv_text_over_csv_s_default_field_limit_is_read(project, tmp_path):
+    long = "word " * 30_000  # 150,000 characters
+    path = tmp_path / "c.csv"
+    path.write_text(f'id,text\nshort,hello\nlong,"{long}"\n')
+    campaign, report = create(project, path)
+    assert report.failed == 0
+    assert text_of(campaign, "long") == long
+
+
+def test_a_bad_row_s_reason_names_its_place_once(project, tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_text("id,text\n1,fine\n2,too,many\n")
+    _, report = create(project, path)
+    assert report.problems == ["c.csv:3: 3 fields where the header has 2"]

@@ -209,10 +209,16 @@ class Staging:
             # this chunk's transaction only.
             with connection.cursor() as cursor:
                 cursor.execute("SET LOCAL synchronous_commit = off")
-        if self.tracking is not None:
-            rows = list(rows)
-            uid = STAGED.index("uid")
-            self.tracking.seen([row[uid] for row in rows])
+        if self.tracking is None:
+            return self._add(rows, report)
+        rows = list(rows)
+        read = self._add(rows, report)
+        # After the chunk: its settle looks for the ids of earlier chunks only.
+        uid = STAGED.index("uid")
+        self.tracking.seen([row[uid] for row in rows])
+        return read
+
+    def _add(self, rows: Iterable[tuple], report) -> int:
         if self.postgres and self.expect_new:
             rows = list(rows)  # kept for the staged way, should COPY refuse them
             if not rows:
@@ -283,6 +289,10 @@ class Staging:
                 "RETURNING line, uid, source_path"
             )
             duplicates = cursor.fetchall()
+            if self.tracking is not None:
+                # An id an earlier chunk of this re-import met: its first copy
+                # is the unit's row, as on a first import.
+                duplicates += self.tracking.met_before(cursor, self.table)
             now = connection.ops.adapt_datetimefield_value(timezone.now())
             if self.expect_new:
                 # A fresh campaign's chunks are all new ids: no lookup, one plain

@@ -61,6 +61,15 @@ class RecordTracking:
                     f"INSERT INTO {self.table} (uid) VALUES (%s)", [(uid,) for uid in uids]
                 )
 
+    def met_before(self, cursor, staging: str) -> list[tuple]:
+        """Drop (and return as (line, uid, source_path)) the staged rows whose
+        id an earlier chunk of this import met: the later copies of a repeated id."""
+        cursor.execute(
+            f"DELETE FROM {staging} WHERE EXISTS (SELECT 1 FROM {self.table} t "
+            f"WHERE t.uid = {staging}.uid) RETURNING line, uid, source_path"
+        )
+        return cursor.fetchall()
+
     def relocate(self, cursor, staging: str) -> None:
         """Matched units (one staged row each: duplicates are gone by now) take
         their row's place as this import found it."""

@@ -25,7 +25,7 @@ _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 _BIGINT_MAX = 2**63 - 1
 
 #: The most characters a CSV field holds (csv.field_size_limit()'s default,
-#: which a CSV manifest keeps), and so the most a row's metadata may hold as
+#: which a CSV manifest checks itself), and so the most a row's metadata may hold as
 #: JSON in either format (campaigns/intake/importing.py checks it).
 FIELD_MAX = 131_072
 #: The most characters a JSONL line holds: metadata at FIELD_MAX with room for
@@ -60,7 +60,9 @@ def _manifest_records(manifest: Path) -> Iterator[tuple[int, dict | BadLine]]:
                         raise ManifestError(
                             f"{manifest.name}: a CSV manifest needs a 'path' column"
                         )
-                    yield from enumerate(reader, start=2)
+                    for number, record in enumerate(reader, start=2):
+                        _refuse_long_fields(record)
+                        yield number, record
                 except csv.Error as exc:
                     # A field over csv's size limit: what follows it on the
                     # line cannot be told apart from rows, so the whole is refused.
@@ -74,6 +76,15 @@ def _manifest_records(manifest: Path) -> Iterator[tuple[int, dict | BadLine]]:
             raise ManifestError(f"{manifest.name}: a manifest is .csv or .jsonl")
     except UnicodeDecodeError as exc:
         raise ManifestError(f"{manifest.name} is not UTF-8 text: {exc}") from exc
+
+
+def _refuse_long_fields(record: dict) -> None:
+    """csv.Error for a field over FIELD_MAX: the bound is the manifest's own, not
+    csv.field_size_limit(), which record files raise for the whole process."""
+    for value in record.values():
+        for field in value if isinstance(value, list) else (value,):
+            if isinstance(field, str) and len(field) > FIELD_MAX:
+                raise csv.Error(f"field larger than field limit ({FIELD_MAX})")
 
 
 def _jsonl_records(fh: TextIO) -> Iterator[tuple[int, dict | BadLine]]:

@@ -18,6 +18,7 @@ reader of an input makes.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import os
 import threading
@@ -40,6 +41,7 @@ from campaigns.intake.records import (
     open_lines,
     parse_csv_record,
     parse_json_line,
+    record_uid,
     sniff_dialect,
 )
 from campaigns.models import ErrorClass
@@ -64,25 +66,7 @@ class RecordMoved(Exception):
 def read_record(root: Path, located: Located, limits: ReadLimits) -> InputBytes:
     """The record's text in UTF-8, as `read_bytes` reads a file: only as far as
     `limits` keep, the whole text's sha256 taken where they ask for a digest."""
-    # Opened by the rules every input is (inside the corpus, a regular file,
-    # never waited on): a FIFO in the records file's place is refused, not read.
-    fd = input_fd(root, located.file)
-    try:
-        st = os.fstat(fd)
-    finally:
-        os.close(fd)
-    path = resolve_input(root, located.file)
-    key = (str(path), st.st_size, st.st_mtime_ns)
-    try:
-        text = _READERS[located.kind](path, key, located)
-    except RecordMoved as exc:
-        raise InputError(
-            ErrorClass.INPUT_CHANGED,
-            f"{located.file} changed since import: row {located.row} is not at its "
-            f"recorded place ({exc}); `campaign import` reads the file again",
-        ) from None
-    except OSError as exc:
-        raise InputError(ErrorClass.INPUT_UNREADABLE, f"cannot read input: {exc}") from None
+    text = _value(root, located)
     if text is None:
         raise InputError(ErrorClass.INPUT_INVALID, f"row {located.row} has no text")
     if not isinstance(text, str):
@@ -96,6 +80,30 @@ def read_record(root: Path, located: Located, limits: ReadLimits) -> InputBytes:
         return _input_bytes(data, len(data))
     digest = hashlib.sha256(data).hexdigest() if limits.digest else None
     return _input_bytes(data[: limits.keep], len(data), digest)
+
+
+def _value(root: Path, located: Located, column: str | None = None):
+    """The value of the record's text column (or of `column`) at its place."""
+    # Opened by the rules every input is (inside the corpus, a regular file,
+    # never waited on): a FIFO in the records file's place is refused, not read.
+    fd = input_fd(root, located.file)
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    path = resolve_input(root, located.file)
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    at = located if column is None else dataclasses.replace(located, column=column)
+    try:
+        return _READERS[located.kind](path, key, at)
+    except RecordMoved as exc:
+        raise InputError(
+            ErrorClass.INPUT_CHANGED,
+            f"{located.file} changed since import: row {located.row} is not at its "
+            f"recorded place ({exc}); `campaign import` finds each row again",
+        ) from None
+    except OSError as exc:
+        raise InputError(ErrorClass.INPUT_UNREADABLE, f"cannot read input: {exc}") from None
 
 
 def _kept(key: tuple, make):
@@ -241,9 +249,23 @@ _READERS = {
 }
 
 
-def record_identity(root: Path, located: Located) -> tuple[int, str]:
+def record_identity(
+    root: Path, located: Located, uid: str | None = None, id_column: str | None = None
+) -> tuple[int, str]:
     """The record's text size and sha256 as it reads now (InputError if it cannot):
-    what `resume --retry-failed` records before it runs an `input_changed` unit again."""
+    what `resume --retry-failed` records before it runs an `input_changed` unit again.
+
+    With `id_column`, the row at the place must hold the unit's id `uid` there
+    (a rewritten file puts another row at an old place): else `input_changed`,
+    and the other row's text is never taken for this unit's."""
+    if id_column:
+        found = record_uid(_value(root, located, id_column))
+        if found != uid:
+            raise InputError(
+                ErrorClass.INPUT_CHANGED,
+                f"{located.file} changed since import: the row at this unit's recorded "
+                f"place (row {located.row}) has the id {found[:80]!r}, not this unit's",
+            )
     data = read_record(root, located, ReadLimits())
     return data.size, data.sha256 or ""
 

@@ -55,6 +55,9 @@ BATCH_ROWS = 4096
 #: What csv.Sniffer reads to tell a CSV file's dialect (the worker the same).
 SNIFF_BYTES = 64 << 10
 _BOM = b"\xef\xbb\xbf"
+# A CSV record's text may be as long as its record (csv's own bound is 131,072
+# characters, process-wide: a CSV manifest checks its fields' length itself).
+csv.field_size_limit(max(csv.field_size_limit(), LINE_MAX))
 _LOCATOR = re.compile(r"#(\d+)@(?:(\d+)\+(\d+)|([gb])(\d+):(\d+)):([^#:]*)\Z")
 
 
@@ -170,6 +173,11 @@ def record_rows(root: Path, files: list[str], columns: RecordColumns) -> Iterato
             yield _record_row(number, file, row, position, record, columns)
 
 
+def record_uid(value) -> str:
+    """A unit's id as the value of a row's id column gives it ("" for none)."""
+    return "" if value is None else (value if isinstance(value, str) else str(value)).strip()
+
+
 def _plain_text(text: str) -> bool:
     """Whether decode_text takes this text as it is, by a look at its first
     visible character (a letter, a digit or printable ASCII is content): true
@@ -238,17 +246,16 @@ def _record_row(
             f"{where}: the file's path is too long ({PATH_MAX} characters at most)"
         )
     if isinstance(record, BadLine):
-        return Row(number, where, source).fail(f"{where}: {record.reason}")
+        # Its id is its place, which the report says before the reason.
+        return Row(number, where, source).fail(record.reason)
     uid = where
     if columns.id:
-        given = record.get(columns.id)
-        uid = given if isinstance(given, str) else "" if given is None else str(given)
-        uid = uid.strip()
+        uid = record_uid(record.get(columns.id))
         if not uid:
-            return Row(number, where, source).fail(f"{where}: no id in column {columns.id!r}")
+            return Row(number, where, source).fail(f"no id in column {columns.id!r}")
         if len(uid) > UID_MAX or not storable(uid):
             return Row(number, where, source).fail(
-                f"{where}: the id is longer than {UID_MAX} characters or holds a NUL character"
+                f"the id is longer than {UID_MAX} characters or holds a NUL character"
             )
     category = record.get(columns.category) if columns.category else None
     category = "" if category is None else str(category)
@@ -331,12 +338,17 @@ def parse_json_line(line: bytes) -> dict | BadLine:
 
 def sniff_dialect(head: bytes) -> type[csv.Dialect] | csv.Dialect:
     """The CSV dialect of a file's first SNIFF_BYTES (the excel one if csv.Sniffer
-    cannot tell); the importer and the worker sniff the same bytes."""
+    cannot tell); the importer and the worker sniff the same bytes. A quote
+    inside a quoted field is doubled (RFC 4180) unless an escape character is
+    sniffed: the sniffer cannot tell from a sample without one."""
     sample = head.removeprefix(_BOM).decode("utf-8", "ignore")
     try:
-        return csv.Sniffer().sniff(sample, delimiters=",;\t|")
+        dialect = csv.Sniffer().sniff(sample, delimiters=",;\t|")
     except csv.Error:
         return csv.excel
+    if not dialect.escapechar:
+        dialect.doublequote = True
+    return dialect
 
 
 def parse_csv_record(data: bytes, dialect) -> list[str]:
@@ -347,56 +359,88 @@ def parse_csv_record(data: bytes, dialect) -> list[str]:
     return fields
 
 
-def _csv_records(fh, quotechar: str | None) -> Iterator[tuple[int, int, bytes | None]]:
-    """(first line, offset, bytes) of each CSV record: lines joined while a
-    quoted field is open (an odd count of quote characters)."""
-    quote_byte = (quotechar or '"').encode()
-    pending: tuple[int, int] | None = None
-    parts: list[bytes] = []
-    held = 0
-    for lineno, start, line in _lines(fh):
-        if pending is None:
-            pending, parts, held = (lineno, start), [], 0
-        if line is None or held > LINE_MAX:
-            yield pending[0], pending[1], None
-            pending = None
-            continue
-        parts.append(line)
-        held += len(line)
-        if b"".join(parts).count(quote_byte) % 2 == 0:
-            yield pending[0], pending[1], b"".join(parts)
-            pending = None
-    if pending is not None:
-        yield pending[0], pending[1], b"".join(parts)
+class _TooLong(Exception):
+    """The CSV record being read is over LINE_MAX."""
+
+
+class _CsvLines:
+    """The lines csv.reader reads (it pulls them while a quoted field is open
+    and stops at a record's end), with the part of the file the record being
+    read takes: its first line, offset and length, and whether all of it is UTF-8."""
+
+    def __init__(self, fh):
+        self.lines = _lines(fh)
+        self.first: tuple[int, int] | None = None
+        self.length = 0
+        self.bad: str | None = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        lineno, start, line = next(self.lines)  # StopIteration: the file's end
+        if self.first is None:
+            self.first, self.length, self.bad = (lineno, start), 0, None
+        if line is None or self.length + len(line) > LINE_MAX:
+            raise _TooLong
+        self.length += len(line)
+        try:
+            return line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            self.bad = self.bad or f"not UTF-8 (byte 0x{line[exc.start]:02x})"
+            return line.decode("utf-8", "surrogateescape")
+
+    def record(self, value: list[str] | BadLine | None):
+        """(first line, offset, length, fields or why not) of the record just read."""
+        assert self.first is not None
+        (lineno, start), self.first = self.first, None
+        if isinstance(value, list) and self.bad:
+            value = BadLine(self.bad)
+        return lineno, start, self.length, value
+
+
+def _csv_records(fh, dialect) -> Iterator[tuple[int, int, int, list[str] | BadLine | None]]:
+    """(first line, offset, length, fields) of each CSV record, as csv.reader
+    reads the file: a quote opens a field only where the dialect says. A record
+    that cannot be read (fields None when over LINE_MAX) is said and skipped, and
+    reading goes on at the next line."""
+    lines = _CsvLines(fh)
+    while True:
+        try:
+            for fields in csv.reader(lines, dialect):
+                yield lines.record(fields)
+            return
+        except _TooLong:
+            yield lines.record(None)
+        except csv.Error as exc:
+            yield lines.record(BadLine(f"not a CSV record: {exc}"))
 
 
 def _csv(path: Path, columns: RecordColumns):
     with open_lines(path) as fh:
         dialect = sniff_dialect(fh.read(SNIFF_BYTES))
     with open_lines(path) as fh:
-        records = _csv_records(fh, dialect.quotechar)
+        records = _csv_records(fh, dialect)
         header = next(records, None)
-        try:
-            names = parse_csv_record(header[2], dialect) if header and header[2] else []
-        except (csv.Error, UnicodeDecodeError) as exc:
-            raise ManifestError(f"{path.name}: its header cannot be read as CSV: {exc}") from None
+        names = header[3] if header else []
+        if isinstance(names, BadLine) or names is None:
+            reason = names.reason if names is not None else "over the size limit"
+            raise ManifestError(f"{path.name}: its header cannot be read as CSV: {reason}")
         _check_columns(path, names, columns)
-        for lineno, start, data in records:
-            if data is None:
+        for lineno, start, length, fields in records:
+            if fields is None:
                 yield lineno, f"{start}+0", BadLine(f"a record over {LINE_MAX >> 20} MiB, not read")
                 continue
-            if not data.strip():
-                continue
-            yield lineno, f"{start}+{len(data)}", _csv_fields(names, data, dialect)
+            if isinstance(fields, list) and (
+                not fields or (len(fields) == 1 and not fields[0].strip())
+            ):
+                continue  # a blank line
+            yield lineno, f"{start}+{length}", _csv_fields(names, fields)
 
 
-def _csv_fields(names: list[str], data: bytes, dialect) -> dict | BadLine:
-    try:
-        fields = parse_csv_record(data, dialect)
-    except UnicodeDecodeError as exc:
-        return BadLine(f"not UTF-8 (byte 0x{data[exc.start]:02x})")
-    except csv.Error as exc:
-        return BadLine(f"not a CSV record: {exc}")
+def _csv_fields(names: list[str], fields: list[str] | BadLine) -> dict | BadLine:
+    if isinstance(fields, BadLine):
+        return fields
     if len(fields) != len(names):
         return BadLine(f"{len(fields)} fields where the header has {len(names)}")
     return dict(zip(names, fields, strict=True))

@@ -99,27 +99,44 @@ def _reset_failed(campaign: Campaign, *, classes: set[str] | None = None) -> int
     if classes is not None:
         failed = failed.filter(error_class__in=classes)
     root = Path(campaign.input_root)
+    id_column = (campaign.records or {}).get("columns", {}).get("id")
+    retried = 0
+    reset = {"state": UnitState.PENDING, "error_class": "", "error_message": ""}
     for unit in failed.filter(error_class=ErrorClass.INPUT_CHANGED):
         try:
-            size, mtime_ns, sha256 = _identity(root, unit.source_path)
-        except (OSError, ValueError, InputError):
-            continue  # gone or unreadable: it stays failed, verify says why
+            size, mtime_ns, sha256 = _identity(root, unit.source_path, unit.uid, id_column)
+        except (OSError, ValueError, InputError) as exc:
+            if (
+                isinstance(exc, InputError)
+                and exc.error_class == ErrorClass.INPUT_CHANGED
+                and parse_locator(unit.source_path)
+            ):
+                # A row not at its recorded place (another id's there): it stays
+                # failed until the import finds each row again.
+                Unit.objects.filter(pk=unit.pk).update(
+                    error_message=f"{exc.message}; {reimport_hint(campaign)}"
+                )
+            else:
+                # A file gone or unreadable: the worker says which.
+                retried += Unit.objects.filter(pk=unit.pk).update(**reset)
+            continue
         if unit.output_path and split_member(unit.output_path)[1] is None:
             # Made from the old bytes: it must not be adopted as the new result.
             # (A row of a batch's shard is adopted only by that batch again.)
             (Path(settings.OUTPUT_ROOT) / unit.output_path).unlink(missing_ok=True)
-        Unit.objects.filter(pk=unit.pk).update(
+        retried += Unit.objects.filter(pk=unit.pk).update(
             size=size,
             mtime_ns=mtime_ns,
             sha256=sha256,
             output_path="",
             output_size=None,
             output_sha256="",
+            **reset,
         )
     # Inputs that are still missing cannot be retried; nor can outputs a
     # reviewer rejected under the current version (they run again under a new
     # one: the same parameters would adopt or remake the rejected output).
-    retryable = failed.exclude(error_class=ErrorClass.INPUT_MISSING)
+    retryable = failed.exclude(error_class__in=[ErrorClass.INPUT_MISSING, ErrorClass.INPUT_CHANGED])
     if campaign.current_version_id:
         retryable = retryable.exclude(
             error_class=ErrorClass.REJECTED_BY_REVIEW,
@@ -127,24 +144,39 @@ def _reset_failed(campaign: Campaign, *, classes: set[str] | None = None) -> int
                 campaign_id=campaign.pk, version_id=campaign.current_version_id
             ),
         )
-    retried = retryable.update(state=UnitState.PENDING, error_class="", error_message="")
-    for unit in failed.filter(error_class=ErrorClass.INPUT_MISSING).only("pk", "source_path"):
+    retried += retryable.update(**reset)
+    missing = failed.filter(error_class=ErrorClass.INPUT_MISSING)
+    for unit in missing.only("pk", "uid", "source_path"):
         try:
-            _identity(root, unit.source_path, hashed=False)
+            _identity(root, unit.source_path, unit.uid, id_column, hashed=False)
         except (OSError, ValueError, InputError):
             continue
-        retried += Unit.objects.filter(pk=unit.pk).update(
-            state=UnitState.PENDING, error_class="", error_message=""
-        )
+        retried += Unit.objects.filter(pk=unit.pk).update(**reset)
     return retried
 
 
-def _identity(root: Path, source_path: str, *, hashed: bool = True) -> tuple[int, int | None, str]:
+def reimport_hint(campaign: Campaign) -> str:
+    """What a record unit whose row moved needs, said on the unit."""
+    return (
+        f"run `campaign import {campaign.name}` (it finds each row again by its id), "
+        "then `resume --retry-failed`"
+    )
+
+
+def _identity(
+    root: Path,
+    source_path: str,
+    uid: str = "",
+    id_column: str | None = None,
+    *,
+    hashed: bool = True,
+) -> tuple[int, int | None, str]:
     """Size, mtime and sha256 of a unit's input as it is now: a file's, or a
-    record's text (no mtime); `hashed=False` only checks a file is there."""
+    record's text (no mtime), the row at its place holding the unit's id where
+    the records have an id column; `hashed=False` only checks a file is there."""
     located = parse_locator(source_path)
     if located is not None:
-        size, sha256 = record_identity(root, located)
+        size, sha256 = record_identity(root, located, uid, id_column)
         return size, None, sha256
     path = resolve_input(root, source_path)
     if not hashed:

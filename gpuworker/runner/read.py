@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 from campaigns.intake.inputs import WHOLE, InputError, ReadLimits, read_bytes
+from campaigns.intake.records import parse_locator
 from campaigns.models import ErrorClass
 from gpuworker.processors.base import Processor
 from gpuworker.runner.check import NOTHING, Adoption
@@ -29,6 +30,7 @@ def prepare_unit(
     adoption: Adoption = NOTHING,
     ahead: Prepared | None = None,
     limits: ReadLimits = WHOLE,
+    campaign_name: str = "",
 ) -> object:
     """The unit's model input, or SKIP when it failed or its output was adopted.
 
@@ -38,6 +40,7 @@ def prepare_unit(
     last batch ran; it goes through the same hash check and adoption as one
     read here. `limits`: how much of the input is read (the version's
     `ProcessorSpec.input_limits`, with the whole file's digest).
+    `campaign_name`: said in the remedy of a record unit whose row changed.
     """
     unit = outcome.unit
     try:
@@ -66,8 +69,24 @@ def prepare_unit(
             raise made
         return made
     except InputError as exc:
-        outcome.fail(exc.error_class, exc.message)
+        message = exc.message
+        if exc.error_class == ErrorClass.INPUT_CHANGED and parse_locator(unit.source_path):
+            message = _row_changed(exc, campaign_name)
+        outcome.fail(exc.error_class, message)
         return SKIP
+
+
+def _row_changed(exc: InputError, campaign_name: str) -> str:
+    """A record unit's input_changed, with its remedy: the import finds each row
+    again (by its id) and records its text anew; then the retry runs it."""
+    what = exc.message.split("; ", 1)[0]
+    if what.startswith("input changed since import (sha256 differs)"):
+        what = "the row's text at its recorded place changed since import (sha256 differs)"
+    name = campaign_name or "NAME"
+    return (
+        f"{what}; run `campaign import {name}` (it finds each row again by its id), "
+        "then `resume --retry-failed`"
+    )
 
 
 def prepare_ahead(

@@ -75,7 +75,14 @@ def compute(
     # gpuworker/processors/pixel_budget.py).
     prepared = in_threads(
         lambda o: prepare_unit(
-            processor, root, real_root, o, adoption, ahead.get(o.unit.pk), limits
+            processor,
+            root,
+            real_root,
+            o,
+            adoption,
+            ahead.get(o.unit.pk),
+            limits,
+            batch.campaign.name,
         ),
         outcomes,
     )

@@ -116,3 +116,14 @@ def test_metadata_over_a_csv_fields_limit_fails_its_row_in_either_format(
     assert b.error_message.startswith(
         f"line {line}: its metadata is 131,"
     ) and b.error_message.endswith("characters as JSON, over the 131,072 a row's metadata may hold")
+
+
+def test_a_csv_manifest_field_over_the_limit_is_refused_with_record_files_read(tmp_path):
+    """Record files raise csv's process-wide field limit; a CSV manifest keeps its own."""
+    import campaigns.intake.records  # noqa: F401 — raises csv.field_size_limit()
+    from campaigns.intake.manifests import ManifestError
+
+    manifest = tmp_path / "manifest.csv"
+    manifest.write_text(f"path,note\na.txt,{'x' * (FIELD_MAX + 1)}\n")
+    with pytest.raises(ManifestError, match="field larger than field limit"):
+        list(manifest_rows(manifest))

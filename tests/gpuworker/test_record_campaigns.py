@@ -4,6 +4,7 @@ version's read limits, its vector as the text's own (campaigns/intake/records.py
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -121,3 +122,50 @@ def test_a_row_changed_after_import_fails_input_changed_and_runs_after_reimport(
     control.campaign_resume(campaign=campaign, retry_failed=True)
     run_here(campaign)
     assert Unit.objects.get(campaign=campaign, uid="doc-0").state in DONE
+
+
+def test_rows_shifted_by_a_rewrite_never_lend_a_unit_another_row_s_text(
+    project, tmp_path, output_root, run_here
+):
+    """A row inserted at the top moves every row: the worker fails the units
+    with the remedy, a retry without the import leaves them failed (the row at
+    an old place is another id's), and after the import each unit embeds its
+    own row."""
+    path = tmp_path / "c.parquet"
+    pq.write_table(pa.Table.from_pylist(ROWS[:4]), path, row_group_size=2)
+    campaign, _ = setup.campaign_create(
+        name="recs",
+        processor="text-embedding",
+        project=project,
+        records=path,
+        columns=RecordColumns(text="text", id="id"),
+    )
+    new = {"id": "new", "text": "A row added at the top.", "kind": "good"}
+    pq.write_table(pa.Table.from_pylist([new, *ROWS[:4]]), path, row_group_size=2)
+    run_here(campaign)
+    failed = Unit.objects.get(campaign=campaign, uid="doc-1")
+    assert failed.error_class == ErrorClass.INPUT_CHANGED
+    assert "`campaign import recs`" in failed.error_message
+    assert "then `resume --retry-failed`" in failed.error_message
+
+    control.campaign_resume(campaign=campaign, retry_failed=True)
+    units = {u.uid: u for u in Unit.objects.filter(campaign=campaign)}
+    for uid in ("doc-0", "doc-1", "doc-2", "doc-3"):
+        assert units[uid].state == UnitState.FAILED, uid
+        assert units[uid].sha256 == unit_sha(TEXTS[uid]), uid
+        assert "`campaign import recs`" in units[uid].error_message
+
+    setup.campaign_import(campaign=campaign)
+    control.campaign_resume(campaign=campaign, retry_failed=True)
+    run_here(campaign)
+    processor = get_processor("text-embedding", TEXT_EMBEDDING.clean({}))
+    for unit in Unit.objects.filter(campaign=campaign):
+        assert unit.state in DONE, (unit.uid, unit.error_message)
+        text = new["text"] if unit.uid == "new" else TEXTS[unit.uid]
+        assert unit.sha256 == unit_sha(text)
+        expected = processor.embed([text]).vectors[0]
+        assert float(unit_vector(output_root, unit.output_path) @ expected) >= 0.9999
+
+
+def unit_sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()

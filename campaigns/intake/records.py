@@ -35,7 +35,7 @@ from urllib.parse import quote, unquote
 from campaigns.intake.inputs import InputError, decode_text
 from campaigns.intake.manifests import BadLine, ManifestError, _json_record
 from campaigns.intake.rows import CATEGORY_MAX, PATH_MAX, UID_MAX, Row
-from campaigns.storage.paths import escape_path, resolve_input, storable
+from campaigns.storage.paths import escape_path, resolve_input, storable, unescape_path
 
 #: File names that hold records, and the format each is read as.
 FORMATS = {
@@ -133,7 +133,7 @@ def record_files(root: Path, source: str) -> list[str]:
     """The record files (relative to `root`) a source names: the file itself,
     or every record file under the folder, in sorted order, hidden ones skipped
     (a `datasets.save_to_disk` folder's `data-*.arrow` are in their order)."""
-    path = resolve_input(root, source) if source not in ("", ".") else root.resolve()
+    path = _inside(root, source) if source not in ("", ".") else root.resolve()
     if path.is_file():
         if record_format(path.name) is None:
             raise ManifestError(
@@ -147,7 +147,9 @@ def record_files(root: Path, source: str) -> list[str]:
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for name in sorted(filenames):
             if not name.startswith(".") and record_format(name) is not None:
-                found.append(escape_path(os.path.relpath(os.path.join(dirpath, name), root)))
+                relative = escape_path(os.path.relpath(os.path.join(dirpath, name), root))
+                _inside(root, relative)  # a link out of the corpus refuses the create
+                found.append(relative)
     if not found:
         raise ManifestError(f"{path}: no .jsonl, .jsonl.gz, .csv, .parquet or .arrow file in it")
     return found
@@ -159,7 +161,7 @@ def record_rows(root: Path, files: list[str], columns: RecordColumns) -> Iterato
     refused as a whole (ManifestError)."""
     number = 0
     for file in files:
-        path = resolve_input(root, file)
+        path = _inside(root, file)
         kind = record_format(file)
         if kind in ("parquet", "arrow"):
             read_batches = _parquet if kind == "parquet" else _arrow
@@ -171,6 +173,18 @@ def record_rows(root: Path, files: list[str], columns: RecordColumns) -> Iterato
         for row, position, record in read(path, columns):
             number += 1
             yield _record_row(number, file, row, position, record, columns)
+
+
+def _inside(root: Path, source: str) -> Path:
+    """The records file or folder's real path, refused as a whole (ManifestError,
+    said once, never a traceback) where a link takes it out of the corpus folder:
+    records are read only inside it, as every input is."""
+    try:
+        return resolve_input(root, source)
+    except ValueError as exc:
+        raise ManifestError(
+            f"{unescape_path(source)}: {exc}; records are read only inside it"
+        ) from None
 
 
 def record_uid(value) -> str:

@@ -429,3 +429,33 @@ def test_a_fifo_in_the_records_file_s_place_is_refused_not_waited_on(project, tm
     for deep in (False, True):
         report = campaign_verify(campaign=campaign, deep=deep)
         assert report.counts[Verdict.INPUT_INVALID] == len(ROWS)
+
+
+def test_a_link_out_of_the_corpus_among_record_files_refuses_the_create_readably(
+    project, tmp_path
+):
+    from django.core.management.base import CommandError
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_jsonl(corpus / "a.jsonl", ROWS)
+    elsewhere = write_jsonl(tmp_path / "secret.jsonl", [{"id": "s", "text": "not yours"}])
+    (corpus / "b.jsonl").symlink_to(elsewhere)
+
+    # the command says why, in a line, and leaves nothing behind
+    with pytest.raises(CommandError, match=r"b\.jsonl: .*leaves the corpus folder"):
+        call_command(
+            "campaign",
+            "create",
+            "linked",
+            "--processor",
+            "text-embedding",
+            "--records",
+            str(corpus),
+            "--text-column",
+            "text",
+            "--project",
+            project.name,
+        )
+    assert not Campaign.objects.filter(name="linked").exists()
+    assert not Unit.objects.filter(uid="s").exists()

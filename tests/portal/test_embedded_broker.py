@@ -158,7 +158,13 @@ def test_two_consumers_never_take_the_same_message(broker_root):
     assert other.stdout is not None
     assert other.stdout.readline() == "ready\n"
     mine, errors = take(broker_root, 1000, [other], timeout=40)
-    out, _ = other.communicate(timeout=30)
+    # The rest of its output through the reader that read "ready": that read
+    # may have taken the first lines it printed with it, and communicate()
+    # reads the pipe underneath and never sees them. (It prints a few KiB, less
+    # than a pipe holds, so it does not wait on this process to read.)
+    assert other.wait(timeout=30) == 0
+    with other.stdout:
+        out = other.stdout.read()
     theirs = collections.Counter(tuple(map(int, line.split())) for line in out.splitlines())
 
     # then between them each message arrived once

@@ -66,7 +66,44 @@ class RecordMoved(Exception):
 def read_record(root: Path, located: Located, limits: ReadLimits) -> InputBytes:
     """The record's text in UTF-8, as `read_bytes` reads a file: only as far as
     `limits` keep, the whole text's sha256 taken where they ask for a digest."""
-    text = _value(root, located)
+    return _as_input(_value(root, located), located, limits)
+
+
+def read_records(
+    root: Path, places: list[Located], limits: ReadLimits, real_root: str | None = None
+) -> list[InputBytes | InputError]:
+    """Many records' texts (a batch's), each as `read_record` reads it, or the
+    InputError that read would raise.
+
+    Each record file is opened and checked once for all its rows, and its
+    rows read through that one descriptor in file order: opening and checking
+    the file again for every row was most of a record unit's read
+    (bench/RESULTS.md, "Host work a unit (2026-12-03)")."""
+    results: list[InputBytes | InputError | None] = [None] * len(places)
+    by_file: dict[str, list[int]] = {}
+    for index, located in enumerate(places):
+        by_file.setdefault(located.file, []).append(index)
+    for file, indexes in by_file.items():
+        try:
+            fd = input_fd(root, file, real_root)
+        except InputError as exc:
+            for index in indexes:
+                results[index] = exc
+            continue
+        try:
+            path, key = _identity(root, file, fd)
+            for index in sorted(indexes, key=lambda i: (places[i].a, places[i].b)):
+                located = places[index]
+                try:
+                    results[index] = _as_input(_text_at(path, key, located, fd), located, limits)
+                except InputError as exc:
+                    results[index] = exc
+        finally:
+            os.close(fd)
+    return results  # type: ignore[return-value]
+
+
+def _as_input(text: object, located: Located, limits: ReadLimits) -> InputBytes:
     if text is None:
         raise InputError(ErrorClass.INPUT_INVALID, f"row {located.row} has no text")
     if not isinstance(text, str):
@@ -82,20 +119,32 @@ def read_record(root: Path, located: Located, limits: ReadLimits) -> InputBytes:
     return _input_bytes(data[: limits.keep], len(data), digest)
 
 
+def _identity(root: Path, file: str, fd: int) -> tuple[Path, tuple]:
+    """The opened record file's path and its cache key (path, size, mtime)."""
+    st = os.fstat(fd)
+    path = resolve_input(root, file)
+    return path, (str(path), st.st_size, st.st_mtime_ns)
+
+
 def _value(root: Path, located: Located, column: str | None = None):
     """The value of the record's text column (or of `column`) at its place."""
     # Opened by the rules every input is (inside the corpus, a regular file,
     # never waited on): a FIFO in the records file's place is refused, not read.
     fd = input_fd(root, located.file)
     try:
-        st = os.fstat(fd)
+        path, key = _identity(root, located.file, fd)
+        at = located if column is None else dataclasses.replace(located, column=column)
+        return _text_at(path, key, at, fd)
     finally:
         os.close(fd)
-    path = resolve_input(root, located.file)
-    key = (str(path), st.st_size, st.st_mtime_ns)
-    at = located if column is None else dataclasses.replace(located, column=column)
+
+
+def _text_at(path: Path, key: tuple, located: Located, fd: int | None = None):
+    """The value at the record's place; `fd`: the file opened and checked."""
     try:
-        return _READERS[located.kind](path, key, at)
+        if located.kind == "line" and fd is not None:
+            return _line_value(path, key, located, fd)
+        return _READERS[located.kind](path, key, located)
     except RecordMoved as exc:
         raise InputError(
             ErrorClass.INPUT_CHANGED,
@@ -120,11 +169,13 @@ def _kept(key: tuple, make):
     return made
 
 
-def _line(path: Path, key: tuple, located: Located) -> bytes:
+def _line(path: Path, key: tuple, located: Located, fd: int | None = None) -> bytes:
     if located.b == 0:
         raise RecordMoved("a line too long to read")
     if path.name.lower().endswith(".gz"):
         data = _gzip_read(path, key, located.a, located.b)
+    elif fd is not None:
+        data = os.pread(fd, located.b, located.a)
     else:
         with open(path, "rb") as fh:
             data = os.pread(fh.fileno(), located.b, located.a)
@@ -133,8 +184,8 @@ def _line(path: Path, key: tuple, located: Located) -> bytes:
     return data
 
 
-def _jsonl_text(path: Path, key: tuple, located: Located):
-    record = parse_json_line(_line(path, key, located))
+def _jsonl_text(path: Path, key: tuple, located: Located, fd: int | None = None):
+    record = parse_json_line(_line(path, key, located, fd))
     if isinstance(record, BadLine):
         raise RecordMoved(record.reason)
     if located.column not in record:
@@ -142,7 +193,7 @@ def _jsonl_text(path: Path, key: tuple, located: Located):
     return record[located.column]
 
 
-def _csv_text(path: Path, key: tuple, located: Located):
+def _csv_text(path: Path, key: tuple, located: Located, fd: int | None = None):
     def header():
         with open_lines(path) as fh:
             dialect = sniff_dialect(fh.read(SNIFF_BYTES))
@@ -157,7 +208,7 @@ def _csv_text(path: Path, key: tuple, located: Located):
     if located.column not in names:
         raise RecordMoved(f"no column {located.column!r} in the header")
     try:
-        fields = parse_csv_record(_line(path, key, located), dialect)
+        fields = parse_csv_record(_line(path, key, located, fd), dialect)
     except (csv.Error, UnicodeDecodeError) as exc:
         raise RecordMoved(f"not a CSV record there: {exc}") from None
     if len(fields) != len(names):
@@ -238,6 +289,12 @@ def _gzip_read(path: Path, key: tuple, offset: int, length: int) -> bytes:
             cursors.remove(oldest)
             oldest.close()
     return data
+
+
+def _line_value(path: Path, key: tuple, located: Located, fd: int):
+    """A JSONL or CSV record's value, its line read through `fd`."""
+    reader = _csv_text if path.name.lower().endswith(".csv") else _jsonl_text
+    return reader(path, key, located, fd)
 
 
 _READERS = {

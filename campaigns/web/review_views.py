@@ -133,13 +133,15 @@ def _filtered(
     return items
 
 
+# What the item pane reads of an item besides its own row.
+PANE_RELATED = ("campaign", "unit", "version")
+
+
 def _item_for_user(request: HttpRequest, pk) -> ReviewItem:
     # What every pane shows; the attempt and the reviewer load when the item
     # has them: PostgreSQL plans a seven-table join that fetches them all for
     # ten times longer than it reads.
-    item = (
-        _visible_items(request).select_related("campaign", "unit", "version").filter(pk=pk).first()
-    )
+    item = _visible_items(request).select_related(*PANE_RELATED).filter(pk=pk).first()
     if item is None:
         raise Http404("No such review item.")
     return item
@@ -201,10 +203,10 @@ def review_queue(request: HttpRequest) -> HttpResponse:
     if request.GET.get("item", "").isdigit():
         current = _item_for_user(request, request.GET["item"])
     else:
-        first = items.first()
-        current = _item_for_user(request, first.pk) if first else None
+        # Of the user's campaigns already: loaded as _item_for_user loads an item.
+        current = items.select_related(*PANE_RELATED).first()
     undo = _undo_item(request, request.GET.get("undo", ""))
-    pane = _pane_context(request, filters, current, undo=undo)
+    pane = _pane_context(request, filters, current, undo=undo, campaign_ids=shown)
     if request.htmx and request.htmx.target == PANE:
         return render(request, f"campaigns/review_queue.html#{PANE}", pane)
 
@@ -358,7 +360,10 @@ def _pane_context(
     error: str = "",
     note: str = "",
     reject_reason: str = "",
+    campaign_ids: list[int] | None = None,
 ) -> dict:
+    """What the item pane shows; campaign_ids: the filter's campaigns, when
+    the caller has read them (_shown_campaigns)."""
     context = {
         "filters": filters,
         "filter_fields": filters.params(),
@@ -375,7 +380,7 @@ def _pane_context(
     # The decision's time runs from this render (campaigns/review/effort.py).
     context["shown_token"] = effort.shown_token(item.pk)
     context["reject_reasons"] = reasons.reject_reasons(item.campaign)
-    in_filter = _filtered(request, filters)
+    in_filter = _filtered(request, filters, campaign_ids=campaign_ids)
     if filters.reason:
         in_filter = in_filter.filter(reason=filters.reason)
     in_filter = in_filter.order_by("pk")

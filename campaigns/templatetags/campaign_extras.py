@@ -6,7 +6,7 @@ from django.template.defaultfilters import filesizeformat
 from django.urls import reverse
 from django.utils.html import conditional_escape, format_html, format_html_join
 from django.utils.safestring import mark_safe
-from django.utils.timezone import template_localtime
+from django.utils.timezone import localtime
 
 from campaigns.storage.vector_shards import split_member
 
@@ -97,8 +97,8 @@ _CAMPAIGN_ROW = (
 
 
 def _minute(moment) -> str:
-    """A time as the template's |date:"Y-m-d H:i" writes it (in the current zone)."""
-    return date_filter(template_localtime(moment), "Y-m-d H:i")
+    """An aware time as the template's |date:"Y-m-d H:i" writes it (in the current zone)."""
+    return date_filter(localtime(moment), "Y-m-d H:i")
 
 
 @register.simple_tag

@@ -200,6 +200,7 @@ def review_queue(request: HttpRequest) -> HttpResponse:
     without_reason = _filtered(request, filters, campaign_ids=shown)
     items = without_reason.filter(reason=filters.reason) if filters.reason else without_reason
     items = items.order_by("pk")
+    current: ReviewItem | None
     if request.GET.get("item", "").isdigit():
         current = _item_for_user(request, request.GET["item"])
     else:

@@ -205,6 +205,18 @@ def _hash_input(root: Path, row: Row) -> int | None:
     return None
 
 
+def _refuse_locator_name(row: Row) -> None:
+    """Fail a file whose path reads as a row of a record file (`data.jsonl#17@…`,
+    intake/records.py): every reader of inputs would read that row in its place."""
+    from campaigns.intake.records import parse_locator
+
+    if parse_locator(row.source_path) is not None:
+        row.fail(
+            f"{row.source_path}: its name reads as a row of a record file "
+            "(FILE#ROW@PLACE:COLUMN); rename the file"
+        )
+
+
 def _staged_rows(campaign: Campaign, rows: Iterable[Row]) -> Iterator[tuple]:
     """Each row as the staging table's tuple, in import_staging.STAGED's order."""
     root = Path(campaign.input_root)
@@ -214,8 +226,11 @@ def _staged_rows(campaign: Campaign, rows: Iterable[Row]) -> Iterator[tuple]:
     locate = InputLocator(root)
     share = campaign.holdout_share
     pending, failed = UnitState.PENDING.value, UnitState.FAILED.value
+    files = not campaign.records
     for row in rows:
         mtime_ns = None
+        if files and "#" in row.source_path and not row.error_class:
+            _refuse_locator_name(row)
         if not row.error_class:
             if row.sha256:
                 # A relative path without ".." cannot leave the folder: the

@@ -468,7 +468,22 @@ def import_records(campaign: Campaign, *, progress: Progress | None = None) -> I
     columns = RecordColumns.from_dict(config["columns"])
     report = ImportReport()
     rows = record_rows(root, files, columns)
-    return _import_rows(campaign, rows, progress, report, records=files)
+    report = _import_rows(campaign, rows, progress, report, records=files)
+    if columns.id is None and report.changed:
+        # Each changed row was found by its sha256 and fails until retried;
+        # said first, because a whole run of them has one cause.
+        report.problems.insert(0, SHIFTED_ROWS.format(changed=report.changed))
+        report.problem_count += 1
+    return report
+
+
+#: The first line of a no-id-column record re-import's report with changed rows.
+SHIFTED_ROWS = (
+    "{changed} rows changed: without an id column a row's id is its place (FILE:LINE), "
+    "so rows inserted or removed give every later place another row; each is failed "
+    "input_changed, never given the output of the row that was there (create the "
+    "campaign with --id-column to keep ids with their rows)"
+)
 
 
 @dataclass

@@ -207,9 +207,7 @@ def test_gzip_index_reads_any_offset_of_a_multi_member_file(tmp_path):
 
 
 @pytest.mark.parametrize("state", [UnitState.SUCCEEDED, UnitState.PENDING])
-def test_a_row_that_turns_bad_on_reimport_is_reported_and_its_unit_fails(
-    project, tmp_path, state
-):
+def test_a_row_that_turns_bad_on_reimport_is_reported_and_its_unit_fails(project, tmp_path, state):
     path = write_jsonl(tmp_path / "c.jsonl", ROWS)
     campaign, _ = create(project, path)
     Unit.objects.filter(campaign=campaign, uid__in=["a", "b"]).update(state=state)
@@ -265,3 +263,26 @@ def test_without_an_id_column_rows_shifted_by_an_insert_are_changed_not_given_ot
         assert made[uid].error_class == ErrorClass.INPUT_CHANGED
     assert made["c.jsonl:4"].sha256 == before["c.jsonl:3"]
     assert any("without an id column" in line for line in report.problems)
+
+
+def test_a_file_gone_before_a_reimport_is_reported_and_its_unit_fails(project, tmp_path):
+    corpus = tmp_path / "texts"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("some text")
+    (corpus / "b.txt").write_text("other text")
+    manifest = write_csv(tmp_path / "m.csv", "path\na.txt\nb.txt\n")
+    campaign, _ = setup.campaign_create(
+        name="files",
+        processor="text-embedding",
+        project=project,
+        manifest=manifest,
+        input_root=corpus,
+    )
+    Unit.objects.filter(campaign=campaign).update(state=UnitState.SUCCEEDED)
+    (corpus / "a.txt").unlink()
+    report = setup.campaign_import(campaign=campaign, manifest=manifest)
+    assert report.changed == 1
+    a = Unit.objects.get(campaign=campaign, uid="a.txt")
+    assert a.state == UnitState.FAILED and a.error_class == ErrorClass.INPUT_MISSING
+    assert "now fails: input file not found" in a.error_message
+    assert Unit.objects.get(campaign=campaign, uid="b.txt").state == UnitState.SUCCEEDED

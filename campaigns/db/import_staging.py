@@ -497,7 +497,7 @@ class Staging:
         is now. Units a worker holds are left to its own check."""
         s, u = self.table, self.units
         now_failing = (
-            f"s.unit_id IS NOT NULL AND s.state = %s AND s.sha256 = '' AND s.unit_sha256 <> ''"
+            "s.unit_id IS NOT NULL AND s.state = %s AND s.sha256 = '' AND s.unit_sha256 <> ''"
         )
         cursor.execute(f"SELECT count(*) FROM {s} s WHERE {now_failing}", [UnitState.FAILED])
         count = cursor.fetchone()[0]

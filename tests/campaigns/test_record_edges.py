@@ -286,3 +286,63 @@ def test_a_file_gone_before_a_reimport_is_reported_and_its_unit_fails(project, t
     assert a.state == UnitState.FAILED and a.error_class == ErrorClass.INPUT_MISSING
     assert "now fails: input file not found" in a.error_message
     assert Unit.objects.get(campaign=campaign, uid="b.txt").state == UnitState.SUCCEEDED
+
+
+# --- 5. Memory of compressed Arrow files and concurrent Parquet reads --------------
+
+
+@pytest.mark.parametrize("layout", ["file", "stream"])
+def test_a_row_of_a_compressed_arrow_file_decompresses_its_batch_alone(project, tmp_path, layout):
+    rows = [{"id": f"r{i}", "text": f"row {i} " + "words " * 40} for i in range(20_000)]
+    table = pa.Table.from_pylist(rows)
+    path = tmp_path / "c.arrow"
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    new = pa.ipc.new_file if layout == "file" else pa.ipc.new_stream
+    with pa.OSFile(str(path), "wb") as sink, new(sink, table.schema, options=options) as writer:
+        writer.write_table(table, max_chunksize=500)
+    assert path.stat().st_size < table.nbytes / 5  # compressed well
+    campaign, report = create(project, path)
+    assert report.created == len(rows)
+    unit = Unit.objects.get(campaign=campaign, uid="r12345")
+    record_reads._files.clear()
+    record_reads._decoded.clear()
+    before = pa.total_allocated_bytes()
+    data = read_bytes(Path(campaign.input_root), unit.source_path, limits=WHOLE)
+    held = pa.total_allocated_bytes() - before
+    assert data.decode() == rows[12345]["text"]
+    assert held < table.nbytes / 10  # its batch, not the whole file decompressed
+
+
+def test_threads_wanting_one_parquet_row_group_decode_it_once(project, tmp_path, monkeypatch):
+    import threading
+
+    rows = [{"id": f"r{i}", "text": f"row {i} " + "words " * 20} for i in range(60_000)]
+    path = tmp_path / "c.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=30_000)
+    campaign, _ = create(project, path)
+    paths = dict(Unit.objects.filter(campaign=campaign).values_list("uid", "source_path"))
+    decodes = []
+    real = pq.ParquetFile.read_row_group
+
+    def counted(self, *args, **kwargs):
+        decodes.append(args[0] if args else kwargs.get("i"))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", counted)
+    record_reads._decoded.clear()
+    root = Path(campaign.input_root)
+    start = threading.Barrier(8)
+    got = {}
+
+    def read(n: int) -> None:
+        uid = f"r{n * 3000 + 7}"
+        start.wait()
+        got[uid] = read_bytes(root, paths[uid], limits=WHOLE).decode()
+
+    threads = [threading.Thread(target=read, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert got == {uid: rows[int(uid[1:])]["text"] for uid in got} and len(got) == 8
+    assert sorted(decodes) == [0]  # one decode of group 0, all eight rows read from it

@@ -26,6 +26,15 @@ from tests.campaigns.test_records import ROWS, create, sha, texts, units, write_
 pytestmark = pytest.mark.django_db
 
 
+@pytest.fixture(autouse=True)
+def _forget_decoded_records():
+    """What a process keeps of record files (decoded batches and groups, gz
+    indexes) dropped after each test: other tests count Arrow's allocations."""
+    yield
+    record_reads._decoded.clear()
+    record_reads._files.clear()
+
+
 def write_csv(path: Path, text: str, newline="\n") -> Path:
     path.write_bytes(text.replace("\n", newline).encode())
     return path

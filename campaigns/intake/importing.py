@@ -226,7 +226,7 @@ def _staged_rows(campaign: Campaign, rows: Iterable[Row]) -> Iterator[tuple]:
     locate = InputLocator(root)
     share = campaign.holdout_share
     pending, failed = UnitState.PENDING.value, UnitState.FAILED.value
-    files = not campaign.records
+    files = not getattr(campaign, "records", None)  # a stand-in campaign may have none
     for row in rows:
         mtime_ns = None
         if files and "#" in row.source_path and not row.error_class:

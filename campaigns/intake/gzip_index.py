@@ -81,11 +81,14 @@ class GzipIndex:
         self.decompressed = 0  # uncompressed bytes made, over all reads (for benchmarks)
 
     def close(self) -> None:
-        os.close(self.fd)
+        # Closed once: a descriptor number closed twice may by then be another file's.
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
 
     def __del__(self):
         with contextlib.suppress(OSError, AttributeError, TypeError):
-            os.close(self.fd)
+            self.close()
 
     def read(self, offset: int, length: int) -> bytes:
         """`length` bytes at uncompressed `offset` (fewer at the stream's end);

@@ -355,3 +355,31 @@ def test_threads_wanting_one_parquet_row_group_decode_it_once(project, tmp_path,
         thread.join()
     assert got == {uid: rows[int(uid[1:])]["text"] for uid in got} and len(got) == 8
     assert sorted(decodes) == [0]  # one decode of group 0, all eight rows read from it
+
+
+def test_gzip_index_reads_from_many_threads_at_once(tmp_path):
+    import random
+    import threading
+
+    from campaigns.intake.gzip_index import GzipIndex
+
+    data = b"".join(f"row {i:07d} {'x' * (i % 90)}\n".encode() for i in range(60_000))
+    path = tmp_path / "t.gz"
+    path.write_bytes(gzip.compress(data))
+    index = GzipIndex(os.open(path, os.O_RDONLY), path.stat().st_size)
+    wrong = []
+
+    def reader(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(60):
+            offset = rng.randrange(len(data))
+            if index.read(offset, 64) != data[offset : offset + 64]:
+                wrong.append(offset)
+
+    threads = [threading.Thread(target=reader, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    index.close()
+    assert wrong == []

@@ -82,8 +82,12 @@ class Counts:
         }
 
 
+# UnitState.values builds its list on every read: _fill runs once per counter row.
+_UNIT_STATES = frozenset(UnitState.values)
+
+
 def _fill(counts: Counts, state: str, n: int) -> None:
-    if state in UnitState.values:
+    if state in _UNIT_STATES:
         setattr(counts, state, getattr(counts, state) + n)
 
 

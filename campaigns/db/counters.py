@@ -17,9 +17,9 @@ wait for. The delta trigger calls it for about one statement in `fold_one_in`.
 
 SQLite (one writer at a time): row-level triggers keep one row per key.
 
-Migrations import this module (0009 unit counts, 0016 open review items), so
-the SQL it generates for a given CounterTriggers must stay what those
-migrations installed.
+Migrations import this module (0009 unit counts, 0016 open review items, 0023
+review items by state and reason), so the SQL it generates for a given
+CounterTriggers must stay what those migrations installed.
 """
 
 from __future__ import annotations

@@ -60,6 +60,10 @@ _CHANGED = (
 )
 
 
+#: A unit whose input was good and fails at a re-import: its reason follows.
+NOW_FAILS = "input changed since import and now fails: "
+
+
 def changed_message(old_sha256: str, new_sha256: str) -> str:
     return f"{_CHANGED[0]}{old_sha256[:12]}{_CHANGED[1]}{new_sha256[:12]}{_CHANGED[2]}"
 
@@ -313,6 +317,7 @@ class Staging:
             existing = 0
             if matched > len(earlier):
                 self._changed(cursor, report, now)
+                self._now_failing(cursor, report, now)
                 if self.tracking is not None:
                     self.tracking.relocate(cursor, self.table)
                 cursor.execute(f"DELETE FROM {self.table} WHERE unit_id IS NOT NULL")
@@ -483,6 +488,44 @@ class Staging:
                 f"|| substr(s.sha256, 1, 12) || %s, {_column('updated_at')} = %s "
                 f"FROM {s} s WHERE {same_unit} AND u.{state} NOT IN (%s, %s, %s)",
                 [UnitState.FAILED, ErrorClass.INPUT_CHANGED, *_CHANGED, now, *untouchable],
+            )
+
+    def _now_failing(self, cursor, report, now) -> None:
+        """Same id, an input that was good and now fails (a row's text emptied,
+        a file made unreadable): reported as changed with the reason, and the
+        unit fails with it, so that no stale output stands for what the input
+        is now. Units a worker holds are left to its own check."""
+        s, u = self.table, self.units
+        now_failing = (
+            "s.unit_id IS NOT NULL AND s.state = %s AND s.sha256 = '' AND s.unit_sha256 <> ''"
+        )
+        cursor.execute(f"SELECT count(*) FROM {s} s WHERE {now_failing}", [UnitState.FAILED])
+        count = cursor.fetchone()[0]
+        if not count:
+            return
+        report.changed += count
+        cursor.execute(
+            f"SELECT uid, error_message FROM {s} s WHERE {now_failing} ORDER BY line LIMIT %s",
+            [UnitState.FAILED, report.room()],
+        )
+        report.note(
+            [f"{uid}: {NOW_FAILS}{message}" for uid, message in cursor.fetchall()], total=count
+        )
+        pk, sha256, state = (
+            connection.ops.quote_name(Unit._meta.pk.column),
+            _column("sha256"),
+            _column("state"),
+        )
+        marks = ", ".join(["%s"] * len(IN_FLIGHT))
+        with self._probing(cursor):
+            # The unit keeps its sha256: the input it was made from.
+            cursor.execute(
+                f"UPDATE {u} AS u SET {state} = %s, {_column('error_class')} = s.error_class, "
+                f"{_column('error_message')} = %s || s.error_message, "
+                f"{_column('updated_at')} = %s FROM {s} s "
+                f"WHERE u.{pk} = s.unit_id AND u.{sha256} = s.unit_sha256 AND {now_failing} "
+                f"AND u.{state} NOT IN ({marks})",
+                [UnitState.FAILED, NOW_FAILS, now, UnitState.FAILED, *IN_FLIGHT],
             )
 
     def _insert(self, cursor, now, *, on_conflict: bool = False) -> int:

@@ -99,6 +99,24 @@ def open_review_count(*, campaign_id: int) -> int:
         return int(cursor.fetchone()[0])  # SUM(bigint) is numeric on PostgreSQL
 
 
+def review_reason_counts(*, campaign_ids: list[int], state: str | None) -> dict[str, int]:
+    """Review items of these campaigns per reason, in one state (None: any),
+    from the counters of migration 0023_review_reason_counters; reasons with
+    none left out, sorted by reason as the database sorts."""
+    if not campaign_ids:
+        return {}
+    marks = ", ".join(["%s"] * len(campaign_ids))
+    in_state = " AND state = %s" if state is not None else ""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT reason, SUM(n) FROM campaigns_reviewreasoncount "  # noqa: S608 (marks only)
+            f"WHERE campaign_id IN ({marks}){in_state} "
+            "GROUP BY reason HAVING SUM(n) <> 0 ORDER BY reason",
+            [*campaign_ids, *([state] if state is not None else [])],
+        )
+        return {reason: int(n) for reason, n in cursor.fetchall()}
+
+
 # --- units ---------------------------------------------------------------------------
 
 # A campaign's categories, one index probe each on unit_campaign_category_id

@@ -205,6 +205,18 @@ def _hash_input(root: Path, row: Row) -> int | None:
     return None
 
 
+def _refuse_locator_name(row: Row) -> None:
+    """Fail a file whose path reads as a row of a record file (`data.jsonl#17@…`,
+    intake/records.py): every reader of inputs would read that row in its place."""
+    from campaigns.intake.records import parse_locator
+
+    if parse_locator(row.source_path) is not None:
+        row.fail(
+            f"{row.source_path}: its name reads as a row of a record file "
+            "(FILE#ROW@PLACE:COLUMN); rename the file"
+        )
+
+
 def _staged_rows(campaign: Campaign, rows: Iterable[Row]) -> Iterator[tuple]:
     """Each row as the staging table's tuple, in import_staging.STAGED's order."""
     root = Path(campaign.input_root)
@@ -214,8 +226,11 @@ def _staged_rows(campaign: Campaign, rows: Iterable[Row]) -> Iterator[tuple]:
     locate = InputLocator(root)
     share = campaign.holdout_share
     pending, failed = UnitState.PENDING.value, UnitState.FAILED.value
+    files = not getattr(campaign, "records", None)  # a stand-in campaign may have none
     for row in rows:
         mtime_ns = None
+        if files and "#" in row.source_path and not row.error_class:
+            _refuse_locator_name(row)
         if not row.error_class:
             if row.sha256:
                 # A relative path without ".." cannot leave the folder: the
@@ -453,7 +468,22 @@ def import_records(campaign: Campaign, *, progress: Progress | None = None) -> I
     columns = RecordColumns.from_dict(config["columns"])
     report = ImportReport()
     rows = record_rows(root, files, columns)
-    return _import_rows(campaign, rows, progress, report, records=files)
+    report = _import_rows(campaign, rows, progress, report, records=files)
+    if columns.id is None and report.changed:
+        # Each changed row was found by its sha256 and fails until retried;
+        # said first, because a whole run of them has one cause.
+        report.problems.insert(0, SHIFTED_ROWS.format(changed=report.changed))
+        report.problem_count += 1
+    return report
+
+
+#: The first line of a no-id-column record re-import's report with changed rows.
+SHIFTED_ROWS = (
+    "{changed} rows changed: without an id column a row's id is its place (FILE:LINE), "
+    "so rows inserted or removed give every later place another row; each is failed "
+    "input_changed, never given the output of the row that was there (create the "
+    "campaign with --id-column to keep ids with their rows)"
+)
 
 
 @dataclass

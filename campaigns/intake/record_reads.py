@@ -1,14 +1,18 @@
 """Reading one record unit's text at the place its import recorded
 (campaigns/intake/records.py), for `inputs.read_bytes`.
 
-JSONL and CSV: one `pread` of the line. A .gz file has no random access: a
-few decompressing cursors a file go forward from where the last read stopped
-(a read behind every cursor starts one again from the file's start), so read
-in import order a file costs one pass. Parquet: the row group's text column,
-decoded once and kept while reads hit it (RECORD_CACHE_BYTES over all kept
-groups). Arrow: the file memory-mapped, its record batches read without
-copying. Caches are per process, keyed by the file's path, size and mtime,
-so a changed file is read anew.
+Every read goes through the descriptor `input_fd` opened and checked (inside
+the corpus, a regular file), never the path again. JSONL and CSV: one `pread`
+of the line. A .gz file has no random access: its `GzipIndex`
+(intake/gzip_index.py) starts a read from the nearest cursor or seek point
+before it, so rows read in file order cost one pass and any other order a
+bounded stretch each. Parquet: the row group's text column, decoded once
+(one thread decodes a group, the others wanting it wait) and kept while
+reads hit it. Arrow: the file memory-mapped, a record batch read when a row
+of it is wanted (a compressed one decompressed then, alone). Decoded groups
+and batches share RECORD_CACHE_BYTES; at most DECODES_AT_ONCE are decoded at
+once. Caches are per process, keyed by the file's device, inode, size and
+mtime, so a changed file is read anew.
 
 A record no longer where the import found it (the file was rewritten) fails
 `input_changed`; its text differing is found by the sha256 check every
@@ -19,12 +23,16 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import hashlib
+import io
+import mmap
 import os
 import threading
 from collections import OrderedDict
 from pathlib import Path
 
+from campaigns.intake.gzip_index import GzipError, GzipIndex
 from campaigns.intake.inputs import (
     InputBytes,
     InputError,
@@ -35,32 +43,48 @@ from campaigns.intake.inputs import (
 )
 from campaigns.intake.manifests import BadLine
 from campaigns.intake.records import (
+    HEADER_MAX,
     SNIFF_BYTES,
+    HeaderTooLong,
     Located,
-    open_arrow,
-    open_lines,
+    csv_header,
     parse_csv_record,
     parse_json_line,
     record_uid,
     sniff_dialect,
 )
 from campaigns.models import ErrorClass
-from campaigns.storage.paths import resolve_input
 
-#: Decoded Parquet text columns a process keeps, over all its files (at least one group).
+#: Decoded Parquet text columns and Arrow record batches a process keeps, over
+#: all its files (at least one).
 RECORD_CACHE_BYTES = 256 << 20
-#: Decompressing cursors a process keeps on one .gz file.
-GZIP_CURSORS = 4
-#: Record files a process keeps open (Arrow maps, CSV headers, gz cursors).
+#: Parquet row groups or Arrow batches a process decodes at once: memory in
+#: use is the cache and these (the same one is never decoded twice at once).
+DECODES_AT_ONCE = 2
+#: Record files a process keeps open (Arrow maps, CSV headers, gz indexes).
 FILES_KEPT = 16
 
 _lock = threading.Lock()
-_groups: OrderedDict[tuple, tuple[object, int]] = OrderedDict()
+_decoded: OrderedDict[tuple, tuple[object, int]] = OrderedDict()
+_decoding: dict[tuple, threading.Event] = {}
+_decodes = threading.BoundedSemaphore(DECODES_AT_ONCE)
 _files: OrderedDict[tuple, object] = OrderedDict()
 
 
 class RecordMoved(Exception):
     """The record is not where its import found it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Opened:
+    """A records file as `input_fd` opened and checked it: every read of the
+    record goes through this descriptor (or a duplicate of it), never the path
+    again. `key` tells the very file (device, inode, size, mtime): what a
+    process keeps of a file is kept under it, so a replaced file is read anew."""
+
+    fd: int
+    name: str
+    key: tuple
 
 
 def read_record(root: Path, located: Located, limits: ReadLimits) -> InputBytes:
@@ -91,13 +115,18 @@ def read_records(
                 results[index] = exc
             continue
         try:
-            path, key = _identity(root, file, fd)
+            opened = _opened(fd, file)
             for index in sorted(indexes, key=lambda i: (places[i].a, places[i].b)):
                 located = places[index]
                 try:
-                    results[index] = _as_input(_text_at(path, key, located, fd), located, limits)
+                    results[index] = _as_input(_text_at(opened, located), located, limits)
                 except InputError as exc:
                     results[index] = exc
+        except OSError as exc:  # fstat of the file just opened
+            for index in indexes:
+                results[index] = InputError(
+                    ErrorClass.INPUT_UNREADABLE, f"cannot read input: {exc}"
+                )
         finally:
             os.close(fd)
     return results  # type: ignore[return-value]
@@ -119,11 +148,9 @@ def _as_input(text: object, located: Located, limits: ReadLimits) -> InputBytes:
     return _input_bytes(data[: limits.keep], len(data), digest)
 
 
-def _identity(root: Path, file: str, fd: int) -> tuple[Path, tuple]:
-    """The opened record file's path and its cache key (path, size, mtime)."""
+def _opened(fd: int, file: str) -> _Opened:
     st = os.fstat(fd)
-    path = resolve_input(root, file)
-    return path, (str(path), st.st_size, st.st_mtime_ns)
+    return _Opened(fd, file, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
 
 
 def _value(root: Path, located: Located, column: str | None = None):
@@ -132,19 +159,20 @@ def _value(root: Path, located: Located, column: str | None = None):
     # never waited on): a FIFO in the records file's place is refused, not read.
     fd = input_fd(root, located.file)
     try:
-        path, key = _identity(root, located.file, fd)
+        try:
+            opened = _opened(fd, located.file)
+        except OSError as exc:
+            raise InputError(ErrorClass.INPUT_UNREADABLE, f"cannot read input: {exc}") from None
         at = located if column is None else dataclasses.replace(located, column=column)
-        return _text_at(path, key, at, fd)
+        return _text_at(opened, at)
     finally:
         os.close(fd)
 
 
-def _text_at(path: Path, key: tuple, located: Located, fd: int | None = None):
-    """The value at the record's place; `fd`: the file opened and checked."""
+def _text_at(opened: _Opened, located: Located):
+    """The value at the record's place, read through the opened file."""
     try:
-        if located.kind == "line" and fd is not None:
-            return _line_value(path, key, located, fd)
-        return _READERS[located.kind](path, key, located)
+        return _READERS[located.kind](opened, located)
     except RecordMoved as exc:
         raise InputError(
             ErrorClass.INPUT_CHANGED,
@@ -163,29 +191,68 @@ def _kept(key: tuple, make):
             return _files[key]
     made = make()
     with _lock:
-        _files[key] = made
+        made = _files.setdefault(key, made)
+        _files.move_to_end(key)
         while len(_files) > FILES_KEPT:
             _files.popitem(last=False)
     return made
 
 
-def _line(path: Path, key: tuple, located: Located, fd: int | None = None) -> bytes:
+def _decoded_once(key: tuple, decode):
+    """What `decode()` makes (a Parquet group's column, an Arrow batch), kept
+    while RECORD_CACHE_BYTES allow: decoded by one thread at a time, the others
+    wanting it wait for it, and at most DECODES_AT_ONCE decodes run at once."""
+    while True:
+        with _lock:
+            kept = _decoded.get(key)
+            if kept is not None:
+                _decoded.move_to_end(key)
+                return kept[0]
+            waiting = _decoding.get(key)
+            if waiting is None:
+                _decoding[key] = threading.Event()
+        if waiting is None:
+            break
+        waiting.wait()
+    try:
+        with _decodes:
+            value, size = decode()
+        with _lock:
+            _decoded[key] = (value, size)
+            held = sum(size for _, size in _decoded.values())
+            while len(_decoded) > 1 and held > RECORD_CACHE_BYTES:
+                _, (_, dropped) = _decoded.popitem(last=False)
+                held -= dropped
+        return value
+    finally:
+        with _lock:
+            _decoding.pop(key).set()
+
+
+def _gzip(opened: _Opened) -> GzipIndex:
+    return _kept(("gz", *opened.key), lambda: GzipIndex(os.dup(opened.fd), opened.key[2]))
+
+
+def _pread(opened: _Opened, offset: int, length: int) -> bytes:
+    if opened.name.lower().endswith(".gz"):
+        try:
+            return _gzip(opened).read(offset, length)
+        except GzipError as exc:
+            raise RecordMoved(str(exc)) from None
+    return os.pread(opened.fd, length, offset)
+
+
+def _line(opened: _Opened, located: Located) -> bytes:
     if located.b == 0:
         raise RecordMoved("a line too long to read")
-    if path.name.lower().endswith(".gz"):
-        data = _gzip_read(path, key, located.a, located.b)
-    elif fd is not None:
-        data = os.pread(fd, located.b, located.a)
-    else:
-        with open(path, "rb") as fh:
-            data = os.pread(fh.fileno(), located.b, located.a)
+    data = _pread(opened, located.a, located.b)
     if len(data) != located.b:
         raise RecordMoved("the file ends before it")
     return data
 
 
-def _jsonl_text(path: Path, key: tuple, located: Located, fd: int | None = None):
-    record = parse_json_line(_line(path, key, located, fd))
+def _jsonl_text(opened: _Opened, located: Located):
+    record = parse_json_line(_line(opened, located))
     if isinstance(record, BadLine):
         raise RecordMoved(record.reason)
     if located.column not in record:
@@ -193,22 +260,27 @@ def _jsonl_text(path: Path, key: tuple, located: Located, fd: int | None = None)
     return record[located.column]
 
 
-def _csv_text(path: Path, key: tuple, located: Located, fd: int | None = None):
+def _csv_text(opened: _Opened, located: Located):
     def header():
-        with open_lines(path) as fh:
-            dialect = sniff_dialect(fh.read(SNIFF_BYTES))
-        with open_lines(path) as fh:
-            first = fh.readline().removeprefix(b"\xef\xbb\xbf")
+        head = _pread(opened, 0, max(SNIFF_BYTES, HEADER_MAX + 1))
         try:
+            first = csv_header(io.BytesIO(head))
+        except HeaderTooLong as exc:
+            return RecordMoved(str(exc))
+        try:
+            dialect = sniff_dialect(head[:SNIFF_BYTES])
             return dialect, parse_csv_record(first, dialect)
         except (csv.Error, UnicodeDecodeError):
             return dialect, []
 
-    dialect, names = _kept(("csv", *key), header)
+    kept = _kept(("csv", *opened.key), header)
+    if isinstance(kept, RecordMoved):
+        raise kept
+    dialect, names = kept
     if located.column not in names:
         raise RecordMoved(f"no column {located.column!r} in the header")
     try:
-        fields = parse_csv_record(_line(path, key, located, fd), dialect)
+        fields = parse_csv_record(_line(opened, located), dialect)
     except (csv.Error, UnicodeDecodeError) as exc:
         raise RecordMoved(f"not a CSV record there: {exc}") from None
     if len(fields) != len(names):
@@ -216,91 +288,98 @@ def _csv_text(path: Path, key: tuple, located: Located, fd: int | None = None):
     return fields[names.index(located.column)]
 
 
-def _parquet_text(path: Path, key: tuple, located: Located):
+def _parquet_text(opened: _Opened, located: Located):
     import pyarrow.parquet as pq
 
-    group_key = (*key, located.a, located.column)
-    with _lock:
-        kept = _groups.get(group_key)
-        if kept is not None:
-            _groups.move_to_end(group_key)
-    if kept is None:
+    def decode():
         try:
-            with pq.ParquetFile(path) as parquet:
+            with os.fdopen(os.dup(opened.fd), "rb") as fh, pq.ParquetFile(fh) as parquet:
                 table = parquet.read_row_group(located.a, columns=[located.column])
         except (IndexError, KeyError) as exc:
             raise RecordMoved(f"no row group {located.a}: {exc}") from None
+        except OSError:
+            raise
         except Exception as exc:  # ArrowInvalid and kin: not Parquet any more
             raise RecordMoved(str(exc)) from None
         column = table.column(0).combine_chunks()
-        kept = (column, column.nbytes)
-        with _lock:
-            _groups[group_key] = kept
-            held = sum(size for _, size in _groups.values())
-            while len(_groups) > 1 and held > RECORD_CACHE_BYTES:
-                _, (_, size) = _groups.popitem(last=False)
-                held -= size
-    column = kept[0]
-    if located.b >= len(column):  # type: ignore[arg-type]
+        return column, column.nbytes
+
+    column = _decoded_once(("group", *opened.key, located.a, located.column), decode)
+    if located.b >= len(column):
         raise RecordMoved(f"row group {located.a} has no row {located.b}")
-    return column[located.b].as_py()  # type: ignore[index]
+    return column[located.b].as_py()
 
 
-def _arrow_text(path: Path, key: tuple, located: Located):
-    def batches():
-        try:
-            reader = open_arrow(path)
-            if hasattr(reader, "get_batch"):
-                return [reader.get_batch(i) for i in range(reader.num_record_batches)]
-            return list(reader)  # zero-copy slices of the map
-        except Exception as exc:  # ArrowInvalid and kin
-            return RecordMoved(str(exc))
-
-    kept = _kept(("arrow", *key), batches)
+def _arrow_text(opened: _Opened, located: Located):
+    kept = _kept(("arrow", *opened.key), lambda: _arrow_file(opened))
     if isinstance(kept, RecordMoved):
         raise kept
     if located.a >= len(kept):
         raise RecordMoved(f"no record batch {located.a}")
-    batch = kept[located.a]
+
+    def decode():
+        try:
+            batch = kept[located.a]()
+        except Exception as exc:  # ArrowInvalid and kin
+            raise RecordMoved(str(exc)) from None
+        return batch, batch.nbytes
+
+    batch = _decoded_once(("batch", *opened.key, located.a), decode)
     if located.column not in batch.schema.names or located.b >= batch.num_rows:
         raise RecordMoved(f"no row {located.b} of column {located.column!r} in batch {located.a}")
     return batch.column(located.column)[located.b].as_py()
 
 
-def _gzip_read(path: Path, key: tuple, offset: int, length: int) -> bytes:
-    cursors: list = _kept(("gz", *key), list)
-    with _lock:
-        ahead = [c for c in cursors if c.tell() <= offset]
-        cursor = max(ahead, key=lambda c: c.tell()) if ahead else None
-        if cursor is not None:
-            cursors.remove(cursor)
-    if cursor is None:
-        cursor = open_lines(path)
+def _arrow_file(opened: _Opened) -> list | RecordMoved:
+    """How to read each record batch of an Arrow file, one at a time: an IPC
+    file's footer gives each batch; an IPC stream's batches are found once by
+    their messages' offsets (headers only). A compressed batch is decompressed
+    when read, so the whole file is never held decompressed; an uncompressed
+    one is a view of the memory map."""
+    import pyarrow as pa
+
     try:
-        cursor.seek(offset)
-        data = cursor.read(length)
-    except BaseException:
-        cursor.close()
-        raise
-    with _lock:
-        cursors.append(cursor)
-        if len(cursors) > GZIP_CURSORS:
-            oldest = min(cursors, key=lambda c: c.tell())
-            cursors.remove(oldest)
-            oldest.close()
-    return data
+        source = pa.py_buffer(mmap.mmap(opened.fd, 0, access=mmap.ACCESS_READ))
+        if source[:6].to_pybytes() == b"ARROW1":
+            reader = pa.ipc.open_file(source)
+            return [
+                functools.partial(reader.get_batch, i) for i in range(reader.num_record_batches)
+            ]
+        stream = pa.ipc.open_stream(source)
+        schema = stream.schema
+        if any(pa.types.is_dictionary(field.type) for field in schema):
+            # A batch needs the dictionaries before it: read in order, kept whole.
+            batches = list(stream)
+            return [functools.partial(lambda b: b, b) for b in batches]
+        offsets, at = [], pa.BufferReader(source)
+        messages = pa.ipc.MessageReader.open_stream(at)
+        while True:
+            where = at.tell()
+            try:
+                message = messages.read_next_message()
+            except StopIteration:
+                break
+            if message.type == "record batch":
+                offsets.append(where)
+        return [functools.partial(_stream_batch, source, where, schema) for where in offsets]
+    except (ValueError, OSError) as exc:  # an empty file cannot be mapped
+        return RecordMoved(str(exc))
+    except Exception as exc:  # ArrowInvalid and kin
+        return RecordMoved(str(exc))
 
 
-def _line_value(path: Path, key: tuple, located: Located, fd: int):
-    """A JSONL or CSV record's value, its line read through `fd`."""
-    reader = _csv_text if path.name.lower().endswith(".csv") else _jsonl_text
-    return reader(path, key, located, fd)
+def _stream_batch(source, where: int, schema):
+    import pyarrow as pa
+
+    reader = pa.BufferReader(source)
+    reader.seek(where)
+    return pa.ipc.read_record_batch(pa.ipc.read_message(reader), schema)
 
 
 _READERS = {
-    "line": lambda path, key, located: (
-        _csv_text if path.name.lower().endswith(".csv") else _jsonl_text
-    )(path, key, located),
+    "line": lambda opened, located: (
+        _csv_text if opened.name.lower().endswith(".csv") else _jsonl_text
+    )(opened, located),
     "group": _parquet_text,
     "batch": _arrow_text,
 }

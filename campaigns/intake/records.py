@@ -33,6 +33,7 @@ from pathlib import Path
 from urllib.parse import quote, unquote
 
 from campaigns.intake.inputs import InputError, decode_text
+from campaigns.intake.manifests import LINE_MAX as HEADER_MAX
 from campaigns.intake.manifests import BadLine, ManifestError, _json_record
 from campaigns.intake.rows import CATEGORY_MAX, PATH_MAX, UID_MAX, Row
 from campaigns.storage.paths import escape_path, resolve_input, storable, unescape_path
@@ -330,6 +331,8 @@ def _too_long(start: int, end: int) -> BadLine:
 
 def _jsonl(path: Path, columns: RecordColumns):
     with open_lines(path) as fh:
+        refuse_cr_only(path.name, fh.read(SNIFF_BYTES))
+        fh.seek(0)
         for lineno, start, line in _lines(fh):
             if line is None:
                 yield lineno, f"{start}+0", BadLine(f"line over {LINE_MAX >> 20} MiB, not read")
@@ -430,15 +433,58 @@ def _csv_records(fh, dialect) -> Iterator[tuple[int, int, int, list[str] | BadLi
             yield lines.record(BadLine(f"not a CSV record: {exc}"))
 
 
+def refuse_cr_only(name: str, head: bytes) -> None:
+    """ManifestError for a file whose lines end in CR alone (classic Mac OS):
+    its rows are found by their LF, which it has none of, so it would read as
+    one line. Told from its first SNIFF_BYTES: a CR and no LF in them."""
+    if b"\r" in head and b"\n" not in head:
+        raise ManifestError(
+            f"{name}: its lines end in CR alone (classic Mac OS line ends); save it "
+            "with LF or CRLF line ends (for example `tr '\\r' '\\n' < old > new`)"
+        )
+
+
+def csv_header(fh) -> bytes:
+    """A CSV file's first line, read only as far as HEADER_MAX (a manifest
+    line's bound) and refused past it: a file with a huge first line, or none
+    at all, is never held whole."""
+    first = fh.readline(HEADER_MAX + 1)
+    if len(first) > HEADER_MAX:
+        raise HeaderTooLong(
+            f"its header (first line) is over {HEADER_MAX:,} bytes: "
+            "a CSV record file starts with a line of column names"
+        )
+    return first.removeprefix(_BOM)
+
+
+class HeaderTooLong(ValueError):
+    """A CSV file's first line is over HEADER_MAX."""
+
+
 def _csv(path: Path, columns: RecordColumns):
     with open_lines(path) as fh:
-        dialect = sniff_dialect(fh.read(SNIFF_BYTES))
+        head = fh.read(SNIFF_BYTES)
+        dialect = sniff_dialect(head)
+    refuse_cr_only(path.name, head)
     with open_lines(path) as fh:
+        try:
+            csv_header(fh)
+        except HeaderTooLong as exc:
+            raise ManifestError(f"{path.name}: {exc}") from None
+        fh.seek(0)
         records = _csv_records(fh, dialect)
         header = next(records, None)
         names = header[3] if header else []
-        if isinstance(names, BadLine) or names is None:
-            reason = names.reason if names is not None else "over the size limit"
+        if (
+            isinstance(names, BadLine)
+            or names is None
+            or (header is not None and header[2] > HEADER_MAX)
+        ):
+            reason = (
+                names.reason
+                if isinstance(names, BadLine)
+                else f"over {HEADER_MAX:,} bytes (its quoted names run over lines)"
+            )
             raise ManifestError(f"{path.name}: its header cannot be read as CSV: {reason}")
         _check_columns(path, names, columns)
         for lineno, start, length, fields in records:
@@ -465,7 +511,7 @@ def _check_columns(path: Path, names, columns: RecordColumns) -> None:
     if missing:
         raise ManifestError(
             f"{path.name}: no column {', '.join(map(repr, missing))} "
-            f"(its columns: {', '.join(map(str, list(names)[:20]))})"
+            f"(its columns: {', '.join(str(n)[:80] for n in list(names)[:20])})"
         )
 
 

@@ -28,7 +28,13 @@ from campaigns.models.unit import (
 )
 from campaigns.models.reconciliation import Reconciliation
 from campaigns.models.profile import Estimate, Profile
-from campaigns.models.review import Checkpoint, ReviewCount, ReviewDecision, ReviewItem
+from campaigns.models.review import (
+    Checkpoint,
+    ReviewCount,
+    ReviewDecision,
+    ReviewItem,
+    ReviewReasonCount,
+)
 from campaigns.models.training import ModelCheckpoint, Training
 
 # isort: on
@@ -53,6 +59,7 @@ __all__ = [
     "ReviewCount",
     "ReviewDecision",
     "ReviewItem",
+    "ReviewReasonCount",
     "Training",
     "Unit",
     "UnitCount",

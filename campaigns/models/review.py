@@ -90,8 +90,11 @@ class ReviewItem(models.Model):
     class Meta:
         ordering = ["created_at", "pk"]
         indexes = [
-            # The queue: open items of a campaign, by reason.
-            models.Index(fields=["campaign", "state", "reason"], name="review_queue"),
+            # The queue lists a campaign's items of one state (and reason) in id
+            # order, 100 at a time and from an item on: an index range read,
+            # however many items are open (bench/RESULTS.md, "Pages at scale").
+            models.Index(fields=["campaign", "state", "id"], name="review_queue_order"),
+            models.Index(fields=["campaign", "state", "reason", "id"], name="review_queue_reason"),
         ]
 
 
@@ -118,6 +121,32 @@ class ReviewCount(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["campaign"], name="reviewcount_campaign")]
+
+
+class ReviewReasonCount(models.Model):
+    """How many review items of a campaign are in each state, per reason: the
+    review queue's reason list and total.
+
+    Written only by database triggers on campaigns_reviewitem (migration
+    0023_review_reason_counters), as ReviewCount is: on PostgreSQL deltas
+    appended per statement (SUM them; campaigns_reviewreasoncount_compact()
+    folds them), on SQLite one row a key. A COUNT ... GROUP BY reason over the
+    open items is what it spares: it grows with the queue.
+    """
+
+    campaign = models.ForeignKey(
+        Campaign,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        related_name="+",
+    )
+    state = models.CharField(max_length=10)
+    reason = models.CharField(max_length=50)
+    n = models.BigIntegerField()
+
+    class Meta:
+        indexes = [models.Index(fields=["campaign", "state"], name="reviewreasoncount_campaign")]
 
 
 class ReviewDecision(models.Model):

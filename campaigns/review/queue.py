@@ -28,7 +28,7 @@ from django.db.models import Count, F, Max, Q, QuerySet
 from django.utils import timezone
 
 from campaigns import selectors
-from campaigns.db import batch_statements
+from campaigns.db import batch_statements, page_queries
 from campaigns.models import (
     Attempt,
     Campaign,
@@ -269,12 +269,21 @@ def unit_flag(*, unit: Unit, user, note: str) -> ReviewItem:
 
 
 def reason_counts(*, items: QuerySet) -> dict[str, int]:
+    """Items per reason, counted: for the filters the counters do not key
+    (a category, a checkpoint); reason_counts_kept for the others."""
     return dict(
         items.values_list("reason")
         .annotate(n=Count("pk"))
         .order_by("reason")
         .values_list("reason", "n")
     )
+
+
+def reason_counts_kept(*, campaign_ids: list[int], state: str | None) -> dict[str, int]:
+    """Items of these campaigns per reason in one state (None: any), from the
+    trigger-kept counters: a few rows whatever the length of the queue, where
+    reason_counts reads every item of the filter."""
+    return page_queries.review_reason_counts(campaign_ids=campaign_ids, state=state)
 
 
 # --- the checkpoint -------------------------------------------------------------

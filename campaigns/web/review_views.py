@@ -100,8 +100,18 @@ def _visible_items(request: HttpRequest) -> QuerySet[ReviewItem]:
     return ReviewItem.objects.filter(campaign__in=campaigns)
 
 
-def _filtered(request: HttpRequest, filters: Filters, *, state: bool = True) -> QuerySet:
-    if filters.campaign:
+def _filtered(
+    request: HttpRequest,
+    filters: Filters,
+    *,
+    state: bool = True,
+    campaign_ids: list[int] | None = None,
+) -> QuerySet:
+    """The filter's items. campaign_ids: the campaigns it covers, when the
+    caller has read them already (_shown_campaign_ids)."""
+    if campaign_ids is not None:
+        items = ReviewItem.objects.filter(campaign_id__in=campaign_ids)
+    elif filters.campaign:
         # The campaign's id first: filtering by name joins every open item to
         # its campaign, which is slow at tens of thousands of open items
         # (bench/RESULTS.md, "Pages at scale — `bench/pages_scale.py`").
@@ -123,13 +133,15 @@ def _filtered(request: HttpRequest, filters: Filters, *, state: bool = True) -> 
     return items
 
 
+# What the item pane reads of an item besides its own row.
+PANE_RELATED = ("campaign", "unit", "version")
+
+
 def _item_for_user(request: HttpRequest, pk) -> ReviewItem:
     # What every pane shows; the attempt and the reviewer load when the item
     # has them: PostgreSQL plans a seven-table join that fetches them all for
     # ten times longer than it reads.
-    item = (
-        _visible_items(request).select_related("campaign", "unit", "version").filter(pk=pk).first()
-    )
+    item = _visible_items(request).select_related(*PANE_RELATED).filter(pk=pk).first()
     if item is None:
         raise Http404("No such review item.")
     return item
@@ -155,43 +167,63 @@ def _next_open(request: HttpRequest, filters: Filters, after: ReviewItem) -> Rev
 
 # --- the queue -------------------------------------------------------------------
 
-# What the queue-row partial shows of an item.
-QUEUE_ROW_FIELDS = ("state", "reason", "campaign__name", "unit__uid")
+# What a row of the queue shows of an item (campaign_extras.review_rows).
+QUEUE_ROW_FIELDS = ("pk", "state", "reason", "campaign__name", "unit__uid")
+
+
+def _shown_campaigns(request: HttpRequest, filters: Filters) -> tuple[list[str], list[int]]:
+    """The names of the user's campaigns (the filter's choices), and the ids of
+    those the filter covers: one query."""
+    rows = selectors.campaigns_for_user(request.user).values_list("pk", "name").order_by("name")
+    names, ids = [], []
+    for pk, name in rows:
+        names.append(name)
+        if not filters.campaign or name == filters.campaign:
+            ids.append(pk)
+    return names, ids
+
+
+def _reason_counts(filters: Filters, campaign_ids: list[int], items: QuerySet) -> dict[str, int]:
+    """The filter's items (reason aside) per reason: from the trigger-kept
+    counters, which key campaign, state and reason; counted over the items
+    when a category or checkpoint narrows them."""
+    if filters.category or filters.checkpoint:
+        return review.reason_counts(items=items)
+    state = None if filters.state == "all" else filters.state
+    return review.reason_counts_kept(campaign_ids=campaign_ids, state=state)
 
 
 @login_required
 def review_queue(request: HttpRequest) -> HttpResponse:
     filters = Filters.parse(request.GET)
-    without_reason = _filtered(request, filters)
+    names, shown = _shown_campaigns(request, filters)
+    without_reason = _filtered(request, filters, campaign_ids=shown)
     items = without_reason.filter(reason=filters.reason) if filters.reason else without_reason
     items = items.order_by("pk")
+    current: ReviewItem | None
     if request.GET.get("item", "").isdigit():
         current = _item_for_user(request, request.GET["item"])
     else:
-        first = items.first()
-        current = _item_for_user(request, first.pk) if first else None
+        # Of the user's campaigns already: loaded as _item_for_user loads an item.
+        current = items.select_related(*PANE_RELATED).first()
     undo = _undo_item(request, request.GET.get("undo", ""))
-    pane = _pane_context(request, filters, current, undo=undo)
+    pane = _pane_context(request, filters, current, undo=undo, campaign_ids=shown)
     if request.htmx and request.htmx.target == PANE:
         return render(request, f"campaigns/review_queue.html#{PANE}", pane)
 
-    campaigns = selectors.campaigns_for_user(request.user)
     # Every category of the campaigns shown, so that choosing one does not hide
     # the rest: from the units' category index, not by joining every item.
-    shown = (
-        campaigns.filter(name=filters.campaign) if filters.campaign else campaigns
-    ).values_list("pk", flat=True)
-    categories = selectors.unit_categories(campaign_ids=list(shown))
-    counts = review.reason_counts(items=without_reason)
+    categories = selectors.unit_categories(campaign_ids=shown)
+    counts = _reason_counts(filters, shown, without_reason)
     # The reason counts cover the same items: no second count over them.
     total = counts.get(filters.reason, 0) if filters.reason else sum(counts.values())
     context = {
         **pane,
-        # The row's four cells only: whole units and campaigns are dear to build.
-        "rows": items.select_related("campaign", "unit").only(*QUEUE_ROW_FIELDS)[:ITEMS_SHOWN],
+        # The row's cells only, as tuples: model instances are dear to build.
+        "rows": list(items.values_list(*QUEUE_ROW_FIELDS)[:ITEMS_SHOWN]),
         "total": total,
         "shown": min(total, ITEMS_SHOWN),
-        "campaigns": campaigns.values_list("name", flat=True).order_by("name"),
+        "campaigns": names,
         "categories": list(categories),
         "states": STATE_CHOICES,
         "reasons": [
@@ -329,7 +361,10 @@ def _pane_context(
     error: str = "",
     note: str = "",
     reject_reason: str = "",
+    campaign_ids: list[int] | None = None,
 ) -> dict:
+    """What the item pane shows; campaign_ids: the filter's campaigns, when
+    the caller has read them (_shown_campaigns)."""
     context = {
         "filters": filters,
         "filter_fields": filters.params(),
@@ -346,7 +381,7 @@ def _pane_context(
     # The decision's time runs from this render (campaigns/review/effort.py).
     context["shown_token"] = effort.shown_token(item.pk)
     context["reject_reasons"] = reasons.reject_reasons(item.campaign)
-    in_filter = _filtered(request, filters)
+    in_filter = _filtered(request, filters, campaign_ids=campaign_ids)
     if filters.reason:
         in_filter = in_filter.filter(reason=filters.reason)
     in_filter = in_filter.order_by("pk")

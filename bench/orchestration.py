@@ -4,6 +4,7 @@
     DEBUG=0 .venv/bin/python bench/orchestration.py --limit 3000 --profile 32768
     DEBUG=0 .venv/bin/python bench/orchestration.py --limit 3000 --processes 2
     DEBUG=0 .venv/bin/python bench/orchestration.py --limit 3000 --statements
+    DEBUG=0 .venv/bin/python bench/orchestration.py --limit 3000 --sources files,jsonl,parquet
 
 On a GPU the model is a fraction of a batch's time (bench/RESULTS.md, the H200
 figures): what a worker does around it — claim, read and check inputs, write
@@ -13,6 +14,12 @@ cProfile of the run at that budget. Not a model benchmark: the vectors are rando
 `--processes N` runs the batches in N forked processes at once, as N pool
 processes of one worker would (WORKERS_PER_DEVICE): how far the host work
 spreads over cores, with the database's own locking in the way.
+`--sources` names the corpus's forms: a file a unit (`files`), or the same texts
+as rows of one JSONL or Parquet record file (`jsonl`, `parquet`).
+
+Besides the wall time, each row says the process's CPU time a unit (user +
+system, forked processes included): on a shared machine the wall time
+wanders with the other load, the CPU time much less.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import cProfile
 import multiprocessing
 import os
 import pstats
+import resource
 import sys
 import time
 from collections import defaultdict
@@ -51,6 +59,11 @@ def main() -> None:
         "--processes", type=int, default=1, help="run the batches in N processes at once"
     )
     parser.add_argument(
+        "--sources",
+        default="files",
+        help="comma-separated: files (a file a unit), jsonl, parquet (rows of one record file)",
+    )
+    parser.add_argument(
         "--database-url",
         default="",
         help="run on this database (e.g. postgres://postgres@127.0.0.1:5432/bench_workers) "
@@ -66,6 +79,7 @@ def main() -> None:
     import numpy as np
     from django.db import connections
 
+    from campaigns.intake.records import RecordColumns
     from campaigns.models import Batch, Unit, UnitState
     from campaigns.runs import setup, start
     from gpuworker.processors import text_embedding
@@ -75,6 +89,11 @@ def main() -> None:
     logging.getLogger("campaigns.runs.recording").setLevel(logging.WARNING)
     texts = read_texts(args.corpus, args.limit)
     corpus = corpus_folder(work / "corpus", texts)
+    record_files = {
+        "jsonl": work / "records" / "texts.jsonl",
+        "parquet": work / "records" / "texts.parquet",
+    }
+    write_records(record_files, texts)
     project = setup.project_for_user(name="bench")
     rng = np.random.default_rng(0)
 
@@ -91,14 +110,19 @@ def main() -> None:
             memory=self.probe.snapshot(),
         )
 
-    def campaign(name: str, budget: int):
+    def campaign(name: str, budget: int, source: str = "files"):
+        where: dict = (
+            {"input_folder": corpus}
+            if source == "files"
+            else {"records": record_files[source], "columns": RecordColumns(text="text", id="id")}
+        )
         created, _ = setup.campaign_create(
             checkpoint_after=0,
             name=name,
             processor="text-embedding",
             project=project,
-            input_folder=corpus,
             params={"batch_size": 16, "batch_policy": "token_budget", "token_budget": budget},
+            **where,
         )
         start.campaign_run(campaign=created)
         return list(
@@ -139,10 +163,14 @@ def main() -> None:
     ):
         for pk in campaign("warm-up", 2048)[:3]:
             run_batch(pk)
-        for budget in (int(b) for b in args.budgets.split(",")):
-            batches = campaign(f"budget-{budget}", budget)
+        for source, budget in (
+            (s, int(b)) for s in args.sources.split(",") for b in args.budgets.split(",")
+        ):
+            name = f"{source}-{budget}"
+            batches = campaign(name, budget, source)
             profile = cProfile.Profile() if budget == args.profile else None
             timer = StatementTimer()
+            cpu = cpu_seconds()
             started = time.perf_counter()
             if profile:
                 profile.enable()
@@ -152,13 +180,14 @@ def main() -> None:
             if profile:
                 profile.disable()
             seconds = time.perf_counter() - started
-            done = Unit.objects.filter(
-                campaign__name=f"budget-{budget}", state=UnitState.SUCCEEDED
-            ).count()
+            cpu = cpu_seconds() - cpu
+            done = Unit.objects.filter(campaign__name=name, state=UnitState.SUCCEEDED).count()
             print(
-                f"token budget {budget}: {len(batches)} batches, {done} of {len(texts)} units "
-                f"done, {args.processes} process{'es' if args.processes > 1 else ''}, "
-                f"{seconds:.2f} s, {1000 * seconds / len(texts):.3f} ms a unit, "
+                f"{source}, token budget {budget}: {len(batches)} batches, {done} of "
+                f"{len(texts)} units done, {args.processes} "
+                f"process{'es' if args.processes > 1 else ''}, {seconds:.2f} s, "
+                f"{1000 * seconds / len(texts):.3f} ms a unit, "
+                f"{1000 * cpu / len(texts):.3f} CPU ms a unit, "
                 f"{1000 * seconds / len(batches):.1f} ms a batch"
             )
             if args.statements:
@@ -167,6 +196,30 @@ def main() -> None:
                 pstats.Stats(profile).sort_stats("cumulative").print_stats(40)
                 if args.profile_out:
                     profile.dump_stats(args.profile_out)
+
+
+def cpu_seconds() -> float:
+    """User + system time of this process and of its children waited for."""
+    mine, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return mine.ru_utime + mine.ru_stime + children.ru_utime + children.ru_stime
+
+
+def write_records(files: dict[str, Path], texts: list[str]) -> None:
+    """The texts as rows {"id": "doc-00000", "text": …} of a JSONL and a Parquet file."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ids = [f"doc-{i:05d}" for i in range(len(texts))]
+    files["jsonl"].parent.mkdir(parents=True, exist_ok=True)
+    with open(files["jsonl"], "w", encoding="utf-8") as fh:
+        for uid, text in zip(ids, texts, strict=True):
+            fh.write(json.dumps({"id": uid, "text": text}) + "\n")
+    pq.write_table(pa.table({"id": ids, "text": texts}), files["parquet"])
 
 
 class StatementTimer:

@@ -128,6 +128,7 @@ class ClaimedUnit:
     sha256: str
     # A review item of this version holds it (review.REVIEWED_OUT).
     reviewed_out: bool
+    size: int | None = None  # the input's bytes at import (None: not known)
     state: str = UnitState.RUNNING
     error_class: str = ""
     error_message: str = ""
@@ -148,7 +149,9 @@ def claimed_units(
         cursor.execute(set_running, [UnitState.RUNNING, batch_id, UnitState.QUEUED])
         cursor.execute(select, [version_id, *reviewed_out, batch_id, UnitState.RUNNING])
         rows = cursor.fetchall()
-    return [ClaimedUnit(pk, uid, path, sha, bool(held)) for pk, uid, path, sha, held in rows]
+    return [
+        ClaimedUnit(pk, uid, path, sha, bool(held), size) for pk, uid, path, sha, size, held in rows
+    ]
 
 
 @functools.cache
@@ -157,7 +160,7 @@ def _units_sql(vendor: str, states: int) -> tuple[str, str]:
     set_running = f"UPDATE {_table(Unit)} SET {state} = %s WHERE {batch} = %s AND {state} = %s"
     read = sql_rows.columns(Unit, "u", ("id", "uid", "source_path", "sha256"))
     select = (
-        f"SELECT {read}, EXISTS (SELECT 1 FROM {_table(ReviewItem)} r "
+        f"SELECT {read}, u.{_column(Unit, 'size')}, EXISTS (SELECT 1 FROM {_table(ReviewItem)} r "
         f"WHERE r.{_column(ReviewItem, 'unit')} = u.{_q('id')} "
         f"AND r.{_column(ReviewItem, 'version')} = %s "
         f"AND r.{_column(ReviewItem, 'state')} IN ({', '.join(['%s'] * states)})) "

@@ -12,6 +12,7 @@ tuples, and only the fields whose values need a conversion for the database
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from django.db import connection, models
@@ -37,8 +38,9 @@ def _preparer(field: models.Field):
     if isinstance(field, models.DateTimeField):
         # What get_db_prep_save ends in, without its checks for strings and
         # naive values (a third of an attempt row's preparing): the caller
-        # gives aware datetimes.
-        return connection.ops.adapt_datetimefield_value
+        # gives aware datetimes. Each value converted once: a batch's rows
+        # share their few instants.
+        return functools.lru_cache(maxsize=256)(connection.ops.adapt_datetimefield_value)
     return lambda value: field.get_db_prep_save(value, connection)
 
 

@@ -90,7 +90,49 @@ class _Opened:
 def read_record(root: Path, located: Located, limits: ReadLimits) -> InputBytes:
     """The record's text in UTF-8, as `read_bytes` reads a file: only as far as
     `limits` keep, the whole text's sha256 taken where they ask for a digest."""
-    text = _value(root, located)
+    return _as_input(_value(root, located), located, limits)
+
+
+def read_records(
+    root: Path, places: list[Located], limits: ReadLimits, real_root: str | None = None
+) -> list[InputBytes | InputError]:
+    """Many records' texts (a batch's), each as `read_record` reads it, or the
+    InputError that read would raise.
+
+    Each record file is opened and checked once for all its rows, and its
+    rows read through that one descriptor in file order: opening and checking
+    the file again for every row was most of a record unit's read
+    (bench/RESULTS.md, "Host work a unit (2026-12-03)")."""
+    results: list[InputBytes | InputError | None] = [None] * len(places)
+    by_file: dict[str, list[int]] = {}
+    for index, located in enumerate(places):
+        by_file.setdefault(located.file, []).append(index)
+    for file, indexes in by_file.items():
+        try:
+            fd = input_fd(root, file, real_root)
+        except InputError as exc:
+            for index in indexes:
+                results[index] = exc
+            continue
+        try:
+            opened = _opened(fd, file)
+            for index in sorted(indexes, key=lambda i: (places[i].a, places[i].b)):
+                located = places[index]
+                try:
+                    results[index] = _as_input(_text_at(opened, located), located, limits)
+                except InputError as exc:
+                    results[index] = exc
+        except OSError as exc:  # fstat of the file just opened
+            for index in indexes:
+                results[index] = InputError(
+                    ErrorClass.INPUT_UNREADABLE, f"cannot read input: {exc}"
+                )
+        finally:
+            os.close(fd)
+    return results  # type: ignore[return-value]
+
+
+def _as_input(text: object, located: Located, limits: ReadLimits) -> InputBytes:
     if text is None:
         raise InputError(ErrorClass.INPUT_INVALID, f"row {located.row} has no text")
     if not isinstance(text, str):
@@ -106,16 +148,31 @@ def read_record(root: Path, located: Located, limits: ReadLimits) -> InputBytes:
     return _input_bytes(data[: limits.keep], len(data), digest)
 
 
+def _opened(fd: int, file: str) -> _Opened:
+    st = os.fstat(fd)
+    return _Opened(fd, file, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+
+
 def _value(root: Path, located: Located, column: str | None = None):
     """The value of the record's text column (or of `column`) at its place."""
     # Opened by the rules every input is (inside the corpus, a regular file,
     # never waited on): a FIFO in the records file's place is refused, not read.
     fd = input_fd(root, located.file)
     try:
-        st = os.fstat(fd)
-        opened = _Opened(fd, located.file, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+        try:
+            opened = _opened(fd, located.file)
+        except OSError as exc:
+            raise InputError(ErrorClass.INPUT_UNREADABLE, f"cannot read input: {exc}") from None
         at = located if column is None else dataclasses.replace(located, column=column)
-        return _READERS[located.kind](opened, at)
+        return _text_at(opened, at)
+    finally:
+        os.close(fd)
+
+
+def _text_at(opened: _Opened, located: Located):
+    """The value at the record's place, read through the opened file."""
+    try:
+        return _READERS[located.kind](opened, located)
     except RecordMoved as exc:
         raise InputError(
             ErrorClass.INPUT_CHANGED,
@@ -124,8 +181,6 @@ def _value(root: Path, located: Located, column: str | None = None):
         ) from None
     except OSError as exc:
         raise InputError(ErrorClass.INPUT_UNREADABLE, f"cannot read input: {exc}") from None
-    finally:
-        os.close(fd)
 
 
 def _kept(key: tuple, make):

@@ -9,9 +9,10 @@ one attempt a unit, the batch's row and measurements, the review items.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -61,9 +62,10 @@ class UnitOutcome:
         self.traceback_digest = digest
         self.finished = time.time()
 
-    def succeed(self, rel: str, size: int, sha256: str) -> None:
+    def succeed(self, rel: str, size: int, sha256: str, at: float | None = None) -> None:
+        """`at`: when it was checked (a batch's shard rows are checked at once)."""
         self.output_path, self.output_size, self.output_sha256 = rel, size, sha256
-        self.finished = time.time()
+        self.finished = time.time() if at is None else at
 
 
 # --- flag rules that look past the batch -------------------------------------
@@ -188,7 +190,8 @@ def batch_record(
     now = timezone.now()
     for o in outcomes:
         _set_unit_result(o)
-    attempts = [_attempt_row(batch, o, worker) for o in outcomes]
+    instant = functools.lru_cache(maxsize=256)(_instant)
+    attempts = [_attempt_row(batch, o, worker, instant) for o in outcomes]
     to_review = _mark_for_review(outcomes)
     results = _batch_results(metrics, error, now)
     with transaction.atomic():
@@ -233,8 +236,15 @@ def _set_unit_result(o: UnitOutcome) -> None:
     )
 
 
-def _attempt_row(batch: Batch, o: UnitOutcome, worker: str) -> tuple[object, ...]:
-    """The unit's attempt, in the order of _ATTEMPT_FIELDS."""
+def _instant(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, tz=UTC)
+
+
+def _attempt_row(
+    batch: Batch, o: UnitOutcome, worker: str, instant: Callable[[float], datetime] = _instant
+) -> tuple[object, ...]:
+    """The unit's attempt, in the order of _ATTEMPT_FIELDS (`instant`: a
+    time's datetime; a batch's units share a few)."""
     finished = o.finished or time.time()
     return (
         o.unit.pk,
@@ -249,8 +259,8 @@ def _attempt_row(batch: Batch, o: UnitOutcome, worker: str) -> tuple[object, ...
         o.output_size,
         o.output_sha256,
         worker,
-        datetime.fromtimestamp(o.started, tz=UTC),
-        datetime.fromtimestamp(finished, tz=UTC),
+        instant(o.started),
+        instant(finished),
         max(0, int((finished - o.started) * 1000)),
         o.metrics,
     )

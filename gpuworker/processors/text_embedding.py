@@ -50,6 +50,14 @@ class EmbeddingBatch:
     seconds: float
     memory: dict
     cut_reads: dict[int, int] = field(default_factory=dict)  # index -> file bytes
+    # The vectors rounded for the "same vector" rule, made once a batch.
+    rounded: np.ndarray | None = field(default=None, repr=False)
+
+    def vector_hash(self, index: int) -> str:
+        """A row's hash, rounded so that the "same vector" rule also catches float noise."""
+        if self.rounded is None:
+            self.rounded = np.round(self.vectors, 5)
+        return hashlib.sha1(self.rounded[index].tobytes()).hexdigest()[:16]
 
 
 def folder_stamp(folder: Path) -> tuple:
@@ -167,10 +175,7 @@ class TextEmbeddingProcessor:
             "tokens": tokens,
             "truncated": tokens > self.max_tokens,
             "norm": round(float(result.norms[index]), 5),
-            # Rounded, so the "same vector" rule also catches float noise.
-            "vector_hash": hashlib.sha1(np.round(result.vectors[index], 5).tobytes()).hexdigest()[
-                :16
-            ],
+            "vector_hash": result.vector_hash(index),
         }
         if index in result.cut_reads:
             # Read in part: the count is the part's, scaled to the file's size.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,4 +65,5 @@ def batch_claim(batch: Batch) -> tuple[str, list[Outcome]] | None:
             "batch %s: %d unit(s) reviewed out under this version, not run", batch_id, len(released)
         )
         units = [u for u in units if u.pk not in released]
-    return token, [Outcome(unit=u) for u in units]
+    started = time.time()  # one instant for the batch's units: they start together
+    return token, [Outcome(unit=u, started=started) for u in units]

@@ -8,7 +8,8 @@ import hashlib
 import threading
 from pathlib import Path
 
-from campaigns.intake.inputs import WHOLE, InputError, ReadLimits, read_bytes
+from campaigns.intake.inputs import WHOLE, InputBytes, InputError, ReadLimits, read_bytes
+from campaigns.intake.record_reads import read_records
 from campaigns.intake.records import parse_locator
 from campaigns.models import ErrorClass
 from gpuworker.processors.base import Processor
@@ -31,6 +32,7 @@ def prepare_unit(
     ahead: Prepared | None = None,
     limits: ReadLimits = WHOLE,
     campaign_name: str = "",
+    given: InputBytes | InputError | None = None,
 ) -> object:
     """The unit's model input, or SKIP when it failed or its output was adopted.
 
@@ -41,6 +43,7 @@ def prepare_unit(
     read here. `limits`: how much of the input is read (the version's
     `ProcessorSpec.input_limits`, with the whole file's digest).
     `campaign_name`: said in the remedy of a record unit whose row changed.
+    `given`: the input already read (a record's row, `rows_of`), or its error.
     """
     unit = outcome.unit
     try:
@@ -53,7 +56,13 @@ def prepare_unit(
             outcome.input_sha256, made = ahead.sha256, ahead.item
             outcome.prefetched = True
         else:
-            data = read_bytes(root, unit.source_path, real_root, limits)
+            if isinstance(given, InputError):
+                raise given
+            data = (
+                given
+                if given is not None
+                else read_bytes(root, unit.source_path, real_root, limits)
+            )
             outcome.input_sha256, made = _digest(data), _NOT_PREPARED
         if unit.sha256 and outcome.input_sha256 != unit.sha256:
             raise InputError(
@@ -74,6 +83,25 @@ def prepare_unit(
             message = _row_changed(exc, campaign_name)
         outcome.fail(exc.error_class, message)
         return SKIP
+
+
+def rows_of(
+    root: Path, real_root: str | None, units: list[tuple[int, str]], limits: ReadLimits
+) -> dict[int, InputBytes | InputError]:
+    """{unit pk: its text or InputError} for the record units among `units`
+    ((pk, source path) pairs): each record file opened once for all its rows
+    (campaigns/intake/record_reads.py `read_records`)."""
+    records = [(pk, path, at) for pk, path in units if (at := parse_locator(path)) is not None]
+    if not records:
+        return {}
+    read = read_records(root, [at for _, _, at in records], limits, real_root)
+    found: dict[int, InputBytes | InputError] = {}
+    for (pk, path, _), data in zip(records, read, strict=True):
+        if isinstance(data, InputBytes):
+            # As read_bytes leaves it: the row can be read again from its place.
+            data._where = (root, path, real_root, limits)
+        found[pk] = data
+    return found
 
 
 def _row_changed(exc: InputError, campaign_name: str) -> str:
@@ -101,12 +129,17 @@ def prepare_ahead(
     as `prepare_unit` does, without a claim. An input that cannot be read is
     left for the batch's own reading, which classifies it then."""
 
+    rows = rows_of(root, real_root, units, limits)
+
     def one(unit: tuple[int, str]) -> tuple[int, Prepared] | None:
         pk, source_path = unit
         if stop.is_set():
             return None
         try:
-            data = read_bytes(root, source_path, real_root, limits)
+            given = rows.get(pk)
+            if isinstance(given, InputError):
+                return None
+            data = given if given is not None else read_bytes(root, source_path, real_root, limits)
         except InputError:
             return None
         try:
@@ -117,7 +150,11 @@ def prepare_ahead(
             return None  # the batch's own prepare raises it, where it is handled
         return pk, Prepared(source_path, _digest(data), made)
 
-    return dict(found for found in in_threads(one, units) if found is not None)
+    return dict(
+        found
+        for found in in_threads(one, units, threaded=len(rows) < len(units))
+        if found is not None
+    )
 
 
 def _digest(data: bytes) -> str:

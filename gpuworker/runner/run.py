@@ -23,8 +23,8 @@ from gpuworker.processors.base import Processor
 from gpuworker.runner.check import adoption_for
 from gpuworker.runner.claim import Outcome
 from gpuworker.runner.prefetch import prefetch
-from gpuworker.runner.read import SKIP, prepare_ahead, prepare_unit
-from gpuworker.runner.threads import in_threads
+from gpuworker.runner.read import SKIP, prepare_ahead, prepare_unit, rows_of
+from gpuworker.runner.threads import in_threads, worth_threads
 
 # The units that went through one `run` call, each with its prepared input, and
 # that call's result.
@@ -69,10 +69,13 @@ def compute(
     limits = dataclasses.replace(
         get_spec(batch.campaign.processor).input_limits(batch.version.params), digest=True
     )
+    # A record campaign's rows are read first, each record file opened once.
+    rows = rows_of(root, real_root, [(o.unit.pk, o.unit.source_path) for o in outcomes], limits)
     # Reading and decoding in threads: file I/O and image decoding release
     # the GIL, so a slow disk or a large image does not serialise the batch
     # (the image transform bounds the decoded pixels they hold at once:
-    # gpuworker/processors/pixel_budget.py).
+    # gpuworker/processors/pixel_budget.py). Small inputs are read in this
+    # thread alone (threads.in_threads).
     prepared = in_threads(
         lambda o: prepare_unit(
             processor,
@@ -83,8 +86,10 @@ def compute(
             ahead.get(o.unit.pk),
             limits,
             batch.campaign.name,
+            rows.get(o.unit.pk),
         ),
         outcomes,
+        threaded=worth_threads([0 if o.unit.pk in rows else o.unit.size for o in outcomes]),
     )
     ready = [(o, item) for o, item in zip(outcomes, prepared, strict=True) if item is not SKIP]
     adopted = sum(1 for o in outcomes if o.metrics.get("adopted"))

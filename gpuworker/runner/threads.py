@@ -15,6 +15,11 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 IO_THREADS = 4
+#: A batch whose inputs add up to fewer bytes is read in the calling thread
+#: alone: for short texts the threads' handing the GIL back and forth costs
+#: more than the reads they overlap (bench/RESULTS.md, "Host work a unit
+#: (2026-12-03)").
+THREADED_FROM_BYTES = 1 << 20
 _pool: ThreadPoolExecutor | None = None
 
 
@@ -36,15 +41,23 @@ def _forget_io_pool() -> None:
 os.register_at_fork(after_in_child=_forget_io_pool)
 
 
-def in_threads(fn: Callable[[T], Any], items: list[T]) -> list[Any]:
+def worth_threads(sizes: list[int | None]) -> bool:
+    """Whether inputs of these sizes (None: not known) are read in threads."""
+    return sum(THREADED_FROM_BYTES if s is None else s for s in sizes) >= THREADED_FROM_BYTES
+
+
+def in_threads(fn: Callable[[T], Any], items: list[T], *, threaded: bool = True) -> list[Any]:
     """[fn(item) for item in items], by IO_THREADS threads (this one included)
-    that each take the next item as they finish one.
+    that each take the next item as they finish one; in this thread alone
+    where not `threaded`.
 
     One task per thread, not per item: a future per item costs more than
     reading and checking a short text (bench/orchestration.py), and taking the
     next item keeps a few large images from holding up one thread's share.
     The first exception is raised once every thread has stopped.
     """
+    if not threaded:
+        return [fn(item) for item in items]
     results: list[Any] = [None] * len(items)
     # next() on a count is atomic under the GIL: no item is taken twice.
     taken = itertools.count()

@@ -6,6 +6,7 @@ file a unit beside the claim's lease record) and checked
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -164,6 +165,7 @@ def write_shard(
             outcome.fail(ErrorClass.OUTPUT_WRITE_ERROR, f"cannot write output: {exc}")
         return
     problems = processor.check_rows(shard.vectors)
+    checked = time.time()
     for row, outcome in enumerate(outcomes):
         problem = problems[row] if shard.ids[row] == outcome.unit.uid else None
         if shard.ids[row] != outcome.unit.uid:
@@ -173,5 +175,8 @@ def write_shard(
         else:
             vector = shard.vectors[row]
             outcome.succeed(
-                member_path(rel, row), vector.size * ROW_BYTES_PER_VALUE, row_sha256(vector)
+                member_path(rel, row),
+                vector.size * ROW_BYTES_PER_VALUE,
+                row_sha256(vector),
+                checked,
             )

@@ -75,3 +75,19 @@ def test_a_process_forked_after_the_threads_ran_gets_threads_of_its_own():
         pytest.fail("the forked process hung on the threads it did not inherit")
     assert child.exitcode == 0
     assert queue.get(timeout=5) == (list(range(1, 21)), True)
+
+
+def test_small_inputs_are_read_in_the_calling_thread():
+    from gpuworker.runner.threads import THREADED_FROM_BYTES, worth_threads
+
+    threads: set[str] = set()
+
+    def note(n: int) -> int:
+        threads.add(threading.current_thread().name)
+        return n
+
+    assert in_threads(note, list(range(50)), threaded=False) == list(range(50))
+    assert threads == {threading.current_thread().name}
+    assert not worth_threads([1000] * 50)
+    assert worth_threads([THREADED_FROM_BYTES // 4] * 4)
+    assert worth_threads([1000, None])  # a size not known counts as large

@@ -60,13 +60,15 @@ def test_a_record_campaign_runs_to_valid_vectors_of_its_rows(
     write, project, tmp_path, output_root, run_here, monkeypatch
 ):
     seen: list[bytes] = []
-    real = runner_read.read_bytes
+    real = runner_read.read_records
 
     def spy(*args, **kwargs):
-        seen.append(real(*args, **kwargs))
-        return seen[-1]
+        # A batch's rows are read together (record_reads.read_records).
+        read = real(*args, **kwargs)
+        seen.extend(data for data in read if isinstance(data, bytes))
+        return read
 
-    monkeypatch.setattr(runner_read, "read_bytes", spy)
+    monkeypatch.setattr(runner_read, "read_records", spy)
     campaign, report = setup.campaign_create(
         name="recs",
         processor="text-embedding",

@@ -62,7 +62,10 @@ def main() -> None:
     parser.add_argument(
         "--policies",
         default="original,length_grouped,token_budget",
-        help="the in-process rows to run, comma-separated",
+        help="the in-process rows to run, comma-separated; token_budget:N runs the "
+        "token_budget policy at budget N instead of --token-budget, so several budgets "
+        "compare in one run (e.g. length_grouped,token_budget:4096,token_budget:16384); "
+        "a policy may come more than once",
     )
     parser.add_argument(
         "--pipeline",
@@ -146,10 +149,11 @@ def main() -> None:
     project = setup.project_for_user(name="bench")
 
     def campaign(policy: str, name: str):
+        policy, budget = policy_budget(policy, args.token_budget)
         params = {
             "batch_size": args.batch_size,
             "batch_policy": policy,
-            "token_budget": args.token_budget,
+            "token_budget": budget,
         }
         c, _ = setup.campaign_create(
             checkpoint_after=0,  # measuring speed: no stop for a spot check
@@ -180,8 +184,9 @@ def main() -> None:
     runs = [(p, False) for p in args.policies.split(",")]
     if args.pipeline:
         runs += [(p, True) for p in args.policies.split(",")]
-    for policy, pipelined in runs:
-        c = campaign(policy, f"path-{policy.replace('_', '-')}-{int(pipelined)}")
+    for i, (policy, pipelined) in enumerate(runs):
+        # Numbered: a policy may come twice (a, b, a) to show the machine's drift.
+        c = campaign(policy, f"path-{i}-{policy.replace('_', '-').replace(':', '-')}")
         started = time.perf_counter()
         start.campaign_run(campaign=c)
         plan_s = time.perf_counter() - started
@@ -199,7 +204,8 @@ def main() -> None:
         done = selectors.campaign_counts(campaign=c).succeeded
         rows.append(
             {
-                "name": f"worker path, {policy}" + (", batch pipeline" if pipelined else ""),
+                "name": f"worker path, {row_label(policy, args.token_budget)}"
+                + (", batch pipeline" if pipelined else ""),
                 "docs": done,
                 "seconds": run_s,
                 "plan_s": plan_s,
@@ -374,6 +380,19 @@ def main() -> None:
         "# peak RSS of this process "
         f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB"
     )
+
+
+def policy_budget(policy: str, token_budget: int) -> tuple[str, int]:
+    """("token_budget", 8192) from "token_budget:8192"; a bare policy keeps
+    --token-budget."""
+    name, _, budget = policy.partition(":")
+    return name, int(budget) if budget else token_budget
+
+
+def row_label(policy: str, token_budget: int) -> str:
+    """A row's policy as the table shows it: a token budget with its size."""
+    name, budget = policy_budget(policy, token_budget)
+    return f"{name} {budget:,}" if name == "token_budget" else name
 
 
 def time_outside_model(batches, start: float, end: float) -> dict[str, float]:

@@ -121,6 +121,10 @@ def output_root(tmp_path, settings) -> Path:
 @pytest.fixture
 def make_campaign(project, corpus):
     def make(name: str = "texts", **params):
+        if "batch_size" in params:
+            # A test that sizes its batches in texts means a count policy:
+            # the default, token_budget, does not read batch_size.
+            params.setdefault("batch_policy", "length_grouped")
         campaign, _ = setup.campaign_create(
             name=name,
             processor="text-embedding",

@@ -16,13 +16,14 @@ adaptation processor, a plugin without the parameter) keeps import order.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 #: The policy of a processor whose spec declares no batch_policy parameter.
 UNDECLARED_POLICY = "original"
 
 
-def batch_policy(params: dict) -> str:
+def batch_policy(params: Mapping[str, Any]) -> str:
     """The batch policy a version's params (or a plan's) ask for."""
     return params.get("batch_policy", UNDECLARED_POLICY)
 

@@ -24,6 +24,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from campaigns.runs.batching import batch_policy
+
 # --- torch's message -----------------------------------------------------------
 
 _FACTORS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
@@ -192,12 +194,22 @@ def advise(
     advice: list[Advice] = []
     if largest > 1:
         if profile is not None and profile.batch_size < largest:
+            where = f"profile {profile.pk}, on {profile.device or 'its device'}"
+            if batch_policy(params) == "token_budget" and "max_tokens" in params:
+                # batch_size plans nothing under this policy: the profile's
+                # batch of texts at the cap is the budget that fits.
+                cap = int(params["max_tokens"])
+                setting = (
+                    f"token_budget {profile.batch_size * cap} ({profile.batch_size} texts of "
+                    f"{cap} tokens, {where}) instead of {params.get('token_budget')}"
+                )
+            else:
+                setting = f"batch_size {profile.batch_size} ({where}) instead of {largest}"
             advice.append(
                 Advice(
                     "profile-batch",
-                    f"Use the profile's measured batch: batch_size {profile.batch_size} "
-                    f"(profile {profile.pk}, on {profile.device or 'its device'}) instead of "
-                    f"{largest}; a new parameter version, then Run.",
+                    f"Use the profile's measured batch: {setting}; a new parameter version, "
+                    "then Run.",
                 )
             )
         elif profile is None:

@@ -94,6 +94,18 @@ def test_the_profiles_batch_comes_first_where_it_is_smaller_than_the_batch_that_
     assert "profile-batch" not in _keys({"tried": [16, 8, 4, 2, 1], "alone": True}, TEXT, profile)
 
 
+def test_under_a_token_budget_the_profiles_batch_is_given_as_a_token_budget():
+    # batch_size plans nothing under token_budget (the text default): the
+    # profile's batch of texts at max_tokens is given as the budget it fills.
+    params = {**TEXT, "batch_policy": "token_budget", "token_budget": 65536}
+    profile = ProfileBatch(pk=3, batch_size=16, device="NVIDIA L4")
+    advice = advise({"tried": [128, 64, 32]}, params=params, profile=profile, cost=None)
+    assert advice[0].key == "profile-batch"
+    assert "token_budget 8192 (16 texts of 512 tokens" in advice[0].text
+    assert "profile 3, on NVIDIA L4" in advice[0].text
+    assert "batch_size" not in advice[0].text
+
+
 def test_advice_that_does_not_apply_is_left_out():
     facts = {
         "tried": [1],

@@ -25,6 +25,45 @@ def test_first_version_records_params_software_and_a_fingerprint(make_campaign):
     assert version.label.startswith("v1-")
 
 
+def test_a_campaign_made_with_no_parameters_takes_the_fast_batching_and_records_it(
+    make_campaign, django_capture_on_commit_callbacks
+):
+    # The default is the fast path (bench/RESULTS.md, "The defaults are the
+    # fast path"), written into the version: a later default leaves it be.
+    campaign = make_campaign()
+    params = campaign.current_version.params
+    assert (params["batch_policy"], params["token_budget"]) == ("token_budget", 4096)
+    with (
+        mock.patch.object(start.celery_app, "send_task"),
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        start.campaign_run(campaign=campaign)
+    assert set(Batch.objects.filter(campaign=campaign).values_list("policy", flat=True)) == {
+        "token_budget"
+    }
+
+
+def test_a_version_made_under_the_former_default_keeps_planning_by_it(
+    make_campaign, django_capture_on_commit_callbacks
+):
+    # Length-grouped batches of 16 were the default before: such a version
+    # holds both, and its runs and its next versions keep them.
+    campaign = make_campaign(batch_policy="length_grouped", batch_size=16)
+    setup.version_create(
+        campaign=campaign, params={**campaign.current_version.params, "pooling": "cls"}
+    )
+    campaign.refresh_from_db()
+    assert campaign.current_version.params["batch_policy"] == "length_grouped"
+    with (
+        mock.patch.object(start.celery_app, "send_task"),
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        start.campaign_run(campaign=campaign)
+    batches = Batch.objects.filter(campaign=campaign)
+    assert set(batches.values_list("policy", flat=True)) == {"length_grouped"}
+    assert sorted(batches.values_list("size", flat=True)) == [7, 16, 16]
+
+
 def test_same_parameters_reuse_the_version_and_a_change_makes_a_new_one(make_campaign):
     campaign = make_campaign()
     same = setup.version_create(campaign=campaign, params={})
@@ -56,7 +95,7 @@ def test_unknown_parameters_are_refused_before_anything_is_created(project, corp
 def test_run_groups_pending_units_into_batches_and_enqueues_after_commit(
     make_campaign, django_capture_on_commit_callbacks
 ):
-    campaign = make_campaign(batch_size=10)
+    campaign = make_campaign(batch_policy="length_grouped", batch_size=10)
     with (
         mock.patch.object(start.celery_app, "send_task") as send,
         django_capture_on_commit_callbacks(execute=True),

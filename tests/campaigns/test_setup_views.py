@@ -54,6 +54,28 @@ def test_the_form_offers_allowed_folders_and_the_processor_parameters(client, ow
     assert "tokens per text the model sees" in html
 
 
+def test_the_form_offers_the_fast_batching_and_a_campaign_made_as_offered_takes_it(
+    client, owner, roots, send
+):
+    # The default is the fast path (bench/RESULTS.md, "The defaults are the
+    # fast path"): the page pre-selects it, and a form posted as the page
+    # filled it, or with the parameter fields left out, makes a campaign with it.
+    client.force_login(owner)
+    html = client.get(NEW).content.decode()
+    policy = html.split('name="param_batch_policy"')[1].split("</select>")[0]
+    assert '<option value="token_budget" selected>' in policy
+    assert 'value="4096"' in html.split('name="param_token_budget"')[1].split(">")[0]
+    form = _form(roots, action="create")
+    assert client.post(NEW, form).status_code == 302
+    bare = {
+        k: v for k, v in _form(roots, action="create", name="bare").items() if "param_" not in k
+    }
+    assert client.post(NEW, bare).status_code == 302
+    for name in ("web-made", "bare"):
+        params = Campaign.objects.get(name=name).current_version.params
+        assert (params["batch_policy"], params["token_budget"]) == ("token_budget", 4096)
+
+
 def test_choosing_another_processor_swaps_only_the_parameters(client, owner, roots):
     client.force_login(owner)
     response = client.get(
@@ -81,7 +103,12 @@ def test_create_imports_and_starts_the_campaign(
 ):
     client.force_login(owner)
     with django_capture_on_commit_callbacks(execute=True):
-        response = client.post(NEW, _form(roots, action="create", param_batch_size="10"))
+        response = client.post(
+            NEW,
+            _form(
+                roots, action="create", param_batch_policy="length_grouped", param_batch_size="10"
+            ),
+        )
     campaign = Campaign.objects.get(name="web-made")
     assert response.status_code == 302
     assert campaign.project.members.filter(pk=owner.pk).exists()
@@ -213,13 +240,14 @@ def test_pause_takes_back_queued_batches_and_resume_queues_them_again(
     campaign = make_campaign()
     with django_capture_on_commit_callbacks(execute=True):
         start.campaign_run(campaign=campaign)
+    planned = Batch.objects.filter(campaign=campaign).count()
     client.force_login(owner)
     client.post(reverse("campaign_pause", args=[campaign.name]))
     assert Unit.objects.filter(campaign=campaign, state=UnitState.PENDING).count() == 39
     assert set(Batch.objects.values_list("state", flat=True)) == {"cancelled"}
     with django_capture_on_commit_callbacks(execute=True):
         response = client.post(reverse("campaign_resume", args=[campaign.name]), follow=True)
-    assert "3 batches queued" in response.content.decode()
+    assert f"{planned} batch{'es' if planned != 1 else ''} queued" in response.content.decode()
     assert Unit.objects.filter(campaign=campaign, state=UnitState.QUEUED).count() == 39
 
 

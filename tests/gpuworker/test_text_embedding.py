@@ -194,7 +194,7 @@ def test_weighing_many_texts_at_once_gives_each_its_own_count_and_none_for_the_u
 
 
 def test_versions_that_differ_in_a_flag_or_the_batching_share_one_copy_of_the_model(processor):
-    for changed in ({"flag_norm_max": 2.0}, {"batch_policy": "token_budget"}, {"pooling": "cls"}):
+    for changed in ({"flag_norm_max": 2.0}, {"batch_policy": "length_grouped"}, {"pooling": "cls"}):
         other = get_processor("text-embedding", TEXT_EMBEDDING.clean(changed))
         assert other is not processor and other.params != processor.params
         assert other.model is processor.model and other.tokenizer is processor.tokenizer

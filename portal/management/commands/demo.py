@@ -59,7 +59,9 @@ class Command(BaseCommand):
                 processor="text-embedding",
                 project=project,
                 input_folder=demo_corpus(),
-                params={"batch_size": 4},
+                # The processor's defaults, as a user who changes nothing gets
+                # them: the fast path (docs/processors.md).
+                params={},
             )
             self.stdout.write(f"created {campaign.name}: {report.created} units")
         if not no_run:

@@ -133,10 +133,12 @@ class GzipIndex:
         state = cursor.state
         while data:
             if state.eof:  # type: ignore[attr-defined]
-                # The next member of a multi-member file, or trailing zeros.
-                if not data.strip(b"\x00"):
-                    cursor.ended = True
-                    break
+                # The next member of a multi-member file, after any zeros
+                # padding it (gzip's own reader skips them too, between
+                # members as at the end: what the import read).
+                data = data.lstrip(b"\x00")
+                if not data:
+                    break  # zeros to this chunk's end: the next one says what follows
                 state = cursor.state = _member()
             out = state.decompress(data, _OUT_MAX)  # type: ignore[attr-defined]
             made.append(out)

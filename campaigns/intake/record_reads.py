@@ -275,7 +275,8 @@ def _csv_text(opened: _Opened, located: Located):
 
     kept = _kept(("csv", *opened.key), header)
     if isinstance(kept, RecordMoved):
-        raise kept
+        # A new one: an exception raised again keeps every earlier raise's frames.
+        raise RecordMoved(str(kept))
     dialect, names = kept
     if located.column not in names:
         raise RecordMoved(f"no column {located.column!r} in the header")
@@ -313,7 +314,8 @@ def _parquet_text(opened: _Opened, located: Located):
 def _arrow_text(opened: _Opened, located: Located):
     kept = _kept(("arrow", *opened.key), lambda: _arrow_file(opened))
     if isinstance(kept, RecordMoved):
-        raise kept
+        # A new one: an exception raised again keeps every earlier raise's frames.
+        raise RecordMoved(str(kept))
     if located.a >= len(kept):
         raise RecordMoved(f"no record batch {located.a}")
 

@@ -178,6 +178,18 @@ class ProfileBatch:
     device: str
 
 
+def _profile_is_smaller(
+    profile: ProfileBatch, params: Mapping[str, Any], largest: int, by_budget: bool
+) -> bool:
+    """Whether the profile's batch is below what ran out of memory: in texts,
+    or under a token budget in tokens (a batch of short texts holds more texts
+    than the profile's, and a budget may still be the smaller one)."""
+    if by_budget:
+        budget = params.get("token_budget")
+        return budget is None or profile.batch_size * int(params["max_tokens"]) < int(budget)
+    return profile.batch_size < largest
+
+
 def advise(
     facts: Mapping[str, Any],
     *,
@@ -192,12 +204,13 @@ def advise(
     alone = bool(facts.get("alone")) and tried[-1:] == [1]
     largest = tried[0] if tried else int(params.get("batch_size") or 0)
     advice: list[Advice] = []
+    # batch_size plans nothing under the token_budget policy: the profile's
+    # batch of texts at the cap is the budget that fits.
+    by_budget = batch_policy(params) == "token_budget" and "max_tokens" in params
     if largest > 1:
-        if profile is not None and profile.batch_size < largest:
+        if profile is not None and _profile_is_smaller(profile, params, largest, by_budget):
             where = f"profile {profile.pk}, on {profile.device or 'its device'}"
-            if batch_policy(params) == "token_budget" and "max_tokens" in params:
-                # batch_size plans nothing under this policy: the profile's
-                # batch of texts at the cap is the budget that fits.
+            if by_budget:
                 cap = int(params["max_tokens"])
                 setting = (
                     f"token_budget {profile.batch_size * cap} ({profile.batch_size} texts of "

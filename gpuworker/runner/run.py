@@ -69,8 +69,14 @@ def compute(
     limits = dataclasses.replace(
         get_spec(batch.campaign.processor).input_limits(batch.version.params), digest=True
     )
-    # A record campaign's rows are read first, each record file opened once.
-    rows = rows_of(root, real_root, [(o.unit.pk, o.unit.source_path) for o in outcomes], limits)
+    # A record campaign's rows are read first, each record file opened once;
+    # those the prefetch prepared are not read again here.
+    rows = rows_of(
+        root,
+        real_root,
+        [(o.unit.pk, o.unit.source_path) for o in outcomes if o.unit.pk not in ahead],
+        limits,
+    )
     # Reading and decoding in threads: file I/O and image decoding release
     # the GIL, so a slow disk or a large image does not serialise the batch
     # (the image transform bounds the decoded pixels they hold at once:

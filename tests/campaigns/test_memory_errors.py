@@ -106,6 +106,16 @@ def test_under_a_token_budget_the_profiles_batch_is_given_as_a_token_budget():
     assert "batch_size" not in advice[0].text
 
 
+def test_a_profile_s_budget_above_the_one_that_ran_out_is_not_advised():
+    # 128 short texts ran out under the default budget of 4,096: the profile's
+    # 16 texts of 512 tokens (8,192) would raise the budget, not lower it.
+    params = {**TEXT, "batch_policy": "token_budget", "token_budget": 4096}
+    profile = ProfileBatch(pk=3, batch_size=16, device="NVIDIA L4")
+    advice = advise({"tried": [128, 64, 32]}, params=params, profile=profile, cost=None)
+    assert "profile-batch" not in [a.key for a in advice]
+    assert not any("token_budget 8192" in a.text for a in advice)
+
+
 def test_advice_that_does_not_apply_is_left_out():
     facts = {
         "tried": [1],

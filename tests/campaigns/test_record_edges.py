@@ -82,6 +82,24 @@ def test_a_worker_reading_a_csv_whose_header_became_huge_fails_the_row_without_h
     assert peak < 2 << 20
 
 
+def test_rows_of_a_file_found_bad_once_fail_without_piling_up_tracebacks(project, tmp_path):
+    # The process keeps what it found of a record file (a header too long);
+    # each row's read raises its own exception, never the kept one again
+    # (an exception raised again keeps every earlier raise's frames).
+    path = write_csv(tmp_path / "c.csv", "id,text\na,first text\nb,second text\n")
+    campaign, _ = create(project, path)
+    units = list(Unit.objects.filter(campaign=campaign).order_by("pk"))
+    path.write_bytes(b"y" * (1 << 20))
+    raised = []
+    for unit in units * 3:
+        with pytest.raises(InputError) as caught:
+            read_bytes(Path(campaign.input_root), unit.source_path, limits=WHOLE)
+        raised.append(caught.value)
+    assert {e.error_class for e in raised} == {ErrorClass.INPUT_CHANGED}
+    kept = [v for v in record_reads._files.values() if isinstance(v, Exception)]
+    assert kept and all(v.__traceback__ is None for v in kept)
+
+
 # --- 2. Lines that end in CR alone -------------------------------------------------
 
 
@@ -383,3 +401,20 @@ def test_gzip_index_reads_from_many_threads_at_once(tmp_path):
         thread.join()
     index.close()
     assert wrong == []
+
+
+def test_zeros_padding_between_gzip_members_read_as_gzip_reads_them(tmp_path):
+    from campaigns.intake.gzip_index import GzipIndex
+
+    first = b"".join(b'{"id":"%d","text":"t"}\n' % i for i in range(10))
+    second = b"".join(b'{"id":"x%d","text":"t"}\n' % i for i in range(10))
+    path = tmp_path / "p.jsonl.gz"
+    path.write_bytes(gzip.compress(first) + b"\0" * 8 + gzip.compress(second) + b"\0" * 4)
+    with gzip.open(path) as whole:
+        assert whole.read() == first + second  # what the import reads
+    index = GzipIndex(os.open(path, os.O_RDONLY), path.stat().st_size)
+    try:
+        assert index.read(len(first), 10) == second[:10]
+        assert index.read(len(first) + len(second) - 5, 5) == second[-5:]
+    finally:
+        index.close()

@@ -143,7 +143,11 @@ def test_an_adaptation_campaign_trains_checkpoints_and_its_checkpoint_embeds_wit
         processor="text-embedding",
         project=project,
         input_folder=corpus,
-        params={"batch_size": 50, "model": str(output_root / last.path)},
+        params={
+            "batch_size": 50,
+            "batch_policy": "length_grouped",
+            "model": str(output_root / last.path),
+        },
         checkpoint_after=0,
     )
     run_here(again)

@@ -11,6 +11,7 @@ from django.core.management.base import CommandError
 from tqdm import tqdm
 
 from campaigns.adaptation import services as adaptation
+from campaigns.management.lookup import campaign_named
 from campaigns.models import Campaign, Training
 from campaigns.runs import start
 
@@ -42,9 +43,6 @@ class AdaptationCommands:
     stdout: Any
     stderr: Any
 
-    def _campaign(self, name: str) -> Campaign:  # the command's own
-        raise NotImplementedError
-
     def _training(self, campaign: Campaign) -> Training:
         training = Training.objects.filter(campaign=campaign).first()
         if training is None:
@@ -54,7 +52,7 @@ class AdaptationCommands:
         return training
 
     def _train(self, *, name, wait, timeout, **_):
-        campaign = self._campaign(name)
+        campaign = campaign_named(name)
         with start.broker_outage_noted() as outage:
             training = adaptation.training_start(campaign=campaign)
         version = training.version  # the campaign's current one, which training_start took
@@ -85,11 +83,11 @@ class AdaptationCommands:
             raise CommandError(training.error)
 
     def _stop(self, *, name, **_):
-        training = adaptation.training_stop(training=self._training(self._campaign(name)))
+        training = adaptation.training_stop(training=self._training(campaign_named(name)))
         self.stdout.write(f"training {training.state} (step {training.step})")
 
     def _checkpoints(self, *, name, json: bool, **_):
-        training = self._training(self._campaign(name))
+        training = self._training(campaign_named(name))
         rows = [
             {
                 "step": c.step,
@@ -120,12 +118,12 @@ class AdaptationCommands:
             )
 
     def _use_checkpoint(self, *, name, step: int, into: str, **_):
-        training = self._training(self._campaign(name))
+        training = self._training(campaign_named(name))
         checkpoint = training.checkpoints.filter(step=step).first()
         if checkpoint is None:
             steps = ", ".join(str(c.step) for c in training.checkpoints.all()) or "none"
             raise CommandError(f"{name} has no checkpoint at step {step} (steps: {steps})")
-        version = adaptation.checkpoint_use(checkpoint=checkpoint, target=self._campaign(into))
+        version = adaptation.checkpoint_use(checkpoint=checkpoint, target=campaign_named(into))
         self.stdout.write(
             f"{into}: version {version.number} ({version.label}) uses {name} step {step}; "
             f"campaign run {into} computes its outputs"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from campaigns.models import Campaign
+from campaigns.management.lookup import campaign_named
 from campaigns.verify.reconcile import Verdict, campaign_verify, last_report
 
 
@@ -19,20 +19,17 @@ class VerifyCommands:
 
     stdout: Any
 
-    def _campaign(self, name: str) -> Campaign:  # the command's own
-        raise NotImplementedError
-
     def _verify(self, *, name, json: bool, deep: bool, last: bool = False, **_):
         if last:
             return self._last_verify(name=name, json=json)
-        report = campaign_verify(campaign=self._campaign(name), deep=deep)
+        report = campaign_verify(campaign=campaign_named(name), deep=deep)
         if json:
             self.stdout.write(_dumps(report.as_dict()))
             return
         self._print_report(report)
 
     def _last_verify(self, *, name, json: bool) -> None:
-        campaign = self._campaign(name)
+        campaign = campaign_named(name)
         found = last_report(campaign=campaign)
         if found is None:
             message = f"never verified (campaign verify {name} checks it now)"

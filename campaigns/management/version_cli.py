@@ -9,7 +9,7 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from campaigns.models import Campaign
+from campaigns.management.lookup import campaign_named
 from campaigns.review.compare import compare_versions
 from campaigns.runs import versions
 
@@ -35,11 +35,8 @@ class VersionCommands:
 
     stdout: Any
 
-    def _campaign(self, name: str) -> Campaign:  # the command's own
-        raise NotImplementedError
-
     def _versions(self, *, name: str, json: bool, **_: Any) -> None:
-        campaign = self._campaign(name)
+        campaign = campaign_named(name)
         rows = versions.version_progress(campaign=campaign)
         if json:
             self.stdout.write(_dumps([_progress_dict(p) for p in rows]))
@@ -52,7 +49,7 @@ class VersionCommands:
             )
 
     def _compare(self, *, name: str, a: str | None, b: str | None, json: bool, **_: Any) -> None:
-        campaign = self._campaign(name)
+        campaign = campaign_named(name)
         numbers = list(campaign.versions.order_by("-number").values_list("number", flat=True))
         if a is None and b is None:
             if len(numbers) < 2:

@@ -22,6 +22,7 @@ from campaigns.intake.importing import ManifestError
 from campaigns.intake.project_folders import covering, real_path
 from campaigns.intake.records import RecordColumns
 from campaigns.management import adaptation_cli, folders_cli, verify_cli, version_cli
+from campaigns.management.lookup import campaign_named
 from campaigns.models import Campaign, Checkpoint
 from campaigns.review.queue import checkpoint_decide, verification_status
 from campaigns.runs import control, setup, start
@@ -204,12 +205,6 @@ class Command(
             messages = getattr(exc, "messages", [str(exc)])
             raise CommandError("; ".join(messages)) from exc
 
-    def _campaign(self, name: str) -> Campaign:
-        campaign = Campaign.objects.select_related("current_version").filter(name=name).first()
-        if campaign is None:
-            raise CommandError(f"no campaign named {name!r} (see: campaign list)")
-        return campaign
-
     def _create(
         self,
         *,
@@ -270,7 +265,7 @@ class Command(
         self._print_problems(report)
 
     def _import(self, *, name, manifest, folder_categories: bool, json: bool, **_):
-        campaign = self._campaign(name)
+        campaign = campaign_named(name)
         with self._import_progress(quiet=json):
             report = setup.campaign_import(
                 campaign=campaign, manifest=manifest, folder_categories=folder_categories
@@ -313,7 +308,7 @@ class Command(
             )
 
     def _run(self, *, name, wait, timeout, **_):
-        campaign = self._campaign(name)
+        campaign = campaign_named(name)
         if adaptation.is_adaptation(campaign):
             return self._train(name=name, wait=wait, timeout=timeout)
         with start.broker_outage_noted() as outage:
@@ -360,7 +355,7 @@ class Command(
             self.stdout.write(f"stopped: {state.label}: {state.detail}")
 
     def _resume(self, *, name, retry_failed: bool, wait: bool, timeout, **_):
-        campaign = self._campaign(name)
+        campaign = campaign_named(name)
         with start.broker_outage_noted() as outage:
             report, retried, batches = control.campaign_resume(
                 campaign=campaign, retry_failed=retry_failed
@@ -378,7 +373,7 @@ class Command(
 
     def _export(self, *, name, to: Path, **_):
         try:
-            written = export(self._campaign(name), to)
+            written = export(campaign_named(name), to)
         except ExportError as exc:
             raise CommandError(str(exc)) from exc
         for path in written:
@@ -413,7 +408,7 @@ class Command(
         from campaigns.profiles.services import profile_create, profile_rerun
         from gpuworker.profiler import profile_run  # this command runs the model
 
-        campaign = self._campaign(name)
+        campaign = campaign_named(name)
         budget = budget_mb * 1024 * 1024 if budget_mb else None
         original = None
         try:
@@ -450,7 +445,7 @@ class Command(
             raise CommandError(f"profile failed: {profile.error}")
 
     def _checkpoint(self, *, name, verdict: str, note: str, user, **_):
-        campaign = self._campaign(name)
+        campaign = campaign_named(name)
         waiting = Checkpoint.objects.filter(
             campaign=campaign, version=campaign.current_version, state=Checkpoint.State.PENDING
         ).first()
@@ -477,7 +472,7 @@ class Command(
             raise CommandError(start.broker_outage_reason(outage))
 
     def _status(self, *, name, json: bool, **_):
-        campaign = self._campaign(name)
+        campaign = campaign_named(name)
         counts = selectors.campaign_counts(campaign=campaign)
         state = selectors.campaign_run_state(campaign_id=campaign.pk, counts=counts)
         if json:

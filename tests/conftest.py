@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import factory
 import hypothesis
@@ -254,11 +256,19 @@ def make_order(fresh_rates, address_pool):
 
 
 @pytest.fixture(autouse=True)
-def _fresh_rate_limits():
-    """Rate-limit counts live in the cache: each test starts with none."""
+def _fresh_rate_limits(monkeypatch):
+    """Rate-limit counts live in the cache: each test starts with none.
+
+    django-ratelimit counts in fixed slices of the wall clock, so a "1/m" slice can
+    end between a test's two requests and let the second through: the clock it
+    reads stands still for the length of a test (tests/portal/test_rate_windows.py).
+    """
+    import django_ratelimit.core
     from django.core.cache import cache
 
     cache.clear()
+    now = int(time.time())
+    monkeypatch.setattr(django_ratelimit.core, "time", SimpleNamespace(time=lambda: now))
 
 
 @pytest.fixture(autouse=True)

@@ -24,7 +24,7 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import NOT_PROVIDED, Max
 from django.utils import timezone
 
-from campaigns.db.record_staging import RecordTracking
+from campaigns.db.import_tracking import ImportTracking
 from campaigns.models import IN_FLIGHT, Campaign, ErrorClass, Unit, UnitState
 
 #: The staging columns, in the order of the importer's row tuples. All but
@@ -116,11 +116,16 @@ def _column(name: str) -> str:
 class Staging:
     """The staging table of one import; `with Staging(...) as s:` creates and drops it."""
 
-    def __init__(self, *, campaign: Campaign, records: list[str] | None = None):
-        """`records`: the files of a record campaign's import (db/record_staging.py)."""
+    def __init__(
+        self, *, campaign: Campaign, source: str | None = None, unread: list[str] | None = None
+    ):
+        """`source`: what the import reads ("records", "folder" or "manifest"),
+        for a re-import's gone units (db/import_tracking.py); None: not tracked.
+        `unread`: the sub-folders a folder import does not read, as it goes."""
         self.campaign = campaign
-        self.records = records
-        self.tracking: RecordTracking | None = None
+        self.source = source
+        self.unread = unread
+        self.tracking: ImportTracking | None = None
         self.postgres = connection.vendor == "postgresql"
         self.name = f"unit_import_{uuid.uuid4().hex[:16]}"
         self.table = connection.ops.quote_name(self.name)
@@ -155,8 +160,8 @@ class Staging:
         # Units of this campaign above this id were made by this import: an id
         # met again in a later chunk is a duplicate, not an existing unit.
         self.mark = Unit.objects.aggregate(top=Max("pk"))["top"] or 0
-        if self.records is not None and Unit.objects.filter(campaign=self.campaign).exists():
-            self.tracking = RecordTracking(self.campaign, self.mark)
+        if self.source is not None and Unit.objects.filter(campaign=self.campaign).exists():
+            self.tracking = ImportTracking(self.campaign, self.mark, self.source, self.unread)
             self.tracking.create()
         return self
 
@@ -318,7 +323,7 @@ class Staging:
             if matched > len(earlier):
                 self._changed(cursor, report, now)
                 self._now_failing(cursor, report, now)
-                if self.tracking is not None:
+                if self.tracking is not None and self.source == "records":
                     self.tracking.relocate(cursor, self.table)
                 cursor.execute(f"DELETE FROM {self.table} WHERE unit_id IS NOT NULL")
                 existing = max(cursor.rowcount, 0)

@@ -1,11 +1,16 @@
-"""A record campaign's re-import, set-based (campaigns/intake/records.py).
+"""What a re-import meets, set-based: the units whose input is gone.
 
-A record unit's source path holds its row's place in the file, which a
-rewritten file moves: every id met again takes the place it has now. The
-ids an import meets go into a temporary table, so that after its last chunk
-one statement finds the campaign's units whose row is gone: reported, and
-those not yet run failed `input_missing` instead of read at a stale place.
-Nothing of this runs on a campaign's first import (no unit can be gone).
+The ids an import meets go into a temporary table, so that after its last
+chunk one statement finds the campaign's earlier units it did not meet — a
+record's row, a folder's file or a manifest's row that is gone: reported,
+and those not yet run failed `input_missing` instead of read where their
+input was. A unit that ran keeps its state and outputs. Nothing of this
+runs on a campaign's first import (no unit can be gone).
+
+A record unit's source path also holds its row's place in the file
+(campaigns/intake/records.py), which a rewritten file moves: every id met
+again takes the place it has now (`relocate`). A file's path is its own,
+never moved by an import.
 """
 
 from __future__ import annotations
@@ -17,9 +22,25 @@ from django.utils import timezone
 
 from campaigns.models import ErrorClass, Unit, UnitState
 
-#: Ids of gone rows the report names; the count is exact.
+#: Ids of gone units the report names; the count is exact.
 GONE_SHOWN = 1000
-GONE_MESSAGE = "its row is no longer in the records (re-import); it was not run"
+#: Where a unit's input was, by the kind of import: what is gone, and from where.
+GONE_FROM = {
+    "records": ("its row", "the records"),
+    "folder": ("its file", "the folder"),
+    "manifest": ("its row", "the manifest"),
+}
+
+
+def gone_message(source: str) -> str:
+    """A gone unit's reason (a pending one fails with it)."""
+    what, where = GONE_FROM[source]
+    return f"{what} is no longer in {where} (re-import); it was not run"
+
+
+def _kept_message(source: str, state: str) -> str:
+    what, where = GONE_FROM[source]
+    return f"{what} is no longer in {where} (re-import); the unit is kept as it was ({state})"
 
 
 def _column(name: str) -> str:
@@ -28,11 +49,17 @@ def _column(name: str) -> str:
     return connection.ops.quote_name(field.column)
 
 
-class RecordTracking:
-    """The ids one record import meets, and what follows from them."""
+class ImportTracking:
+    """The ids one re-import meets, and what follows from them. `source`: a
+    key of GONE_FROM, the kind of import."""
 
-    def __init__(self, campaign, units_before: int):
+    def __init__(self, campaign, units_before: int, source: str, unread: list[str] | None = None):
+        """`unread`: the sub-folders a folder import did not read (filled as
+        it goes): their units are not gone, only not looked at."""
         self.campaign = campaign
+        self.source = source
+        self.unread = unread if unread is not None else []
+        self.message = gone_message(source)
         self.postgres = connection.vendor == "postgresql"
         self.name = f"unit_seen_{uuid.uuid4().hex[:16]}"
         self.table = connection.ops.quote_name(self.name)
@@ -79,11 +106,32 @@ class RecordTracking:
             f"WHERE u.{pk} = s.unit_id AND u.{path} <> s.source_path"
         )
 
+    def _unread_seen(self) -> None:
+        """The units under a sub-folder not read count as met: a folder that
+        could not be listed, or became a link, says nothing of its files."""
+        path, pk = _column("source_path"), connection.ops.quote_name(Unit._meta.pk.column)
+        prefixes = sorted({f"{folder}/" for folder in self.unread})
+        # A statement per hundred folders: SQLite bounds an expression's depth.
+        for start in range(0, len(prefixes), 100):
+            group = prefixes[start : start + 100]
+            under = " OR ".join(f"substr({path}, 1, %s) = %s" for _ in group)
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"INSERT INTO {self.table} (uid) SELECT {_column('uid')} FROM {self.units} "
+                    f"WHERE {_column('campaign')} = %s AND {pk} <= %s AND ({under})",
+                    [
+                        self.campaign.pk,
+                        self.before,
+                        *(v for prefix in group for v in (len(prefix), prefix)),
+                    ],
+                )
+
     def gone(self, report) -> None:
         """Units there before whose id this import did not meet: counted and
         named in the report; those pending fail `input_missing`."""
-        if not self.before:
-            return
+        if not self.before or {".", "?"} & set(self.unread):
+            return  # the folder itself (or one os.walk does not name) was not read
+        self._unread_seen()
         u, pk = self.units, connection.ops.quote_name(Unit._meta.pk.column)
         where = (
             f"{_column('campaign')} = %s AND {pk} <= %s AND NOT EXISTS "
@@ -102,10 +150,9 @@ class RecordTracking:
             )
             report.note(
                 [
-                    f"{uid}: {GONE_MESSAGE}"
+                    f"{uid}: {self.message}"
                     if state == UnitState.PENDING
-                    else f"{uid}: its row is no longer in the records (re-import); "
-                    f"the unit is kept as it was ({state})"
+                    else f"{uid}: {_kept_message(self.source, state)}"
                     for uid, state in cursor.fetchall()
                 ],
                 total=report.removed,
@@ -117,7 +164,7 @@ class RecordTracking:
                 [
                     UnitState.FAILED,
                     ErrorClass.INPUT_MISSING,
-                    GONE_MESSAGE,
+                    self.message,
                     connection.ops.adapt_datetimefield_value(timezone.now()),
                     *params,
                     UnitState.PENDING,

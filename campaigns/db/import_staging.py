@@ -116,15 +116,11 @@ def _column(name: str) -> str:
 class Staging:
     """The staging table of one import; `with Staging(...) as s:` creates and drops it."""
 
-    def __init__(
-        self, *, campaign: Campaign, source: str | None = None, unread: list[str] | None = None
-    ):
+    def __init__(self, *, campaign: Campaign, source: str | None = None):
         """`source`: what the import reads ("records", "folder" or "manifest"),
-        for a re-import's gone units (db/import_tracking.py); None: not tracked.
-        `unread`: the sub-folders a folder import does not read, as it goes."""
+        for a re-import's gone units (db/import_tracking.py); None: not tracked."""
         self.campaign = campaign
         self.source = source
-        self.unread = unread
         self.tracking: ImportTracking | None = None
         self.postgres = connection.vendor == "postgresql"
         self.name = f"unit_import_{uuid.uuid4().hex[:16]}"
@@ -161,7 +157,7 @@ class Staging:
         # met again in a later chunk is a duplicate, not an existing unit.
         self.mark = Unit.objects.aggregate(top=Max("pk"))["top"] or 0
         if self.source is not None and Unit.objects.filter(campaign=self.campaign).exists():
-            self.tracking = ImportTracking(self.campaign, self.mark, self.source, self.unread)
+            self.tracking = ImportTracking(self.campaign, self.mark, self.source)
             self.tracking.create()
         return self
 
@@ -380,6 +376,7 @@ class Staging:
         pages — is planned for the campaign's real size, not for the handful
         of units the statistics knew before the import."""
         if self.tracking is not None and report is not None:
+            self.tracking.look()
             with transaction.atomic():
                 self.tracking.gone(report)
         if self.postgres:

@@ -1,11 +1,19 @@
 """What a re-import meets, set-based: the units whose input is gone.
 
 The ids an import meets go into a temporary table, so that after its last
-chunk one statement finds the campaign's earlier units it did not meet — a
-record's row, a folder's file or a manifest's row that is gone: reported,
-and those not yet run failed `input_missing` instead of read where their
-input was. A unit that ran keeps its state and outputs. Nothing of this
-runs on a campaign's first import (no unit can be gone).
+chunk the campaign's earlier units it did not meet are found in one
+statement. Those whose input is gone are reported, and those not yet run
+failed `input_missing` instead of read where their input was. A unit that
+ran keeps its state and outputs. Nothing of this runs on a campaign's first
+import (no unit can be gone).
+
+What "gone" means depends on what the import reads. A record campaign's
+files are its whole list: a unit whose id the import did not meet has lost
+its row. A folder or a manifest import is not the whole list — a manifest
+adds rows, and a campaign may hold units of a manifest and of its folder,
+under ids of either — so a unit it did not meet is gone only when its file
+is definitely not there any more (stat says "no such file"); one that
+cannot be told (no permission, a path that leaves the corpus) is kept.
 
 A record unit's source path also holds its row's place in the file
 (campaigns/intake/records.py), which a rewritten file moves: every id met
@@ -15,32 +23,48 @@ never moved by an import.
 
 from __future__ import annotations
 
+import os
 import uuid
+from pathlib import Path
 
 from django.db import connection, models
 from django.utils import timezone
 
 from campaigns.models import ErrorClass, Unit, UnitState
+from campaigns.storage.paths import InputLocator
 
 #: Ids of gone units the report names; the count is exact.
 GONE_SHOWN = 1000
-#: Where a unit's input was, by the kind of import: what is gone, and from where.
-GONE_FROM = {
-    "records": ("its row", "the records"),
-    "folder": ("its file", "the folder"),
-    "manifest": ("its row", "the manifest"),
+#: Candidates a query reads (and stats) at a time, where gone means a file gone.
+CANDIDATES_READ = 2000
+#: What is gone, by the kind of import: a record's row, or a unit's file.
+GONE_WHAT = {
+    "records": "its row is no longer in the records",
+    "folder": "its file is gone",
+    "manifest": "its file is gone",
 }
 
 
 def gone_message(source: str) -> str:
     """A gone unit's reason (a pending one fails with it)."""
-    what, where = GONE_FROM[source]
-    return f"{what} is no longer in {where} (re-import); it was not run"
+    return f"{GONE_WHAT[source]} (re-import); it was not run"
 
 
 def _kept_message(source: str, state: str) -> str:
-    what, where = GONE_FROM[source]
-    return f"{what} is no longer in {where} (re-import); the unit is kept as it was ({state})"
+    return f"{GONE_WHAT[source]} (re-import); the unit is kept as it was ({state})"
+
+
+def file_gone(locate: InputLocator, source_path: str) -> bool:
+    """Whether a unit's input file is definitely not there: the path the
+    worker opens, stat'ed as it opens it (following links). Anything but "no
+    such file" (no permission, a path that leaves the corpus) is not known."""
+    try:
+        os.stat(locate(source_path))
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except (OSError, ValueError):
+        return False
+    return False
 
 
 def _column(name: str) -> str:
@@ -51,18 +75,17 @@ def _column(name: str) -> str:
 
 class ImportTracking:
     """The ids one re-import meets, and what follows from them. `source`: a
-    key of GONE_FROM, the kind of import."""
+    key of GONE_WHAT, the kind of import."""
 
-    def __init__(self, campaign, units_before: int, source: str, unread: list[str] | None = None):
-        """`unread`: the sub-folders a folder import did not read (filled as
-        it goes): their units are not gone, only not looked at."""
+    def __init__(self, campaign, units_before: int, source: str):
         self.campaign = campaign
         self.source = source
-        self.unread = unread if unread is not None else []
         self.message = gone_message(source)
         self.postgres = connection.vendor == "postgresql"
         self.name = f"unit_seen_{uuid.uuid4().hex[:16]}"
         self.table = connection.ops.quote_name(self.name)
+        # The units found gone, where that takes a look at the disk.
+        self.gone_table = connection.ops.quote_name(f"unit_gone_{uuid.uuid4().hex[:16]}")
         self.units = connection.ops.quote_name(Unit._meta.db_table)
         # Units up to this id were there before the import.
         self.before = units_before
@@ -76,6 +99,7 @@ class ImportTracking:
     def drop(self) -> None:
         with connection.cursor() as cursor:
             cursor.execute(f"DROP TABLE IF EXISTS {self.table}")
+            cursor.execute(f"DROP TABLE IF EXISTS {self.gone_table}")
 
     def seen(self, uids: list[str]) -> None:
         with connection.cursor() as cursor:
@@ -106,36 +130,53 @@ class ImportTracking:
             f"WHERE u.{pk} = s.unit_id AND u.{path} <> s.source_path"
         )
 
-    def _unread_seen(self) -> None:
-        """The units under a sub-folder not read count as met: a folder that
-        could not be listed, or became a link, says nothing of its files."""
-        path, pk = _column("source_path"), connection.ops.quote_name(Unit._meta.pk.column)
-        prefixes = sorted({f"{folder}/" for folder in self.unread})
-        # A statement per hundred folders: SQLite bounds an expression's depth.
-        for start in range(0, len(prefixes), 100):
-            group = prefixes[start : start + 100]
-            under = " OR ".join(f"substr({path}, 1, %s) = %s" for _ in group)
-            with connection.cursor() as cursor:
+    def _not_met(self) -> str:
+        """The earlier units this import did not meet (params: campaign, before)."""
+        pk = connection.ops.quote_name(Unit._meta.pk.column)
+        return (
+            f"{_column('campaign')} = %s AND {pk} <= %s AND NOT EXISTS "
+            f"(SELECT 1 FROM {self.table} t WHERE t.uid = {self.units}.{_column('uid')})"
+        )
+
+    def look(self) -> None:
+        """Where gone means a file gone: look at the file of each unit not
+        met, a chunk of them at a time, and keep those whose file is gone in
+        a temporary table for `gone`. Outside a transaction: on SQLite one
+        holds the write lock from its start, and a look at many files takes
+        a while."""
+        if not self.before or self.source == "records":
+            return
+        pk = connection.ops.quote_name(Unit._meta.pk.column)
+        locate = InputLocator(Path(self.campaign.input_root))
+        with connection.cursor() as cursor:
+            cursor.execute(f"CREATE TEMPORARY TABLE {self.gone_table} (unit_id bigint PRIMARY KEY)")
+            after = 0
+            while True:
                 cursor.execute(
-                    f"INSERT INTO {self.table} (uid) SELECT {_column('uid')} FROM {self.units} "
-                    f"WHERE {_column('campaign')} = %s AND {pk} <= %s AND ({under})",
-                    [
-                        self.campaign.pk,
-                        self.before,
-                        *(v for prefix in group for v in (len(prefix), prefix)),
-                    ],
+                    f"SELECT {pk}, {_column('source_path')} FROM {self.units} "
+                    f"WHERE {self._not_met()} AND {pk} > %s ORDER BY {pk} LIMIT %s",
+                    [self.campaign.pk, self.before, after, CANDIDATES_READ],
                 )
+                candidates = cursor.fetchall()
+                if not candidates:
+                    break
+                after = candidates[-1][0]
+                gone = [(unit,) for unit, path in candidates if file_gone(locate, path)]
+                if gone:
+                    cursor.executemany(f"INSERT INTO {self.gone_table} (unit_id) VALUES (%s)", gone)
 
     def gone(self, report) -> None:
-        """Units there before whose id this import did not meet: counted and
-        named in the report; those pending fail `input_missing`."""
-        if not self.before or {".", "?"} & set(self.unread):
-            return  # the folder itself (or one os.walk does not name) was not read
-        self._unread_seen()
+        """Units there before whose input is gone (see the module's words;
+        after `look`): counted and named in the report; those pending fail
+        `input_missing`."""
+        if not self.before:
+            return
         u, pk = self.units, connection.ops.quote_name(Unit._meta.pk.column)
         where = (
-            f"{_column('campaign')} = %s AND {pk} <= %s AND NOT EXISTS "
-            f"(SELECT 1 FROM {self.table} t WHERE t.uid = {u}.{_column('uid')})"
+            self._not_met()
+            if self.source == "records"
+            else f"{_column('campaign')} = %s AND {pk} <= %s AND "
+            f"{pk} IN (SELECT unit_id FROM {self.gone_table})"
         )
         params = [self.campaign.pk, self.before]
         with connection.cursor() as cursor:

@@ -92,7 +92,7 @@ class ImportReport:
     failed: int = 0
     changed: int = 0
     duplicates: int = 0
-    # A re-import: units whose row (records, manifest) or file (folder) is gone.
+    # A re-import: units whose row (records) or file (folder, manifest) is gone.
     removed: int = 0
     # The first PROBLEMS_KEPT lines, then (after close) one "… and N more".
     problems: list[str] = field(default_factory=list)
@@ -372,18 +372,16 @@ def _import_rows(
     report: ImportReport | None = None,
     *,
     source: str,
-    unread: list[str] | None = None,
 ) -> ImportReport:
     """`source`: "records", "folder" or "manifest", what the rows come from;
-    a re-import reports the units whose input is gone from it (and a record
-    campaign's units follow their rows' places). `unread`: a folder import's
-    sub-folders not read, whose units are not gone."""
+    a re-import reports the units whose input is gone (and a record
+    campaign's units follow their rows' places)."""
     report = report or ImportReport()
     staged = _read_ahead(_staged_rows(campaign, rows), batch=READ_AHEAD[0], batches=READ_AHEAD[1])
     counted = _counted(staged, progress or _progress.get())
     streams = connection.vendor == "postgresql"
     size = CHUNK_ROWS.get(connection.vendor, CHUNK_ROWS_DEFAULT)
-    with closing(staged), Staging(campaign=campaign, source=source, unread=unread) as staging:
+    with closing(staged), Staging(campaign=campaign, source=source) as staging:
         while True:
             chunk = itertools.islice(counted, size)
             if not streams:
@@ -440,11 +438,8 @@ def import_folder(
     if not root.is_dir():
         raise ManifestError(f"input folder not found: {root}")
     report = ImportReport()
-    unread: list[str] = []
-    rows = walk_folder(
-        root, folder_categories=folder_categories, skipped=report.skip, unread=unread
-    )
-    return _import_rows(campaign, rows, progress, report, source="folder", unread=unread)
+    rows = walk_folder(root, folder_categories=folder_categories, skipped=report.skip)
+    return _import_rows(campaign, rows, progress, report, source="folder")
 
 
 def import_manifest(

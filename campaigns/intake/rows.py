@@ -116,26 +116,15 @@ def _linked_folder(root: Path, path: str, rel: str) -> str:
 
 
 def walk_folder(
-    root: Path,
-    *,
-    folder_categories: bool = True,
-    skipped: Skip | None = None,
-    unread: list[str] | None = None,
+    root: Path, *, folder_categories: bool = True, skipped: Skip | None = None
 ) -> Iterator[Row]:
     """A row for each file under `root`, in sorted order; `skipped` hears of each
-    sub-folder not read (a symbolic link to a folder, a folder that cannot be
-    listed), and `unread` gets its path as its files' source paths begin ("."
-    for `root` itself, "?" for a folder os.walk does not name)."""
+    sub-folder not read (a symbolic link to a folder, a folder that cannot be listed)."""
     say: Skip = skipped or (lambda line: None)
-
-    def unread_folder(rel: str, line: str) -> None:
-        say(line)
-        if unread is not None:
-            unread.append(rel)
 
     def unreadable(exc: OSError) -> None:
         rel = escape_path(os.path.relpath(exc.filename, root)) if exc.filename else "?"
-        unread_folder(rel, f"{rel}/ skipped: cannot read the folder: {exc.strerror or exc}")
+        say(f"{rel}/ skipped: cannot read the folder: {exc.strerror or exc}")
 
     number = 0
     for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable):
@@ -146,8 +135,7 @@ def walk_folder(
                 continue
             path = os.path.join(dirpath, d)
             if os.path.islink(path):
-                rel = escape_path(os.path.relpath(path, root))
-                unread_folder(rel, _linked_folder(root, path, rel))
+                say(_linked_folder(root, path, escape_path(os.path.relpath(path, root))))
                 continue
             kept.append(d)
         dirnames[:] = kept

@@ -277,13 +277,7 @@ class Command(
             f"{campaign.name}: {report.created} new units ({report.failed} failed at import), "
             f"{report.existing} already there ({report.changed} changed), "
             f"{report.duplicates} duplicate ids skipped, {report.removed} "
-            + (
-                "rows no longer there"
-                if campaign.records
-                else "rows no longer in the manifest"
-                if manifest is not None
-                else "files no longer in the folder"
-            )
+            + ("rows no longer there" if campaign.records else "files gone")
         )
         self._print_problems(report)
 

@@ -24,7 +24,7 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import NOT_PROVIDED, Max
 from django.utils import timezone
 
-from campaigns.db.record_staging import RecordTracking
+from campaigns.db.import_tracking import ImportTracking
 from campaigns.models import IN_FLIGHT, Campaign, ErrorClass, Unit, UnitState
 
 #: The staging columns, in the order of the importer's row tuples. All but
@@ -116,11 +116,12 @@ def _column(name: str) -> str:
 class Staging:
     """The staging table of one import; `with Staging(...) as s:` creates and drops it."""
 
-    def __init__(self, *, campaign: Campaign, records: list[str] | None = None):
-        """`records`: the files of a record campaign's import (db/record_staging.py)."""
+    def __init__(self, *, campaign: Campaign, source: str | None = None):
+        """`source`: what the import reads ("records", "folder" or "manifest"),
+        for a re-import's gone units (db/import_tracking.py); None: not tracked."""
         self.campaign = campaign
-        self.records = records
-        self.tracking: RecordTracking | None = None
+        self.source = source
+        self.tracking: ImportTracking | None = None
         self.postgres = connection.vendor == "postgresql"
         self.name = f"unit_import_{uuid.uuid4().hex[:16]}"
         self.table = connection.ops.quote_name(self.name)
@@ -155,8 +156,8 @@ class Staging:
         # Units of this campaign above this id were made by this import: an id
         # met again in a later chunk is a duplicate, not an existing unit.
         self.mark = Unit.objects.aggregate(top=Max("pk"))["top"] or 0
-        if self.records is not None and Unit.objects.filter(campaign=self.campaign).exists():
-            self.tracking = RecordTracking(self.campaign, self.mark)
+        if self.source is not None and Unit.objects.filter(campaign=self.campaign).exists():
+            self.tracking = ImportTracking(self.campaign, self.mark, self.source)
             self.tracking.create()
         return self
 
@@ -318,7 +319,7 @@ class Staging:
             if matched > len(earlier):
                 self._changed(cursor, report, now)
                 self._now_failing(cursor, report, now)
-                if self.tracking is not None:
+                if self.tracking is not None and self.source == "records":
                     self.tracking.relocate(cursor, self.table)
                 cursor.execute(f"DELETE FROM {self.table} WHERE unit_id IS NOT NULL")
                 existing = max(cursor.rowcount, 0)
@@ -375,6 +376,7 @@ class Staging:
         pages — is planned for the campaign's real size, not for the handful
         of units the statistics knew before the import."""
         if self.tracking is not None and report is not None:
+            self.tracking.look()
             with transaction.atomic():
                 self.tracking.gone(report)
         if self.postgres:

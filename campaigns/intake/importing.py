@@ -92,7 +92,7 @@ class ImportReport:
     failed: int = 0
     changed: int = 0
     duplicates: int = 0
-    # A record campaign's re-import: units whose row is no longer in the records.
+    # A re-import: units whose row (records) or file (folder, manifest) is gone.
     removed: int = 0
     # The first PROBLEMS_KEPT lines, then (after close) one "… and N more".
     problems: list[str] = field(default_factory=list)
@@ -370,16 +370,18 @@ def _import_rows(
     rows: Iterable[Row],
     progress: Progress | None,
     report: ImportReport | None = None,
-    records: list[str] | None = None,
+    *,
+    source: str,
 ) -> ImportReport:
-    """`records`: the record files read, for a record campaign (their units'
-    places are updated, and those whose row is gone reported)."""
+    """`source`: "records", "folder" or "manifest", what the rows come from;
+    a re-import reports the units whose input is gone (and a record
+    campaign's units follow their rows' places)."""
     report = report or ImportReport()
     staged = _read_ahead(_staged_rows(campaign, rows), batch=READ_AHEAD[0], batches=READ_AHEAD[1])
     counted = _counted(staged, progress or _progress.get())
     streams = connection.vendor == "postgresql"
     size = CHUNK_ROWS.get(connection.vendor, CHUNK_ROWS_DEFAULT)
-    with closing(staged), Staging(campaign=campaign, records=records) as staging:
+    with closing(staged), Staging(campaign=campaign, source=source) as staging:
         while True:
             chunk = itertools.islice(counted, size)
             if not streams:
@@ -437,7 +439,7 @@ def import_folder(
         raise ManifestError(f"input folder not found: {root}")
     report = ImportReport()
     rows = walk_folder(root, folder_categories=folder_categories, skipped=report.skip)
-    return _import_rows(campaign, rows, progress, report)
+    return _import_rows(campaign, rows, progress, report, source="folder")
 
 
 def import_manifest(
@@ -452,7 +454,7 @@ def import_manifest(
     if not manifest.is_file():
         raise ManifestError(f"manifest not found: {manifest}")
     rows = manifest_rows(manifest, folder_categories=folder_categories)
-    return _import_rows(campaign, rows, progress)
+    return _import_rows(campaign, rows, progress, source="manifest")
 
 
 def import_records(campaign: Campaign, *, progress: Progress | None = None) -> ImportReport:
@@ -468,7 +470,7 @@ def import_records(campaign: Campaign, *, progress: Progress | None = None) -> I
     columns = RecordColumns.from_dict(config["columns"])
     report = ImportReport()
     rows = record_rows(root, files, columns)
-    report = _import_rows(campaign, rows, progress, report, records=files)
+    report = _import_rows(campaign, rows, progress, report, source="records")
     if columns.id is None and report.changed:
         # Each changed row was found by its sha256 and fails until retried;
         # said first, because a whole run of them has one cause.

@@ -276,8 +276,8 @@ class Command(
         self.stdout.write(
             f"{campaign.name}: {report.created} new units ({report.failed} failed at import), "
             f"{report.existing} already there ({report.changed} changed), "
-            f"{report.duplicates} duplicate ids skipped"
-            + (f", {report.removed} rows no longer there" if campaign.records else "")
+            f"{report.duplicates} duplicate ids skipped, {report.removed} "
+            + ("rows no longer there" if campaign.records else "files gone")
         )
         self._print_problems(report)
 

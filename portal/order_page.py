@@ -51,8 +51,7 @@ NOTICE_HEADINGS: dict[str, tuple[str, str]] = {
     ),
     S.UNDERPAID: (
         "Sent the difference?",
-        'Press "I paid" once you sent the missing amount; staff confirm the order when it '
-        "is seen.",
+        'Press "I paid" once you sent the missing amount; staff confirm the order when it is seen.',
     ),
 }
 

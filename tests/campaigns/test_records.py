@@ -431,9 +431,7 @@ def test_a_fifo_in_the_records_file_s_place_is_refused_not_waited_on(project, tm
         assert report.counts[Verdict.INPUT_INVALID] == len(ROWS)
 
 
-def test_a_link_out_of_the_corpus_among_record_files_refuses_the_create_readably(
-    project, tmp_path
-):
+def test_a_link_out_of_the_corpus_among_record_files_refuses_the_create_readably(project, tmp_path):
     from django.core.management.base import CommandError
 
     corpus = tmp_path / "corpus"

@@ -146,8 +146,10 @@ def test_an_underpaid_order_shows_the_missing_amount_with_its_currency(
     missing = order.crypto_amount - half
     assert page.locator("#missing").inner_text() == f"{missing.normalize():f} BTC"
     assert page.locator("#paid-amount").inner_text() == f"{half.normalize():f} BTC"
-    assert page.locator("#payment-uri").get_attribute("href").endswith(
-        f"amount={missing.normalize():f}"
+    assert (
+        page.locator("#payment-uri")
+        .get_attribute("href")
+        .endswith(f"amount={missing.normalize():f}")
     )
     explanation = page.locator("#explanation").inner_text()
     assert settings.OPERATOR_EMAIL in explanation and "contact us" not in explanation

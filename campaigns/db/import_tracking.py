@@ -67,6 +67,24 @@ def file_gone(locate: InputLocator, source_path: str) -> bool:
     return False
 
 
+def _unlooked(root: Path) -> str:
+    """Why a folder or manifest re-import looks at no file, or "": a campaign
+    folder that is not there, or holds nothing, is far more often a disk not
+    mounted or a folder renamed than every input deleted, and every pending
+    unit would fail for it."""
+    try:
+        with os.scandir(root) as entries:
+            if next(entries, None) is not None:
+                return ""
+        what = "is empty"
+    except OSError as exc:
+        what = f"cannot be read ({exc.strerror or type(exc).__name__})"
+    return (
+        f"{root}: the campaign's folder {what}, so no unit was taken as gone "
+        "(a disk not mounted? a folder renamed?); import again once its files are there"
+    )
+
+
 def _column(name: str) -> str:
     field = Unit._meta.get_field(name)
     assert isinstance(field, models.Field) and field.column, name
@@ -89,6 +107,8 @@ class ImportTracking:
         self.units = connection.ops.quote_name(Unit._meta.db_table)
         # Units up to this id were there before the import.
         self.before = units_before
+        # Why no file was looked at (the campaign's folder missing or empty).
+        self.unlooked = ""
 
     def create(self) -> None:
         with connection.cursor() as cursor:
@@ -147,9 +167,13 @@ class ImportTracking:
         if not self.before or self.source == "records":
             return
         pk = connection.ops.quote_name(Unit._meta.pk.column)
-        locate = InputLocator(Path(self.campaign.input_root))
+        root = Path(self.campaign.input_root)
+        locate = InputLocator(root)
         with connection.cursor() as cursor:
             cursor.execute(f"CREATE TEMPORARY TABLE {self.gone_table} (unit_id bigint PRIMARY KEY)")
+            self.unlooked = _unlooked(root)
+            if self.unlooked:
+                return
             after = 0
             while True:
                 cursor.execute(
@@ -170,6 +194,11 @@ class ImportTracking:
         after `look`): counted and named in the report; those pending fail
         `input_missing`."""
         if not self.before:
+            return
+        if self.unlooked:
+            # First: it explains the rows the import could not read as well.
+            report.problems.insert(0, self.unlooked)
+            report.problem_count += 1
             return
         u, pk = self.units, connection.ops.quote_name(Unit._meta.pk.column)
         where = (

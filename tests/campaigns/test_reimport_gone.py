@@ -288,3 +288,38 @@ def test_the_units_of_a_folder_without_permission_are_not_removed(project, tmp_p
 
     assert (report.skipped_count, report.removed) == (1, 0)
     assert _units(campaign)["sub/x.txt"].state == UnitState.PENDING
+
+
+def test_a_campaign_folder_that_is_gone_fails_no_unit(project, tmp_path):
+    # given: a campaign made from a manifest of a, b, c in a folder
+    corpus = _folder(tmp_path / "corpus", ["a.txt", "b.txt", "c.txt"])
+    campaign, _ = _create(
+        project, manifest=_manifest(tmp_path / "first.jsonl", "abc"), input_root=corpus
+    )
+
+    # when: the folder is renamed (or its disk not mounted) and new rows imported
+    corpus.rename(tmp_path / "elsewhere")
+    report = _import_manifest_json(campaign, _manifest(tmp_path / "more.jsonl", "d"))
+
+    # then: no unit is taken as gone, and the report says why first
+    assert report["removed"] == 0
+    assert "the campaign's folder cannot be read" in report["problems"][0]
+    assert {u.state for u in Unit.objects.filter(campaign=campaign, uid__in="abc")} == {
+        UnitState.PENDING
+    }
+
+
+def test_an_emptied_folder_fails_no_unit(project, tmp_path):
+    # given: a folder campaign of a, b
+    corpus = _folder(tmp_path / "corpus", ["a.txt", "b.txt"])
+    campaign, _ = _create(project, input_folder=corpus)
+
+    # when: the folder is empty at the re-import (an unmounted mount point looks so)
+    for name in ("a.txt", "b.txt"):
+        (corpus / name).unlink()
+    report = setup.campaign_import(campaign=campaign)
+
+    # then
+    assert report.removed == 0
+    assert "the campaign's folder is empty" in report.problems[0]
+    assert {u.state for u in Unit.objects.filter(campaign=campaign)} == {UnitState.PENDING}

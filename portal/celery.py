@@ -26,6 +26,16 @@ for folder in (app.conf.broker_transport_options or {}).values():
         Path(folder).mkdir(parents=True, exist_ok=True)
 
 
+@signals.task_prerun.connect
+def _old_connections_closed(**_) -> None:
+    """Before each task, as before each web request: a connection past
+    CONN_MAX_AGE, or one that failed, is closed (CELERY_DB_REUSE_MAX keeps
+    Celery from closing every one)."""
+    from django.db import close_old_connections
+
+    close_old_connections()
+
+
 @signals.celeryd_init.connect
 def _refuse_a_broker_that_cannot_hold_a_batch(**kwargs) -> None:
     """A worker does not start against a broker that would drop or redeliver a

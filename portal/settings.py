@@ -460,6 +460,14 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "polling_interval": 0.01,
     }
 CELERY_TASK_IGNORE_RESULT = True
+# Celery's Django fixup closes every database connection before and after each
+# task unless this is set: on PostgreSQL a new session a batch (a server process
+# forked, authenticated, its time zone set; bench/RESULTS.md, "A record campaign
+# at scale, end to end"). Set, the fixup closes them only after this many tasks,
+# and portal/celery.py applies Django's own rules before each task instead, as
+# before each web request: CONN_MAX_AGE, and CONN_HEALTH_CHECKS (a connection a
+# database restart broke is replaced before the task uses it).
+CELERY_DB_REUSE_MAX = 1000
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -147,6 +147,14 @@ def campaigns_for_user(user) -> QuerySet[Campaign]:
     return qs.filter(project__members=user)
 
 
+def campaign_list_for_user(*, user) -> list[tuple[Campaign, Checkpoint | None]]:
+    """The campaign list's campaigns (campaigns_for_user's, in its order) with
+    the checkpoint of each one's current version: one statement, where the ORM
+    sent two and spent longer building them than PostgreSQL answering them
+    (bench/RESULTS.md, "Pages at scale")."""
+    return page_queries.campaign_list(user=user)
+
+
 def unit_categories(*, campaign_ids: list[int]) -> list[str]:
     """Every category the units of these campaigns have, sorted, without reading them all."""
     return page_queries.unit_categories(campaign_ids=campaign_ids)

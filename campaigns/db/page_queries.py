@@ -226,6 +226,56 @@ def campaign_row_for_user(*, user, name: str) -> Campaign | None:
     return None if row is None else _campaign_from(iter(row))
 
 
+# What the campaign list shows of a campaign (selectors.campaign_list_for_user).
+_LIST_CAMPAIGN_FIELDS = ("id", "project", "name", "processor", "current_version", "paused_at")
+_LIST_CHECKPOINT_FIELDS = (*_CHECKPOINT_FIELDS, "created_at")
+
+
+@functools.cache
+def _campaign_list_sql() -> str:
+    user_model = get_user_model()
+    return f"""
+SELECT {sql_rows.columns(Campaign, "c", _LIST_CAMPAIGN_FIELDS)},
+    {sql_rows.columns(Project, "p", ("id", "name"))},
+    {sql_rows.columns(ParameterVersion, "v", ("id", "number"))},
+    {sql_rows.columns(Checkpoint, "ck", _LIST_CHECKPOINT_FIELDS)},
+    {sql_rows.columns(user_model, "d", _decider_fields())}
+{_CAMPAIGN_JOINS}
+LEFT JOIN campaigns_checkpoint ck
+    ON ck.campaign_id = c.id AND ck.version_id = c.current_version_id
+LEFT JOIN {user_model._meta.db_table} d ON d.id = ck.decided_by_id
+WHERE {_MAY_SEE}
+ORDER BY c.created_at DESC, c.id
+"""
+
+
+def campaign_list(*, user) -> list[tuple[Campaign, Checkpoint | None]]:
+    """The campaigns the user may see, newest first (Campaign's ordering), with
+    the columns the list shows, project and version set, each with its current
+    version's checkpoint and who decided it: one statement for the whole list."""
+    with connection.cursor() as cursor:
+        cursor.execute(_campaign_list_sql(), _access(user, ""))
+        rows = cursor.fetchall()
+    campaign_of = sql_rows.reader(Campaign, _LIST_CAMPAIGN_FIELDS)
+    project_of = sql_rows.reader(Project, ("id", "name"))
+    version_of = sql_rows.reader(ParameterVersion, ("id", "number"))
+    checkpoint_of = sql_rows.reader(Checkpoint, _LIST_CHECKPOINT_FIELDS)
+    decider_of = sql_rows.reader(get_user_model(), _decider_fields())
+    result = []
+    for row in rows:
+        values = iter(row)
+        campaign = campaign_of(values)
+        campaign.project = project_of(values)
+        campaign.current_version = version_of(values)
+        checkpoint = checkpoint_of(values)
+        decider = decider_of(values)
+        if checkpoint is not None:
+            checkpoint.campaign = campaign
+            checkpoint.decided_by = decider
+        result.append((campaign, checkpoint))
+    return result
+
+
 @dataclass
 class CampaignPage:
     """The campaign page's one-of-a-kind facts, read in one query."""

@@ -21,9 +21,11 @@ from django.db import connection
 
 from campaigns.db import sql_rows
 from campaigns.models import (
+    Attempt,
     Batch,
     Campaign,
     Checkpoint,
+    ErrorClass,
     ParameterVersion,
     Profile,
     Project,
@@ -159,6 +161,55 @@ def failed_unit_rows(*, campaign_id: int, limit: int) -> list[tuple[str, str, st
             [campaign_id, UnitState.FAILED.value, limit],
         )
         return cursor.fetchall()
+
+
+# What the out-of-memory summary reads of an attempt and of its version.
+_OOM_ATTEMPT_FIELDS = ("id", "unit", "version", "error_message", "metrics")
+
+
+@functools.cache
+def _memory_failure_sql() -> str:
+    return f"""
+SELECT u.id, u.cost, {sql_rows.columns(Attempt, "a", _OOM_ATTEMPT_FIELDS)},
+    {sql_rows.columns(ParameterVersion, "v", ("id", "params"))}
+FROM (SELECT id, cost FROM campaigns_unit
+      WHERE campaign_id = %(campaign)s AND state = %(failed)s AND error_class = %(oom)s
+      ORDER BY id LIMIT %(limit)s) u
+LEFT JOIN campaigns_attempt a ON a.unit_id = u.id AND a.error_class = %(oom)s
+LEFT JOIN campaigns_parameterversion v ON v.id = a.version_id
+ORDER BY a.id
+"""
+
+
+def memory_failure_rows(
+    *, campaign_id: int, limit: int
+) -> list[tuple[int, int | None, Attempt | None]]:
+    """(unit id, cost, attempt) of the campaign's first `limit` units failed
+    out_of_memory (the failed-units index's order) with each of their
+    out_of_memory attempts in the order they were made, its version's params loaded (None:
+    a unit without such an attempt): one statement."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _memory_failure_sql(),
+            {
+                "campaign": campaign_id,
+                "failed": UnitState.FAILED.value,
+                "oom": ErrorClass.OUT_OF_MEMORY.value,
+                "limit": limit,
+            },
+        )
+        rows = cursor.fetchall()
+    attempt_of = sql_rows.reader(Attempt, _OOM_ATTEMPT_FIELDS)
+    version_of = sql_rows.reader(ParameterVersion, ("id", "params"))
+    result = []
+    for unit_id, cost, *rest in rows:
+        values = iter(rest)
+        attempt = attempt_of(values)
+        version = version_of(values)
+        if attempt is not None:
+            attempt.version = version
+        result.append((unit_id, cost, attempt))
+    return result
 
 
 def newest_finished_batch(*, campaign_id: int) -> object | None:

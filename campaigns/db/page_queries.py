@@ -206,7 +206,7 @@ def memory_failure_rows(
         values = iter(rest)
         attempt = attempt_of(values)
         version = version_of(values)
-        if attempt is not None:
+        if attempt is not None and version is not None:  # an attempt always has its version
             attempt.version = version
         result.append((unit_id, cost, attempt))
     return result
@@ -315,8 +315,9 @@ def campaign_list(*, user) -> list[tuple[Campaign, Checkpoint | None]]:
     result = []
     for row in rows:
         values = iter(row)
-        campaign = campaign_of(values)
-        campaign.project = project_of(values)
+        campaign, project = campaign_of(values), project_of(values)
+        assert campaign is not None and project is not None  # a row: a campaign, its project
+        campaign.project = project
         campaign.current_version = version_of(values)
         checkpoint = checkpoint_of(values)
         decider = decider_of(values)

@@ -147,6 +147,14 @@ def campaigns_for_user(user) -> QuerySet[Campaign]:
     return qs.filter(project__members=user)
 
 
+def campaign_list_for_user(*, user) -> list[tuple[Campaign, Checkpoint | None]]:
+    """The campaign list's campaigns (campaigns_for_user's, in its order) with
+    the checkpoint of each one's current version: one statement, where the ORM
+    sent two and spent longer building them than PostgreSQL answering them
+    (bench/RESULTS.md, "Pages at scale")."""
+    return page_queries.campaign_list(user=user)
+
+
 def unit_categories(*, campaign_ids: list[int]) -> list[str]:
     """Every category the units of these campaigns have, sorted, without reading them all."""
     return page_queries.unit_categories(campaign_ids=campaign_ids)
@@ -499,31 +507,25 @@ class CampaignMemoryFailures:
 
 
 def campaign_memory_failures(*, campaign: Campaign, failed: int) -> CampaignMemoryFailures | None:
-    """The failures summary's explanation of the out_of_memory class: two
-    reads (the first failed units on the failed-units index, their last
-    attempts), made only when the counters say such failures exist."""
+    """The failures summary's explanation of the out_of_memory class: one
+    read (the first failed units on the failed-units index with their
+    out_of_memory attempts), made only when the counters say such failures
+    exist. Plain SQL: the page shows it on every view while such failures
+    stand, and the ORM spent longer building the reads than the database
+    answering them (bench/RESULTS.md, "Pages at scale")."""
     if not failed:
         return None
-    units = list(
-        Unit.objects.filter(
-            campaign=campaign, state=UnitState.FAILED, error_class=ErrorClass.OUT_OF_MEMORY
-        )
-        .order_by("pk")
-        .only("pk", "cost", "source_path")[:SUMMARY_UNITS]
-    )
-    if not units:
+    rows = page_queries.memory_failure_rows(campaign_id=campaign.pk, limit=SUMMARY_UNITS)
+    if not rows:
         return None
+    costs = {unit_id: cost for unit_id, cost, _ in rows}
     last: dict[int, Attempt] = {}
-    for attempt in (
-        Attempt.objects.filter(unit__in=units, error_class=ErrorClass.OUT_OF_MEMORY)
-        .select_related("version")
-        .order_by("pk")
-    ):
-        last[attempt.unit_id] = attempt
+    for unit_id, _, attempt in rows:  # oldest first: the last one stays
+        if attempt is not None:
+            last[unit_id] = attempt
     if not last:
         return None
     facts = {pk: (a.metrics or {}).get("oom") or {} for pk, a in last.items()}
-    costs = {u.pk: u.cost for u in units}
     # The heaviest failure speaks for the rest: what makes it fit makes them fit.
     heaviest = max(last, key=lambda pk: (bool(facts[pk].get("alone")), costs.get(pk) or 0))
     attempt = last[heaviest]

@@ -21,9 +21,11 @@ from django.db import connection
 
 from campaigns.db import sql_rows
 from campaigns.models import (
+    Attempt,
     Batch,
     Campaign,
     Checkpoint,
+    ErrorClass,
     ParameterVersion,
     Profile,
     Project,
@@ -161,6 +163,55 @@ def failed_unit_rows(*, campaign_id: int, limit: int) -> list[tuple[str, str, st
         return cursor.fetchall()
 
 
+# What the out-of-memory summary reads of an attempt and of its version.
+_OOM_ATTEMPT_FIELDS = ("id", "unit", "version", "error_message", "metrics")
+
+
+@functools.cache
+def _memory_failure_sql() -> str:
+    return f"""
+SELECT u.id, u.cost, {sql_rows.columns(Attempt, "a", _OOM_ATTEMPT_FIELDS)},
+    {sql_rows.columns(ParameterVersion, "v", ("id", "params"))}
+FROM (SELECT id, cost FROM campaigns_unit
+      WHERE campaign_id = %(campaign)s AND state = %(failed)s AND error_class = %(oom)s
+      ORDER BY id LIMIT %(limit)s) u
+LEFT JOIN campaigns_attempt a ON a.unit_id = u.id AND a.error_class = %(oom)s
+LEFT JOIN campaigns_parameterversion v ON v.id = a.version_id
+ORDER BY a.id
+"""
+
+
+def memory_failure_rows(
+    *, campaign_id: int, limit: int
+) -> list[tuple[int, int | None, Attempt | None]]:
+    """(unit id, cost, attempt) of the campaign's first `limit` units failed
+    out_of_memory (the failed-units index's order) with each of their
+    out_of_memory attempts in the order they were made, its version's params loaded (None:
+    a unit without such an attempt): one statement."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _memory_failure_sql(),
+            {
+                "campaign": campaign_id,
+                "failed": UnitState.FAILED.value,
+                "oom": ErrorClass.OUT_OF_MEMORY.value,
+                "limit": limit,
+            },
+        )
+        rows = cursor.fetchall()
+    attempt_of = sql_rows.reader(Attempt, _OOM_ATTEMPT_FIELDS)
+    version_of = sql_rows.reader(ParameterVersion, ("id", "params"))
+    result = []
+    for unit_id, cost, *rest in rows:
+        values = iter(rest)
+        attempt = attempt_of(values)
+        version = version_of(values)
+        if attempt is not None and version is not None:  # an attempt always has its version
+            attempt.version = version
+        result.append((unit_id, cost, attempt))
+    return result
+
+
 def newest_finished_batch(*, campaign_id: int) -> object | None:
     """The finished_at of the campaign's newest finished batch, as the database
     gives it (a datetime, or text on SQLite), from one entry of the partial
@@ -224,6 +275,57 @@ def campaign_row_for_user(*, user, name: str) -> Campaign | None:
         cursor.execute(_campaign_for_user_sql(), _access(user, name))
         row = cursor.fetchone()
     return None if row is None else _campaign_from(iter(row))
+
+
+# What the campaign list shows of a campaign (selectors.campaign_list_for_user).
+_LIST_CAMPAIGN_FIELDS = ("id", "project", "name", "processor", "current_version", "paused_at")
+_LIST_CHECKPOINT_FIELDS = (*_CHECKPOINT_FIELDS, "created_at")
+
+
+@functools.cache
+def _campaign_list_sql() -> str:
+    user_model = get_user_model()
+    return f"""
+SELECT {sql_rows.columns(Campaign, "c", _LIST_CAMPAIGN_FIELDS)},
+    {sql_rows.columns(Project, "p", ("id", "name"))},
+    {sql_rows.columns(ParameterVersion, "v", ("id", "number"))},
+    {sql_rows.columns(Checkpoint, "ck", _LIST_CHECKPOINT_FIELDS)},
+    {sql_rows.columns(user_model, "d", _decider_fields())}
+{_CAMPAIGN_JOINS}
+LEFT JOIN campaigns_checkpoint ck
+    ON ck.campaign_id = c.id AND ck.version_id = c.current_version_id
+LEFT JOIN {user_model._meta.db_table} d ON d.id = ck.decided_by_id
+WHERE {_MAY_SEE}
+ORDER BY c.created_at DESC, c.id
+"""
+
+
+def campaign_list(*, user) -> list[tuple[Campaign, Checkpoint | None]]:
+    """The campaigns the user may see, newest first (Campaign's ordering), with
+    the columns the list shows, project and version set, each with its current
+    version's checkpoint and who decided it: one statement for the whole list."""
+    with connection.cursor() as cursor:
+        cursor.execute(_campaign_list_sql(), _access(user, ""))
+        rows = cursor.fetchall()
+    campaign_of = sql_rows.reader(Campaign, _LIST_CAMPAIGN_FIELDS)
+    project_of = sql_rows.reader(Project, ("id", "name"))
+    version_of = sql_rows.reader(ParameterVersion, ("id", "number"))
+    checkpoint_of = sql_rows.reader(Checkpoint, _LIST_CHECKPOINT_FIELDS)
+    decider_of = sql_rows.reader(get_user_model(), _decider_fields())
+    result = []
+    for row in rows:
+        values = iter(row)
+        campaign, project = campaign_of(values), project_of(values)
+        assert campaign is not None and project is not None  # a row: a campaign, its project
+        campaign.project = project
+        campaign.current_version = version_of(values)
+        checkpoint = checkpoint_of(values)
+        decider = decider_of(values)
+        if checkpoint is not None:
+            checkpoint.campaign = campaign
+            checkpoint.decided_by = decider
+        result.append((campaign, checkpoint))
+    return result
 
 
 @dataclass

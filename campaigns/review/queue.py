@@ -24,7 +24,7 @@ from datetime import datetime
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import Count, F, Max, Q, QuerySet
+from django.db.models import Count, Max, Q, QuerySet
 from django.utils import timezone
 
 from campaigns import selectors
@@ -555,14 +555,3 @@ def verification_status(*, campaign: Campaign) -> Verification:
         .first()
     )
     return verification_of(checkpoint)
-
-
-def verification_by_campaign(*, campaign_ids: list[int]) -> dict[int, Verification]:
-    """The list page's column (status, who decided and when), in one query."""
-    checkpoints = {
-        checkpoint.campaign_id: checkpoint
-        for checkpoint in Checkpoint.objects.filter(
-            campaign_id__in=campaign_ids, version_id=F("campaign__current_version_id")
-        ).select_related("decided_by")
-    }
-    return {cid: verification_of(checkpoints.get(cid)) for cid in campaign_ids}

@@ -200,16 +200,24 @@ def review_queue(request: HttpRequest) -> HttpResponse:
     without_reason = _filtered(request, filters, campaign_ids=shown)
     items = without_reason.filter(reason=filters.reason) if filters.reason else without_reason
     items = items.order_by("pk")
-    current: ReviewItem | None
-    if request.GET.get("item", "").isdigit():
-        current = _item_for_user(request, request.GET["item"])
+    pane_wanted = request.htmx and request.htmx.target == PANE
+    # The row's cells only, as tuples: model instances are dear to build.
+    rows = [] if pane_wanted else list(items.values_list(*QUEUE_ROW_FIELDS)[:ITEMS_SHOWN])
+    if not pane_wanted and "item" not in request.GET and "undo" not in request.GET:
+        # The queue's own page: the first item's pane loads after it.
+        pane = _deferred_pane(request, filters, rows)
     else:
-        # Of the user's campaigns already: loaded as _item_for_user loads an item.
-        current = items.select_related(*PANE_RELATED).first()
-    undo = _undo_item(request, request.GET.get("undo", ""))
-    pane = _pane_context(request, filters, current, undo=undo, campaign_ids=shown)
-    if request.htmx and request.htmx.target == PANE:
-        return render(request, f"campaigns/review_queue.html#{PANE}", pane)
+        current: ReviewItem | None
+        if request.GET.get("item", "").isdigit():
+            current = _item_for_user(request, request.GET["item"])
+        else:
+            # Of the user's campaigns already: loaded as _item_for_user loads an item.
+            current = items.select_related(*PANE_RELATED).first()
+        undo = _undo_item(request, request.GET.get("undo", ""))
+        pane = _pane_context(request, filters, current, undo=undo, campaign_ids=shown)
+        pane["marked"] = current
+        if pane_wanted:
+            return render(request, f"campaigns/review_queue.html#{PANE}", pane)
 
     # Every category of the campaigns shown, so that choosing one does not hide
     # the rest: from the units' category index, not by joining every item.
@@ -219,8 +227,7 @@ def review_queue(request: HttpRequest) -> HttpResponse:
     total = counts.get(filters.reason, 0) if filters.reason else sum(counts.values())
     context = {
         **pane,
-        # The row's cells only, as tuples: model instances are dear to build.
-        "rows": list(items.values_list(*QUEUE_ROW_FIELDS)[:ITEMS_SHOWN]),
+        "rows": rows,
         "total": total,
         "shown": min(total, ITEMS_SHOWN),
         "campaigns": names,
@@ -234,6 +241,20 @@ def review_queue(request: HttpRequest) -> HttpResponse:
         "all_reasons_url": replace(filters, reason="").url(),
     }
     return render(request, "campaigns/review_queue.html", context)
+
+
+def _deferred_pane(request: HttpRequest, filters: Filters, rows: list[tuple]) -> dict:
+    """The pane of the queue's page before its item is drawn: the first row's
+    item, loaded by htmx once the page is shown (its previews, history and
+    neighbours are most of the page's work), behind a link that opens it
+    without JavaScript. No rows: the empty pane, drawn at once."""
+    context = _pane_context(request, filters, None)
+    if rows:
+        pk, uid = rows[0][0], rows[0][4]
+        context.update(
+            pane_url=f"{filters.item_prefix}{pk}", pane_uid=uid, marked=ReviewItem(pk=pk)
+        )
+    return context
 
 
 def _undo_item(request: HttpRequest, pk: str) -> ReviewItem | None:

@@ -42,32 +42,15 @@ UNIT_ROWS = "unit-rows"
 TIME = "%Y-%m-%d %H:%M"
 
 
-LIST_FIELDS = (
-    "name",
-    "processor",
-    "paused_at",
-    "project__name",
-    "current_version__number",
-)
-
-
 @login_required
 def campaign_list(request: HttpRequest) -> HttpResponse:
-    # The columns the rows and run_state read: a hundred campaigns' parameters,
-    # records and lists (JSON) are dear to load for nothing.
-    campaigns = list(selectors.campaigns_for_user(request.user).only(*LIST_FIELDS))
-    counts = selectors.counts_by_campaign(campaign_ids=[c.pk for c in campaigns])
-    verification = review.verification_by_campaign(campaign_ids=[c.pk for c in campaigns])
+    listed = selectors.campaign_list_for_user(user=request.user)
+    counts = selectors.counts_by_campaign(campaign_ids=[c.pk for c, _ in listed])
     rows = [
-        (
-            c,
-            counts[c.pk],
-            selectors.run_state(
-                campaign=c, counts=counts[c.pk], checkpoint=verification[c.pk].checkpoint
-            ),
-        )
-        for c in campaigns
+        (c, counts[c.pk], selectors.run_state(campaign=c, counts=counts[c.pk], checkpoint=ck))
+        for c, ck in listed
     ]
+    verification = {c.pk: review.verification_of(ck) for c, ck in listed}
     return render(
         request, "campaigns/campaign_list.html", {"rows": rows, "verification": verification}
     )

@@ -263,3 +263,42 @@ def test_the_sql_lookups_read_what_the_orm_reads(owner, campaign):
     assert page.campaign.current_version == campaign.current_version
     assert (page.reconciliation, page.latest_profile, page.checkpoint) == (None,) * 3
     assert page.open_review_items == 0 and page.newest_finished_batch is None
+
+
+def test_the_campaign_list_reads_its_campaigns_and_checkpoints_in_one_query(
+    client, owner, outsider, staff, make_campaign, django_assert_num_queries
+):
+    """The list's plain SQL: campaigns_for_user's campaigns in its order, each with
+    the checkpoint of its current version (not an older version's) and who decided it."""
+    texts, other, third = (make_campaign(n) for n in ("texts", "other", "third"))
+    Checkpoint.objects.create(
+        campaign=texts,
+        version=texts.current_version,
+        after_units=3,
+        state="passed",
+        decided_by=owner,
+        decided_at=timezone.now(),
+    )
+    old = third.current_version
+    Checkpoint.objects.create(campaign=third, version=old, after_units=3, state="failed")
+    newer = third.versions.create(number=old.number + 1, params=old.params, software=old.software)
+    Campaign.objects.filter(pk=third.pk).update(current_version=newer)
+    root = UserFactory(username="root", is_staff=True, is_superuser=True)
+    for user in (owner, outsider, staff, root):
+        listed = selectors.campaign_list_for_user(user=user)
+        assert [c for c, _ in listed] == list(selectors.campaigns_for_user(user)), user
+    listed = selectors.campaign_list_for_user(user=owner)
+    by_name = {c.name: (c, ck) for c, ck in listed}
+    campaign, checkpoint = by_name["texts"]
+    assert (campaign.project.name, campaign.current_version.number) == ("acme", 1)
+    assert (checkpoint.state, checkpoint.decided_by.get_username()) == ("passed", "owner")
+    assert by_name["other"][1] is None and by_name["third"][1] is None
+    assert by_name["third"][0].current_version.number == old.number + 1
+
+    client.force_login(owner)
+    client.get(reverse("campaign_list"))  # the session's first use
+    # Session, user, the campaigns with their checkpoints, their counts.
+    with django_assert_num_queries(4):
+        html = client.get(reverse("campaign_list")).content.decode()
+    assert '<td data-verification="passed">passed<br><small class="meta" data-verified-by>' in html
+    assert html.count('data-verification="not verified"') == 2

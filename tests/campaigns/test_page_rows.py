@@ -35,20 +35,13 @@ OPTIONS_LOOP = """{% for name in campaigns %}<option value="{{ name }}"{% if nam
 
 def _list_rows(user):
     """(rows, verification) as the campaign list view builds them."""
-    campaigns = list(selectors.campaigns_for_user(user))
-    counts = selectors.counts_by_campaign(campaign_ids=[c.pk for c in campaigns])
-    verification = review.verification_by_campaign(campaign_ids=[c.pk for c in campaigns])
+    listed = selectors.campaign_list_for_user(user=user)
+    counts = selectors.counts_by_campaign(campaign_ids=[c.pk for c, _ in listed])
     rows = [
-        (
-            c,
-            counts[c.pk],
-            selectors.run_state(
-                campaign=c, counts=counts[c.pk], checkpoint=verification[c.pk].checkpoint
-            ),
-        )
-        for c in campaigns
+        (c, counts[c.pk], selectors.run_state(campaign=c, counts=counts[c.pk], checkpoint=ck))
+        for c, ck in listed
     ]
-    return rows, verification
+    return rows, {c.pk: review.verification_of(ck) for c, ck in listed}
 
 
 def test_the_campaign_list_rows_are_the_markup_of_the_template_loop(make_campaign, owner):

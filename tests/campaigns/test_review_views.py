@@ -38,6 +38,17 @@ def _unit(campaign: Campaign, uid: str) -> Unit:
     return Unit.objects.get(campaign=campaign, uid=uid)
 
 
+def _queue(client, query: dict) -> str:
+    """The queue's page as a browser shows it: the list, then the item pane
+    its placeholder loads (htmx, hx-trigger="load")."""
+    page = client.get(QUEUE, query).content.decode()
+    found = re.search(r'<section id="review-item" class="pane" [^>]*hx-get="([^"]+)"', page)
+    if found is None:
+        return page
+    pane = client.get(found.group(1).replace("&amp;", "&"), **PANE).content.decode()
+    return page + pane
+
+
 def _decide(client, item: ReviewItem, decision: str, note: str = "", **extra):
     return client.post(
         reverse("review_decide", args=[item.pk]), {"decision": decision, "note": note, **extra}
@@ -241,6 +252,35 @@ def test_htmx_swaps_only_the_item_pane(client, owner, flagged):
     assert f"item={second.pk}" in response["HX-Push-Url"]
 
 
+def test_the_queue_page_loads_its_first_item_after_the_list_and_links_it_without_javascript(
+    client, owner, flagged
+):
+    first, second, _third = flagged
+    client.force_login(owner)
+    page = client.get(QUEUE, {"campaign": "texts"}).content.decode()
+    # The list and the filter's forms are drawn; the first item's pane is not,
+    # only a placeholder that loads it, and a plain link to it.
+    assert f'id="row-{first.pk}" data-state="open" aria-current="true"' in page
+    assert f'id="row-{second.pk}"' in page
+    assert 'id="decide-form"' not in page and "check news/solar-farm.txt" not in page
+    url = f"{QUEUE}?campaign=texts&amp;item={first.pk}"
+    assert f'data-item="{first.pk}" aria-busy="true" hx-get="{url}" hx-trigger="load"' in page
+    assert f'<a href="{url}">news/solar-farm.txt</a>' in page
+    # The bulk accept keeps the filter.
+    bulk = page[page.index('id="bulk-accept"') :]
+    assert '<input type="hidden" name="campaign" value="texts">' in bulk[: bulk.index("</form>")]
+
+    # What the placeholder loads: the pane, with the decision form.
+    pane = client.get(url.replace("&amp;", "&"), **PANE).content.decode()
+    assert pane.lstrip().startswith(
+        f'<section id="review-item" class="pane" data-item="{first.pk}"'
+    )
+    assert 'id="decide-form"' in pane and "check news/solar-farm.txt" in pane
+    # Without JavaScript the link opens the whole page with the pane in it.
+    full = client.get(url.replace("&amp;", "&")).content.decode()
+    assert 'id="decide-form"' in full and 'id="review-list"' in full
+
+
 def test_bulk_accept_accepts_exactly_the_open_items_of_the_filter(
     client, owner, flagged, make_campaign
 ):
@@ -293,7 +333,7 @@ def test_the_manual_flag_puts_a_succeeded_unit_in_needs_review(client, owner, te
     assert unit.state == UnitState.NEEDS_REVIEW
     item = ReviewItem.objects.get(unit=unit)
     assert (item.state, item.reason, item.detail) == (Item.OPEN, "manual", "mentions a customer")
-    queue = client.get(QUEUE, {"campaign": texts.name}).content.decode()
+    queue = _queue(client, {"campaign": texts.name})
     assert "docs/backup-policy.txt" in queue and "mentions a customer" in queue
 
 
@@ -528,8 +568,11 @@ def test_the_campaign_list_says_who_decided_and_when(client, owner, at_checkpoin
 
     # failed by the flag rules: said so, with the time
     Checkpoint.objects.filter(pk=checkpoint.pk).update(state="failed", decided_by=None)
-    status = review.verification_by_campaign(campaign_ids=[at_checkpoint.pk])[at_checkpoint.pk]
-    assert (status.status, status.by, status.at) == ("failed", "flag rules", checkpoint.decided_at)
+    listing = client.get(reverse("campaign_list")).content.decode()
+    assert (
+        '<td data-verification="failed">failed<br><small class="meta" data-verified-by>'
+        f"by flag rules, {decided}</small></td>"
+    ) in listing
 
 
 def _reason_count(html: str, reason: str) -> int | None:

@@ -11,6 +11,7 @@ import io
 import pytest
 from django.urls import reverse
 
+from campaigns import selectors
 from campaigns.models import Attempt, Batch, Profile, Unit
 from campaigns.runs import setup
 from campaigns.specs import processors as processor_specs
@@ -208,3 +209,17 @@ def test_out_of_memory_outside_the_models_run_gets_no_larger_card_advice(
     assert _advice_order(section)[:2] == ["profile-batch", "max-tokens"]
     summary = campaign_page[campaign_page.index('id="memory-failures"') :]
     assert "larger-card" not in _advice_order(summary)
+
+
+def test_the_out_of_memory_summary_reads_its_failures_in_one_statement(
+    tight, run_here, django_assert_num_queries
+):
+    campaign = tight()
+    run_here(campaign)
+    counts = selectors.campaign_counts(campaign=campaign)
+    failed = counts.by_error["out_of_memory"]
+    # The failed units with their attempts and versions; the latest profile.
+    with django_assert_num_queries(2):
+        summary = selectors.campaign_memory_failures(campaign=campaign, failed=failed)
+    assert (summary.failed, summary.looked_at, summary.alone) == (failed, 1, 1)
+    assert summary.failure.tried == [8, 4, 2, 1]

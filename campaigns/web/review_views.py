@@ -21,6 +21,7 @@ from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.http import require_POST
+from django.views.decorators.vary import vary_on_headers
 from django_htmx.http import push_url
 
 from campaigns import selectors
@@ -194,6 +195,9 @@ def _reason_counts(filters: Filters, campaign_ids: list[int], items: QuerySet) -
 
 
 @login_required
+# The same URL answers the page or, to htmx, the pane alone: a browser's cache
+# must not serve one for the other (Back after the pane loaded).
+@vary_on_headers("HX-Request")
 def review_queue(request: HttpRequest) -> HttpResponse:
     filters = Filters.parse(request.GET)
     names, shown = _shown_campaigns(request, filters)

@@ -659,3 +659,13 @@ def test_a_transformed_image_shows_its_dimensions_and_format_beside_what_was_ask
     assert 'id="output-thumbnail"' in html
     assert "<dd data-output-dimensions>256×128 PNG</dd>" in html
     assert "<dd data-output-asked>thumbnail within 256×256, PNG</dd>" in html
+
+
+def test_the_queue_and_its_pane_are_cached_apart(client, owner, pending_items):
+    # The same URL is the page or, to htmx, the pane alone: Back must not show the pane.
+    client.force_login(owner)
+    url = f"/review/?campaign=texts&item={pending_items[0].pk}"
+    for headers in ({}, {"HX-Request": "true", "HX-Target": "review-item"}):
+        response = client.get(url, headers=headers)
+        assert response.status_code == 200
+        assert "HX-Request" in response["Vary"]

@@ -83,3 +83,30 @@ def test_without_javascript_the_pane_opens_from_its_link_and_decisions_go_on(
     assert page.locator("#review-uid").inner_text() == "recipes/bread.txt"
     assert ReviewItem.objects.get(pk=first.pk).state == "accepted"
     assert ReviewItem.objects.get(pk=second.pk).state == "open"
+
+
+def test_a_pane_that_cannot_load_says_so_and_keeps_its_link(
+    page,
+    live_server,
+    owner,
+    pending_items,  # noqa: F811 (the imported fixture)
+    transactional_db,
+):
+    # given: the pane's own request answers 404, as for an item deleted after
+    # the list was drawn
+    def pane_gone(route):
+        if route.request.headers.get("hx-request"):
+            route.fulfill(status=404, body="No such review item.")
+        else:
+            route.continue_()
+
+    page.route("**/review/?*item=*", pane_gone)
+
+    # when
+    _log_in(page, f"{live_server.url}/review/?campaign=texts")
+
+    # then: not "Loading …" for good, and the item's link is still there
+    loading = page.locator("#review-loading")
+    loading.filter(has_text="could not be loaded (404)").wait_for()
+    assert page.locator("#review-item").get_attribute("aria-busy") is None
+    assert loading.locator("a", has_text="news/solar-farm.txt").count() == 1

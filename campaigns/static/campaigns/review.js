@@ -13,6 +13,23 @@
     return document.querySelector('#review-item [data-shortcut="' + key + '"]');
   }
 
+  // The pane the page loads after it: htmx swaps no error answer, so a pane
+  // that cannot load (its item gone, the server down) says so instead of
+  // "Loading …" for good; its link still opens the item's own page.
+  document.addEventListener("htmx:responseError", function (event) {
+    var loading = document.getElementById("review-loading");
+    if (!loading || !event.detail.elt || event.detail.elt.id !== "review-item") return;
+    event.detail.elt.removeAttribute("aria-busy");
+    loading.firstChild.textContent = "This item could not be loaded (" +
+      event.detail.xhr.status + "); reload the queue, or open ";
+  });
+  document.addEventListener("htmx:sendError", function (event) {
+    var loading = document.getElementById("review-loading");
+    if (!loading || !event.detail.elt || event.detail.elt.id !== "review-item") return;
+    event.detail.elt.removeAttribute("aria-busy");
+    loading.firstChild.textContent = "The server did not answer; reload the queue, or open ";
+  });
+
   document.addEventListener("keydown", function (event) {
     if (event.ctrlKey || event.metaKey || event.altKey || event.isComposing) return;
     if (typing(event.target)) {

@@ -172,6 +172,8 @@ def main() -> None:
     )
     parser.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    # Celery puts the working folder first on sys.path: this checkout's code, not the caller's.
+    os.chdir(REPO)
     if args.worker is not None:
         instant_worker(args.worker)
         return

@@ -16,11 +16,23 @@ adaptation processor, a plugin without the parameter) keeps import order.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import itertools
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 #: The policy of a processor whose spec declares no batch_policy parameter.
 UNDECLARED_POLICY = "original"
+
+#: A record campaign's run sorts its units by cost within each stretch of this
+#: many ids (id // RECORD_WINDOW_IDS; `plan_batches(window=...)`). Ids follow
+#: the import, so a window is a stretch of the records: a batch's rows then come
+#: from one or two Parquet row groups (or gzip stretches), each decoded once for
+#: the window. Sorted across a cross-section of the whole file — the first group
+#: before the checkpoint — each batch's rows lay across the file and a batch
+#: decoded three row groups on average, 30 times the host work a unit
+#: (bench/RESULTS.md, "The first group of a large record file (2026-12-03)").
+#: A run's slices (runs/start.py, RUN_SLICE_UNITS) are stretches already.
+RECORD_WINDOW_IDS = 65_536
 
 
 def batch_policy(params: Mapping[str, Any]) -> str:
@@ -28,8 +40,23 @@ def batch_policy(params: Mapping[str, Any]) -> str:
     return params.get("batch_policy", UNDECLARED_POLICY)
 
 
-def plan_batches(pending: list[tuple[int, int | None]], params: dict) -> Iterator[list[int]]:
-    """Batches of unit ids from (id, cost) pairs in import order."""
+def plan_batches(
+    pending: list[tuple[int, int | None]], params: dict, *, window: int | None = None
+) -> Iterator[list[int]]:
+    """Batches of unit ids from (id, cost) pairs in import order. `window`: a
+    sorting policy orders the units of each stretch of that many ids (id //
+    window, RECORD_WINDOW_IDS) among themselves, and no batch spans two."""
+    policy = batch_policy(params)
+    if policy not in ("original", "length_grouped", "token_budget"):
+        raise ValueError(f"unknown batch policy {policy!r}")
+    if policy == "original" or window is None:
+        yield from _planned(pending, params)
+        return
+    for _, stretch in itertools.groupby(sorted(pending), key=lambda row: row[0] // window):
+        yield from _planned(list(stretch), params)
+
+
+def _planned(pending: Iterable[tuple[int, int | None]], params: dict) -> Iterator[list[int]]:
     policy = batch_policy(params)
     size = int(params.get("batch_size", 16))
     if policy == "original":
@@ -42,8 +69,6 @@ def plan_batches(pending: list[tuple[int, int | None]], params: dict) -> Iterato
         for start in range(0, len(ordered), size):
             yield [pk for pk, _ in ordered[start : start + size]]
         return
-    if policy != "token_budget":
-        raise ValueError(f"unknown batch policy {policy!r}")
     budget = int(params["token_budget"])
     batch: list[int] = []
     for pk, cost in ordered:

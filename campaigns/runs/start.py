@@ -24,7 +24,7 @@ from campaigns.intake.project_folders import campaign_folder_check
 from campaigns.models import Batch, Campaign, ParameterVersion, Unit, UnitState
 from campaigns.review.cross_section import first_group
 from campaigns.review.queue import run_allowance, units_runnable
-from campaigns.runs.batching import batch_policy, plan_batches
+from campaigns.runs.batching import RECORD_WINDOW_IDS, batch_policy, plan_batches
 from campaigns.runs.costs import measure_costs
 from campaigns.specs.processors import get_spec
 
@@ -353,7 +353,9 @@ def _plan_and_send(
     created: list[int] = []
     with transaction.atomic():
         group: list[list[int]] = []
-        for ids in plan_batches(pending(), version.params):
+        # A record campaign's batches read stretches of its files (RECORD_WINDOW_IDS).
+        window = RECORD_WINDOW_IDS if campaign.records else None
+        for ids in plan_batches(pending(), version.params, window=window):
             group.append(ids)
             if sum(map(len, group)) >= _CLAIM_UNITS:
                 created += _batches_claim(campaign=campaign, version=version, group=group)

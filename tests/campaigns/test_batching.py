@@ -47,3 +47,16 @@ def test_batch_policy_is_the_spec_default_unless_given():
         assert batch_policy(spec.clean({})) == expected, spec.name
     assert batch_policy({}) == "original"
     assert batch_policy({"batch_policy": "token_budget"}) == "token_budget"
+
+
+def test_a_window_keeps_each_batch_within_one_stretch_of_ids():
+    # ids 1-7 and 101-107: two stretches of 100 ids, each sorted by cost alone
+    pending = PENDING + [(pk + 100, cost) for pk, cost in PENDING]
+    params = {"batch_policy": "length_grouped", "batch_size": 3}
+    batches = list(plan_batches(pending, params, window=100))
+    assert batches == [[2, 4, 6], [1, 5, 3], [7], [102, 104, 106], [101, 105, 103], [107]]
+    budget = {"batch_policy": "token_budget", "token_budget": 200}
+    for batch in plan_batches(pending, budget, window=100):
+        assert len({pk // 100 for pk in batch}) == 1
+    # without a window the two stretches mix (the plan a folder campaign keeps)
+    assert [2, 102, 4] in list(plan_batches(pending, params))

@@ -27,10 +27,13 @@ for folder in (app.conf.broker_transport_options or {}).values():
 
 
 @signals.task_prerun.connect
-def _old_connections_closed(**_) -> None:
-    """Before each task, as before each web request: a connection past
-    CONN_MAX_AGE, or one that failed, is closed (CELERY_DB_REUSE_MAX keeps
-    Celery from closing every one)."""
+def _old_connections_closed(sender=None, **_) -> None:
+    """Before each task a worker runs, as before each web request: a connection
+    past CONN_MAX_AGE, or one that failed, is closed (CELERY_DB_REUSE_MAX keeps
+    Celery from closing every one). Not for a task run in the caller's own
+    process (eagerly): its connection, and any transaction on it, are the caller's."""
+    if getattr(getattr(sender, "request", None), "is_eager", False):
+        return
     from django.db import close_old_connections
 
     close_old_connections()

@@ -561,8 +561,8 @@ def test_run_claims_units_in_groups_and_a_unit_taken_meanwhile_shrinks_its_batch
     taken = Unit.objects.get(campaign=campaign, uid="u1500")
     plan = start.plan_batches
 
-    def planning(pending, params):
-        for number, ids in enumerate(plan(pending, params)):
+    def planning(pending, params, **kwargs):
+        for number, ids in enumerate(plan(pending, params, **kwargs)):
             if number == 1:
                 Unit.objects.filter(pk=taken.pk).update(state=UnitState.QUEUED)
             yield ids

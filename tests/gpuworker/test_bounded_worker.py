@@ -76,7 +76,10 @@ def test_a_long_text_is_read_only_as_far_as_the_model_uses_and_embeds_as_its_pre
     whole = processor.embed([(texts / "big.txt").read_text()]).vectors[0]
     reader = VectorReader(str(output_root))
     stored = reader.vector(big.output_path)
-    assert np.array_equal(stored, whole)
+    # Equal but for float32 rounding: the run embedded it in a batch of four, this
+    # alone, and the kernels of different batch shapes may round differently
+    # (another text's vector differs by far more than this).
+    np.testing.assert_allclose(stored, whole, rtol=0, atol=1e-5)
 
 
 def test_an_input_over_max_input_bytes_fails_alone_with_its_size(

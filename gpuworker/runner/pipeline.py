@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, close_old_connections, connections
 
 from campaigns.models import Batch, ErrorClass
 from campaigns.review.queue import after_batch
@@ -174,6 +174,9 @@ class _Finisher:
 
     @staticmethod
     def _finish(run: BatchRun) -> str:
+        # This thread's own connection, kept from batch to batch: checked (and
+        # replaced if a database restart broke it) as a task's is before each task.
+        close_old_connections()
         with bound(campaign=run.batch.campaign_id, batch=run.batch.pk):
             try:
                 return run.finish()

@@ -8,7 +8,7 @@ import threading
 from unittest import mock
 
 import pytest
-from django.db import DatabaseError
+from django.db import DatabaseError, connection
 
 from campaigns.models import Attempt, Batch, Unit, UnitState
 from campaigns.runs import leases, start
@@ -155,3 +155,23 @@ def test_the_pipeline_is_on_where_the_model_runs_on_cuda_unless_told(
     settings.BATCH_PIPELINE = setting
     with mock.patch("torch.cuda.is_available", return_value=cuda):
         assert pipeline_enabled() is expected
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="PostgreSQL's health checks (CONN_HEALTH_CHECKS)"
+)
+def test_the_finisher_replaces_a_connection_the_database_broke_between_batches(queued):
+    # given: the finisher thread recorded a batch, then its connection broke
+    # (the server restarted) without the thread noticing
+    first, second = Batch.objects.filter(campaign=queued).order_by("pk")[:2]
+    assert run_batch(first.pk, hand_off=True) == "handed off"
+    finisher._pending[-1].result()
+    finisher._pool.submit(lambda: connection.connection.close()).result()
+
+    # when: the next batch is handed off
+    assert run_batch(second.pk, hand_off=True) == "handed off"
+    outcome = finisher._pending[-1].result()
+
+    # then: recorded on a new connection, not left to its lease
+    second.refresh_from_db()
+    assert (outcome, second.state) == ("done", Batch.State.DONE)

@@ -86,6 +86,8 @@ def test_reject_with_a_reason_and_requeue_using_only_the_keyboard(
     page.set_viewport_size({"width": 1024, "height": 768})  # a small laptop's screen
     _log_in(page, f"{live_server.url}/review/?campaign=shapes")
     pane = page.locator("#review-item")
+    # The first item's pane loads after the page: measured once it is there.
+    pane.locator("#input-thumbnail").wait_for()
     # The list keeps to its column: its last column is not hidden under the pane.
     state_header = page.locator("table.review-list th").last.bounding_box()
     assert state_header["x"] + state_header["width"] <= pane.bounding_box()["x"]

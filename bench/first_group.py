@@ -32,7 +32,7 @@ def main() -> None:
     # Celery puts the working folder first on sys.path: this checkout's code, not the caller's.
     os.chdir(REPO)
     sys.path.insert(0, str(REPO))
-    from bench import django_env
+    from bench import django_env, instant_model
 
     django_env.setup("bench-first-group-")
     import numpy as np
@@ -46,18 +46,7 @@ def main() -> None:
 
     rng = np.random.default_rng(0)
 
-    def instant_embed(self, items):
-        vectors = rng.standard_normal((len(items), 384)).astype(np.float32)
-        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-        return text_embedding.EmbeddingBatch(
-            vectors=vectors,
-            norms=np.ones(len(items)),
-            input_tokens=[50] * len(items),
-            real_tokens=50 * len(items),
-            padded_tokens=60 * len(items),
-            seconds=0.0,
-            memory=self.probe.snapshot(),
-        )
+    instant_embed = instant_model.instant_embed(rng)
 
     decodes = [0]
     decoded_once = record_reads._decoded_once

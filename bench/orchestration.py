@@ -39,7 +39,7 @@ from unittest import mock
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from bench import django_env  # noqa: E402
+from bench import django_env, instant_model  # noqa: E402
 from bench.corpus import DEFAULT_CORPUS, corpus_folder, read_texts  # noqa: E402
 
 
@@ -97,18 +97,7 @@ def main() -> None:
     project = setup.project_for_user(name="bench")
     rng = np.random.default_rng(0)
 
-    def instant_embed(self, items):
-        vectors = rng.standard_normal((len(items), 384)).astype(np.float32)
-        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-        return text_embedding.EmbeddingBatch(
-            vectors=vectors,
-            norms=np.ones(len(items)),
-            input_tokens=[50] * len(items),
-            real_tokens=50 * len(items),
-            padded_tokens=60 * len(items),
-            seconds=0.0,
-            memory=self.probe.snapshot(),
-        )
+    instant_embed = instant_model.instant_embed(rng)
 
     def campaign(name: str, budget: int, source: str = "files"):
         where: dict = (

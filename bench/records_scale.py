@@ -50,25 +50,13 @@ def instant_worker(celery_args: list[str]) -> None:
     import numpy as np
 
     django.setup()
+    from instant_model import instant_embed
+
     from gpuworker.processors import text_embedding
     from portal.celery import app
 
-    rng = np.random.default_rng()
-
-    def instant_embed(self, items):
-        vectors = rng.standard_normal((len(items), 384)).astype(np.float32)
-        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-        return text_embedding.EmbeddingBatch(
-            vectors=vectors,
-            norms=np.ones(len(items)),
-            input_tokens=[50] * len(items),
-            real_tokens=50 * len(items),
-            padded_tokens=60 * len(items),
-            seconds=0.0,
-            memory=self.probe.snapshot(),
-        )
-
-    text_embedding.TextEmbeddingProcessor.embed = instant_embed  # type: ignore[method-assign]
+    embed = instant_embed(np.random.default_rng())
+    text_embedding.TextEmbeddingProcessor.embed = embed  # type: ignore[method-assign]
     app.worker_main(["worker", *celery_args])
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -88,7 +89,9 @@ def main() -> None:
     print(
         f"{REPO}: {min(args.batches, len(pks))} batches, {done} units, {seconds:.1f} s, "
         f"{1000 * seconds / max(done, 1):.2f} ms a unit, {1000 * cpu / max(done, 1):.2f} CPU "
-        f"ms a unit; row groups decoded: {planning} planning, {decodes[0] - planning} running"
+        f"ms a unit; row groups (or slices of one) decoded: {planning} planning, "
+        f"{decodes[0] - planning} running; peak RSS "
+        f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MiB"
     )
 
 

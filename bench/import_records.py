@@ -48,8 +48,10 @@ def _words(seed: int = 32) -> str:
     return " ".join(rng.choices(vocabulary, k=700_000))
 
 
-def write_records(parquet: Path, jsonl: Path | None, rows: int) -> None:
-    """`rows` records, a row group of GROUP_ROWS at a time (memory stays flat)."""
+def write_records(
+    parquet: Path, jsonl: Path | None, rows: int, group_rows: int = GROUP_ROWS
+) -> None:
+    """`rows` records, a row group of `group_rows` at a time (memory holds one group)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -59,8 +61,8 @@ def write_records(parquet: Path, jsonl: Path | None, rows: int) -> None:
     schema = pa.schema([("id", pa.string()), ("text", pa.string()), ("category", pa.string())])
     out = jsonl.open("w", encoding="utf-8") if jsonl else None
     with pq.ParquetWriter(parquet, schema) as writer:
-        for start in range(0, rows, GROUP_ROWS):
-            n = min(GROUP_ROWS, rows - start)
+        for start in range(0, rows, group_rows):
+            n = min(group_rows, rows - start)
             lengths = rng.integers(200, 1001, n)
             offsets = rng.integers(0, len(words) - 1001, n)
             ids = [f"rec-{i:08d}" for i in range(start, start + n)]
@@ -71,7 +73,8 @@ def write_records(parquet: Path, jsonl: Path | None, rows: int) -> None:
             ]
             categories = [CATEGORIES[i % len(CATEGORIES)] for i in range(start, start + n)]
             writer.write_table(
-                pa.table({"id": ids, "text": texts, "category": categories}, schema=schema)
+                pa.table({"id": ids, "text": texts, "category": categories}, schema=schema),
+                row_group_size=group_rows,
             )
             if out:
                 out.writelines(
@@ -242,13 +245,21 @@ def main() -> None:
     )
     parser.add_argument("--profile", help="cProfile each import into this folder")
     parser.add_argument("--keep", help="write (or reuse) the records in this folder")
+    parser.add_argument(
+        "--group-rows",
+        type=int,
+        default=GROUP_ROWS,
+        help="rows a Parquet row group (pyarrow's writer defaults to 1,048,576)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--write", help=argparse.SUPPRESS)
     parser.add_argument("--jsonl", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.write:
-        write_records(Path(args.write), Path(args.jsonl) if args.jsonl else None, args.rows)
+        write_records(
+            Path(args.write), Path(args.jsonl) if args.jsonl else None, args.rows, args.group_rows
+        )
         return
 
     if args.child:
@@ -259,13 +270,15 @@ def main() -> None:
     work = Path(args.keep or tempfile.mkdtemp(prefix="bench-records-"))
     work.mkdir(parents=True, exist_ok=True)
     formats = args.formats.split(",")
-    files = {fmt: work / f"records-{args.rows}.{fmt}" for fmt in formats}
+    grouped = "" if args.group_rows == GROUP_ROWS else f"-g{args.group_rows}"
+    files = {fmt: work / f"records-{args.rows}{grouped}.{fmt}" for fmt in formats}
     parquet = files.get("parquet", work / f"records-{args.rows}.parquet")
     if not all(path.exists() for path in files.values()):
         started = time.perf_counter()
         # In a process of its own: the importers' peak RSS is not the writer's.
         jsonl = files.get("jsonl")
         command = [sys.executable, __file__, "--rows", str(args.rows), "--write", str(parquet)]
+        command += ["--group-rows", str(args.group_rows)]
         subprocess.run([*command, *(["--jsonl", str(jsonl)] if jsonl else [])], check=True)
         print(f"records written in {time.perf_counter() - started:.1f} s (not timed below)")
     for fmt, path in files.items():

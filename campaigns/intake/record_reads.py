@@ -8,7 +8,8 @@ of the line. A .gz file has no random access: its `GzipIndex`
 before it, so rows read in file order cost one pass and any other order a
 bounded stretch each. Parquet: the row group's text column, decoded once
 (one thread decodes a group, the others wanting it wait) and kept while
-reads hit it. Arrow: the file memory-mapped, a record batch read when a row
+reads hit it; a group of more than SLICE_ROWS rows (or GROUP_WHOLE_BYTES of
+text) in slices of SLICE_ROWS rows, read forward through the group. Arrow: the file memory-mapped, a record batch read when a row
 of it is wanted (a compressed one decompressed then, alone). Decoded groups
 and batches share RECORD_CACHE_BYTES; at most DECODES_AT_ONCE are decoded at
 once. Caches are per process, keyed by the file's device, inode, size and
@@ -61,6 +62,13 @@ RECORD_CACHE_BYTES = 256 << 20
 #: Parquet row groups or Arrow batches a process decodes at once: memory in
 #: use is the cache and these (the same one is never decoded twice at once).
 DECODES_AT_ONCE = 2
+#: A Parquet row group is decoded whole (its text column, for every read that
+#: wants a row of it) up to these rows and this size of its text column as the
+#: file's footer gives it (uncompressed); a larger one is read in slices of
+#: SLICE_ROWS rows, so the memory a read holds does not grow with the group
+#: (writers' defaults reach a million rows a group).
+SLICE_ROWS = 16_384
+GROUP_WHOLE_BYTES = 32 << 20
 #: Record files a process keeps open (Arrow maps, CSV headers, gz indexes).
 FILES_KEPT = 16
 
@@ -292,6 +300,10 @@ def _csv_text(opened: _Opened, located: Located):
 def _parquet_text(opened: _Opened, located: Located):
     import pyarrow.parquet as pq
 
+    shape = _group_shape(opened, located)
+    if shape is not None and _sliced(*shape):
+        return _parquet_slice_text(opened, located, rows=shape[0])
+
     def decode():
         try:
             with os.fdopen(os.dup(opened.fd), "rb") as fh, pq.ParquetFile(fh) as parquet:
@@ -309,6 +321,105 @@ def _parquet_text(opened: _Opened, located: Located):
     if located.b >= len(column):
         raise RecordMoved(f"row group {located.a} has no row {located.b}")
     return column[located.b].as_py()
+
+
+def _sliced(rows: int, column_bytes: int) -> bool:
+    """Whether a row group is read in slices of SLICE_ROWS rows rather than whole."""
+    return rows > SLICE_ROWS or column_bytes > GROUP_WHOLE_BYTES
+
+
+def _group_shape(opened: _Opened, located: Located) -> tuple[int, int] | None:
+    """(rows, the text column's uncompressed bytes) of the record's row group, from
+    the file's footer (read once a file); None where the footer does not say, and
+    the group is read whole, which finds what is wrong."""
+    import pyarrow.parquet as pq
+
+    def footer():
+        try:
+            with os.fdopen(os.dup(opened.fd), "rb") as fh:
+                return pq.ParquetFile(fh).metadata
+        except OSError:
+            raise
+        except Exception as exc:  # ArrowInvalid and kin: not Parquet any more
+            return RecordMoved(str(exc))
+
+    metadata = _kept(("parquet", *opened.key), footer)
+    if isinstance(metadata, RecordMoved) or not 0 <= located.a < metadata.num_row_groups:
+        return None
+    group = metadata.row_group(located.a)
+    for i in range(group.num_columns):
+        chunk = group.column(i)
+        if chunk.path_in_schema == located.column:
+            return group.num_rows, chunk.total_uncompressed_size
+    return None
+
+
+class _GroupCursor:
+    """One row group's text column read forward, SLICE_ROWS rows at a time,
+    through a buffered stream: a group too large to decode whole (millions of
+    rows, gigabytes of text) is never held whole, only the slices asked for.
+    Rows read in file order cost one pass; a slice before the last one read
+    starts the group over (the slices kept in the cache spare most of those)."""
+
+    def __init__(self, fd: int, group: int, column: str):
+        self._fd, self._group, self._column = fd, group, column
+        self._lock = threading.Lock()
+        self._batches = None
+        self._next = 0  # the slice the stream hands over next
+
+    def __del__(self) -> None:  # dropped from the files kept: its descriptor goes too
+        os.close(self._fd)
+
+    def slice(self, wanted: int):
+        import pyarrow.parquet as pq
+
+        with self._lock:
+            if self._batches is None or self._next > wanted:
+                self._batches = None
+                fh = os.fdopen(os.dup(self._fd), "rb")
+                # buffer_size: the column chunk read a piece at a time, not whole.
+                parquet = pq.ParquetFile(fh, buffer_size=1 << 16, pre_buffer=False)
+                self._batches = parquet.iter_batches(
+                    batch_size=SLICE_ROWS,
+                    row_groups=[self._group],
+                    columns=[self._column],
+                    use_threads=False,
+                )
+                self._next = 0
+            try:
+                while True:
+                    batch = next(self._batches)
+                    self._next += 1
+                    if self._next - 1 == wanted:
+                        return batch.column(0)
+            except StopIteration:
+                self._batches = None
+                raise RecordMoved(f"row group {self._group} ends before slice {wanted}") from None
+            except OSError:
+                self._batches = None
+                raise
+            except Exception as exc:  # ArrowInvalid and kin
+                self._batches = None
+                raise RecordMoved(str(exc)) from None
+
+
+def _parquet_slice_text(opened: _Opened, located: Located, rows: int):
+    if located.b >= rows:
+        raise RecordMoved(f"row group {located.a} has no row {located.b}")
+    cursor = _kept(
+        ("parquet-cursor", *opened.key, located.a, located.column),
+        lambda: _GroupCursor(os.dup(opened.fd), located.a, located.column),
+    )
+    wanted, at = divmod(located.b, SLICE_ROWS)
+
+    def decode():
+        piece = cursor.slice(wanted)
+        return piece, piece.nbytes
+
+    piece = _decoded_once(("slice", *opened.key, located.a, located.column, wanted), decode)
+    if at >= len(piece):
+        raise RecordMoved(f"row group {located.a} has no row {located.b}")
+    return piece[at].as_py()
 
 
 def _arrow_text(opened: _Opened, located: Located):

@@ -343,9 +343,9 @@ def test_a_row_of_a_compressed_arrow_file_decompresses_its_batch_alone(project, 
 def test_threads_wanting_one_parquet_row_group_decode_it_once(project, tmp_path, monkeypatch):
     import threading
 
-    rows = [{"id": f"r{i}", "text": f"row {i} " + "words " * 20} for i in range(60_000)]
+    rows = [{"id": f"r{i}", "text": f"row {i} " + "words " * 20} for i in range(30_000)]
     path = tmp_path / "c.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=30_000)
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=15_000)
     campaign, _ = create(project, path)
     paths = dict(Unit.objects.filter(campaign=campaign).values_list("uid", "source_path"))
     decodes = []
@@ -362,7 +362,7 @@ def test_threads_wanting_one_parquet_row_group_decode_it_once(project, tmp_path,
     got = {}
 
     def read(n: int) -> None:
-        uid = f"r{n * 3000 + 7}"
+        uid = f"r{n * 1800 + 7}"
         start.wait()
         got[uid] = read_bytes(root, paths[uid], limits=WHOLE).decode()
 
@@ -373,6 +373,45 @@ def test_threads_wanting_one_parquet_row_group_decode_it_once(project, tmp_path,
         thread.join()
     assert got == {uid: rows[int(uid[1:])]["text"] for uid in got} and len(got) == 8
     assert sorted(decodes) == [0]  # one decode of group 0, all eight rows read from it
+
+
+def test_a_parquet_row_group_of_many_rows_is_read_a_slice_at_a_time(
+    project, tmp_path, monkeypatch
+):
+    # Writers' defaults put up to a million rows in a group: a row of one is
+    # read from its slice, never from the whole group's text decoded at once.
+    # (Slices of 4,096 rows here, so that 60,000 rows make a group of many.)
+    monkeypatch.setattr(record_reads, "SLICE_ROWS", 4096, raising=False)
+    rows = [{"id": f"r{i}", "text": f"row {i} " + "words " * 60} for i in range(60_000)]
+    table = pa.Table.from_pylist(rows)
+    path = tmp_path / "c.parquet"
+    pq.write_table(table, path, row_group_size=len(rows))  # one group
+    assert pq.ParquetFile(path).num_row_groups == 1
+    campaign, report = create(project, path)
+    assert report.created == len(rows)
+    paths = dict(Unit.objects.filter(campaign=campaign).values_list("uid", "source_path"))
+    root = Path(campaign.input_root)
+    text_bytes = table.column("text").nbytes
+    record_reads._files.clear()
+    record_reads._decoded.clear()
+    before = pa.total_allocated_bytes()
+    assert read_bytes(root, paths["r45678"], limits=WHOLE).decode() == rows[45678]["text"]
+    held = pa.total_allocated_bytes() - before
+    assert held < text_bytes / 3  # its slice (and the stream's buffers), not the group
+    # Rows in any order, backwards across slices included, read right.
+    for n in (59_999, 3, 20_000, 4095, 4096, 45_679, 0):
+        assert read_bytes(root, paths[f"r{n}"], limits=WHOLE).decode() == rows[n]["text"]
+
+
+def test_a_parquet_batch_across_a_large_group_reads_every_row(project, tmp_path):
+    rows = [{"id": f"r{i}", "text": f"row {i} {'w' * (i % 97)}"} for i in range(40_000)]
+    path = tmp_path / "c.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=len(rows))
+    campaign, _ = create(project, path)
+    units_ = list(Unit.objects.filter(campaign=campaign).order_by("-id")[:: 997])
+    places = [parse_locator(u.source_path) for u in units_]
+    got = record_reads.read_records(Path(campaign.input_root), places, WHOLE)
+    assert [bytes(g).decode() for g in got] == [rows[int(u.uid[1:])]["text"] for u in units_]
 
 
 def test_gzip_index_reads_from_many_threads_at_once(tmp_path):

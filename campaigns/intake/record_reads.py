@@ -9,11 +9,12 @@ before it, so rows read in file order cost one pass and any other order a
 bounded stretch each. Parquet: the row group's text column, decoded once
 (one thread decodes a group, the others wanting it wait) and kept while
 reads hit it; a group of more than SLICE_ROWS rows (or GROUP_WHOLE_BYTES of
-text) in slices of SLICE_ROWS rows, read forward through the group. Arrow: the file memory-mapped, a record batch read when a row
-of it is wanted (a compressed one decompressed then, alone). Decoded groups
-and batches share RECORD_CACHE_BYTES; at most DECODES_AT_ONCE are decoded at
-once. Caches are per process, keyed by the file's device, inode, size and
-mtime, so a changed file is read anew.
+text) in slices of SLICE_ROWS rows, read forward through the group. Arrow:
+the file memory-mapped, a record batch read when a row of it is wanted (a
+compressed one decompressed then, alone). Decoded groups and batches share
+RECORD_CACHE_BYTES; at most DECODES_AT_ONCE are decoded at once. Caches are
+per process, keyed by the file's device, inode, size and mtime, so a changed
+file is read anew.
 
 A record no longer where the import found it (the file was rewritten) fails
 `input_changed`; its text differing is found by the sha256 check every
@@ -31,6 +32,7 @@ import mmap
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 
 from campaigns.intake.gzip_index import GzipError, GzipIndex
@@ -364,7 +366,7 @@ class _GroupCursor:
     def __init__(self, fd: int, group: int, column: str):
         self._fd, self._group, self._column = fd, group, column
         self._lock = threading.Lock()
-        self._batches = None
+        self._batches: Iterator | None = None
         self._next = 0  # the slice the stream hands over next
 
     def __del__(self) -> None:  # dropped from the files kept: its descriptor goes too
@@ -374,12 +376,13 @@ class _GroupCursor:
         import pyarrow.parquet as pq
 
         with self._lock:
-            if self._batches is None or self._next > wanted:
+            batches = self._batches
+            if batches is None or self._next > wanted:
                 self._batches = None
                 fh = os.fdopen(os.dup(self._fd), "rb")
                 # buffer_size: the column chunk read a piece at a time, not whole.
                 parquet = pq.ParquetFile(fh, buffer_size=1 << 16, pre_buffer=False)
-                self._batches = parquet.iter_batches(
+                batches = self._batches = parquet.iter_batches(
                     batch_size=SLICE_ROWS,
                     row_groups=[self._group],
                     columns=[self._column],
@@ -388,7 +391,7 @@ class _GroupCursor:
                 self._next = 0
             try:
                 while True:
-                    batch = next(self._batches)
+                    batch = next(batches)
                     self._next += 1
                     if self._next - 1 == wanted:
                         return batch.column(0)

@@ -375,9 +375,7 @@ def test_threads_wanting_one_parquet_row_group_decode_it_once(project, tmp_path,
     assert sorted(decodes) == [0]  # one decode of group 0, all eight rows read from it
 
 
-def test_a_parquet_row_group_of_many_rows_is_read_a_slice_at_a_time(
-    project, tmp_path, monkeypatch
-):
+def test_a_parquet_row_group_of_many_rows_is_read_a_slice_at_a_time(project, tmp_path, monkeypatch):
     # Writers' defaults put up to a million rows in a group: a row of one is
     # read from its slice, never from the whole group's text decoded at once.
     # (Slices of 4,096 rows here, so that 60,000 rows make a group of many.)
@@ -408,7 +406,7 @@ def test_a_parquet_batch_across_a_large_group_reads_every_row(project, tmp_path)
     path = tmp_path / "c.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=len(rows))
     campaign, _ = create(project, path)
-    units_ = list(Unit.objects.filter(campaign=campaign).order_by("-id")[:: 997])
+    units_ = list(Unit.objects.filter(campaign=campaign).order_by("-id")[::997])
     places = [parse_locator(u.source_path) for u in units_]
     got = record_reads.read_records(Path(campaign.input_root), places, WHOLE)
     assert [bytes(g).decode() for g in got] == [rows[int(u.uid[1:])]["text"] for u in units_]

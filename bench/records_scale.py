@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/records_scale.py --rows 1000000
     .venv/bin/python bench/records_scale.py --rows 10000000 --keep /data/bench-records
+    .venv/bin/python bench/records_scale.py --rows 10000000 --run-seconds 900   # a part of the run
 
 What issue 32's "Scale" asks, on one machine: --rows records (id, text of
 200–1,000 characters, category; bench/import_records.py writes them, row
@@ -158,6 +159,12 @@ def main() -> None:
         default="",
         help="more `celery worker` options, e.g. '--prefetch-multiplier 2'",
     )
+    parser.add_argument(
+        "--run-seconds",
+        type=float,
+        default=0,
+        help="stop the run after this long (units/s so far; 0: run to the end)",
+    )
     parser.add_argument("--worker", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
     # Celery puts the working folder first on sys.path: this checkout's code, not the caller's.
@@ -270,6 +277,9 @@ def main() -> None:
                 print(f"  {time.perf_counter() - started:.0f} s: {counts.done:,} of {total:,} done")
             if not counts.active:
                 break
+            if args.run_seconds and time.perf_counter() - started > args.run_seconds:
+                print(f"  stopped after {args.run_seconds:.0f} s (--run-seconds)")
+                break
             time.sleep(max(0.0, 1.0 - polls[-1][1] / 1000))
         run_s = time.perf_counter() - started
     finally:
@@ -304,6 +314,7 @@ def main() -> None:
         "import_rows_s": round(total / import_s),
         "run_s": round(run_s, 1),
         "units_s": round(counts.done / run_s, 1),
+        "to_the_end": not counts.active,
         "succeeded": Unit.objects.filter(campaign=campaign, state="succeeded").count(),
         "done": counts.done,
         "batches": spans["n"],

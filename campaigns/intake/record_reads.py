@@ -34,6 +34,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from campaigns.intake.gzip_index import GzipError, GzipIndex
 from campaigns.intake.inputs import (
@@ -46,6 +47,7 @@ from campaigns.intake.inputs import (
 )
 from campaigns.intake.manifests import BadLine
 from campaigns.intake.records import (
+    BATCH_ROWS,
     HEADER_MAX,
     SNIFF_BYTES,
     HeaderTooLong,
@@ -68,9 +70,12 @@ DECODES_AT_ONCE = 2
 #: wants a row of it) up to these rows and this size of its text column as the
 #: file's footer gives it (uncompressed); a larger one is read in slices of
 #: SLICE_ROWS rows, so the memory a read holds does not grow with the group
-#: (writers' defaults reach a million rows a group).
-SLICE_ROWS = 16_384
+#: (writers' defaults reach a million rows a group). A slice holds as many rows
+#: as the import reads at a time (records.BATCH_ROWS).
+SLICE_ROWS = BATCH_ROWS
 GROUP_WHOLE_BYTES = 32 << 20
+#: Passes over one large group a process keeps going at once (each a few MiB).
+STREAMS_A_GROUP = 4
 #: Record files a process keeps open (Arrow maps, CSV headers, gz indexes).
 FILES_KEPT = 16
 
@@ -356,54 +361,135 @@ def _group_shape(opened: _Opened, located: Located) -> tuple[int, int] | None:
     return None
 
 
+class _PreadFile(io.RawIOBase):
+    """A read-only file over a descriptor with a position of its own (os.pread):
+    streams kept across calls share no file offset with any other reader of
+    the same open file, as duplicated descriptors would."""
+
+    def __init__(self, fd: int):
+        super().__init__()
+        self._fd = fd
+        self._at = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = os.pread(self._fd, len(buffer), self._at)
+        buffer[: len(data)] = data
+        self._at += len(data)
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._at}.get(whence)
+        if base is None:
+            base = os.fstat(self._fd).st_size
+        self._at = base + offset
+        return self._at
+
+    def tell(self) -> int:
+        return self._at
+
+    def close(self) -> None:  # the descriptor is its owner's to close
+        super().close()
+
+
+@dataclasses.dataclass
+class _Stream:
+    """A pass over one row group's column: the rows it hands over next."""
+
+    batches: Iterator
+    row: int = 0  # the group's row the stream hands over next
+    held: Any = None  # a batch's rows not handed over yet (from `row` on): an Arrow array
+    used: int = 0  # when it last handed a slice over (the cursor's count)
+
+
 class _GroupCursor:
-    """One row group's text column read forward, SLICE_ROWS rows at a time,
-    through a buffered stream: a group too large to decode whole (millions of
-    rows, gigabytes of text) is never held whole, only the slices asked for.
-    Rows read in file order cost one pass; a slice before the last one read
-    starts the group over (the slices kept in the cache spare most of those)."""
+    """One row group's text column read forward through buffered streams,
+    handed over SLICE_ROWS rows at a time: a group too large to decode whole
+    (a million rows, gigabytes of text) is never held whole, only the slices
+    asked for. Rows read in file order cost one pass. Readers going forward
+    through different parts of the group at once (planning's weighing threads,
+    a worker and its prefetch) each keep a stream of their own, up to
+    STREAMS_A_GROUP; a slice before every stream's place starts a new pass
+    from the group's start. A slice is cut from the streams' record batches by
+    row number: pyarrow hands over smaller batches where a batch's text would
+    pass 2 GiB."""
 
     def __init__(self, fd: int, group: int, column: str):
         self._fd, self._group, self._column = fd, group, column
         self._lock = threading.Lock()
-        self._batches: Iterator | None = None
-        self._next = 0  # the slice the stream hands over next
+        self._streams: list[_Stream] = []
+        self._uses = 0
 
     def __del__(self) -> None:  # dropped from the files kept: its descriptor goes too
         os.close(self._fd)
 
-    def slice(self, wanted: int):
+    def _stream_for(self, first: int) -> _Stream:
+        ahead = [s for s in self._streams if s.row <= first]
+        if ahead:
+            return max(ahead, key=lambda s: s.row)
         import pyarrow.parquet as pq
 
+        if len(self._streams) >= STREAMS_A_GROUP:
+            self._streams.remove(min(self._streams, key=lambda s: s.used))
+        # buffer_size: the column chunk read a piece at a time, not whole.
+        parquet = pq.ParquetFile(_PreadFile(self._fd), buffer_size=1 << 16, pre_buffer=False)
+        stream = _Stream(
+            parquet.iter_batches(
+                batch_size=SLICE_ROWS,
+                row_groups=[self._group],
+                columns=[self._column],
+                use_threads=False,
+            )
+        )
+        self._streams.append(stream)
+        return stream
+
+    def slice(self, wanted: int):
+        """Rows wanted × SLICE_ROWS onwards (SLICE_ROWS of them, fewer at the end)."""
+        import pyarrow as pa
+
+        first, end = wanted * SLICE_ROWS, (wanted + 1) * SLICE_ROWS
         with self._lock:
-            batches = self._batches
-            if batches is None or self._next > wanted:
-                self._batches = None
-                fh = os.fdopen(os.dup(self._fd), "rb")
-                # buffer_size: the column chunk read a piece at a time, not whole.
-                parquet = pq.ParquetFile(fh, buffer_size=1 << 16, pre_buffer=False)
-                batches = self._batches = parquet.iter_batches(
-                    batch_size=SLICE_ROWS,
-                    row_groups=[self._group],
-                    columns=[self._column],
-                    use_threads=False,
-                )
-                self._next = 0
+            stream = None
             try:
-                while True:
-                    batch = next(batches)
-                    self._next += 1
-                    if self._next - 1 == wanted:
-                        return batch.column(0)
-            except StopIteration:
-                self._batches = None
-                raise RecordMoved(f"row group {self._group} ends before slice {wanted}") from None
+                stream = self._stream_for(first)
+                self._uses += 1
+                stream.used = self._uses
+                pieces = []
+                while stream.row < end:
+                    column, stream.held = stream.held, None
+                    if column is None:
+                        column = next(stream.batches, None)
+                        if column is None:
+                            break
+                        column = column.column(0)
+                    at, after = stream.row, stream.row + len(column)
+                    if after > first:
+                        pieces.append(
+                            column.slice(max(first - at, 0), min(end, after) - max(first, at))
+                        )
+                    if after > end:
+                        stream.held = column.slice(end - at)
+                        after = end
+                    stream.row = after
             except OSError:
-                self._batches = None
+                self._drop(stream)
                 raise
-            except Exception as exc:  # ArrowInvalid and kin
-                self._batches = None
+            except Exception as exc:  # ArrowInvalid and kin: not this Parquet any more
+                self._drop(stream)
                 raise RecordMoved(str(exc)) from None
+            if not pieces:
+                raise RecordMoved(f"row group {self._group} ends before row {first}")
+            return pa.chunked_array(pieces)
+
+    def _drop(self, stream: _Stream | None) -> None:
+        if stream in self._streams:
+            self._streams.remove(stream)
 
 
 def _parquet_slice_text(opened: _Opened, located: Located, rows: int):
@@ -411,6 +497,7 @@ def _parquet_slice_text(opened: _Opened, located: Located, rows: int):
         raise RecordMoved(f"row group {located.a} has no row {located.b}")
     cursor = _kept(
         ("parquet-cursor", *opened.key, located.a, located.column),
+        # A descriptor of its own: it outlives this call's.
         lambda: _GroupCursor(os.dup(opened.fd), located.a, located.column),
     )
     wanted, at = divmod(located.b, SLICE_ROWS)

@@ -343,9 +343,9 @@ def test_a_row_of_a_compressed_arrow_file_decompresses_its_batch_alone(project, 
 def test_threads_wanting_one_parquet_row_group_decode_it_once(project, tmp_path, monkeypatch):
     import threading
 
-    rows = [{"id": f"r{i}", "text": f"row {i} " + "words " * 20} for i in range(30_000)]
+    rows = [{"id": f"r{i}", "text": f"row {i} " + "words " * 20} for i in range(8_000)]
     path = tmp_path / "c.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=15_000)
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=4_000)
     campaign, _ = create(project, path)
     paths = dict(Unit.objects.filter(campaign=campaign).values_list("uid", "source_path"))
     decodes = []
@@ -362,7 +362,7 @@ def test_threads_wanting_one_parquet_row_group_decode_it_once(project, tmp_path,
     got = {}
 
     def read(n: int) -> None:
-        uid = f"r{n * 1800 + 7}"
+        uid = f"r{n * 450 + 7}"
         start.wait()
         got[uid] = read_bytes(root, paths[uid], limits=WHOLE).decode()
 
@@ -378,7 +378,7 @@ def test_threads_wanting_one_parquet_row_group_decode_it_once(project, tmp_path,
 def test_a_parquet_row_group_of_many_rows_is_read_a_slice_at_a_time(project, tmp_path, monkeypatch):
     # Writers' defaults put up to a million rows in a group: a row of one is
     # read from its slice, never from the whole group's text decoded at once.
-    # (Slices of 4,096 rows here, so that 60,000 rows make a group of many.)
+    # (Slices of 4,096 rows, as by default: 60,000 rows make a group of many.)
     monkeypatch.setattr(record_reads, "SLICE_ROWS", 4096, raising=False)
     rows = [{"id": f"r{i}", "text": f"row {i} " + "words " * 60} for i in range(60_000)]
     table = pa.Table.from_pylist(rows)
@@ -410,6 +410,127 @@ def test_a_parquet_batch_across_a_large_group_reads_every_row(project, tmp_path)
     places = [parse_locator(u.source_path) for u in units_]
     got = record_reads.read_records(Path(campaign.input_root), places, WHOLE)
     assert [bytes(g).decode() for g in got] == [rows[int(u.uid[1:])]["text"] for u in units_]
+
+
+def large_groups(project, tmp_path, groups=2, rows_a_group=20_000):
+    rows = [
+        {"id": f"r{i}", "text": f"row {i} {'w' * (i % 61)}"} for i in range(groups * rows_a_group)
+    ]
+    path = tmp_path / "c.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=rows_a_group)
+    campaign, _ = create(project, path)
+    units_ = {u.uid: u for u in Unit.objects.filter(campaign=campaign)}
+    return rows, path, campaign, units_
+
+
+def test_a_slice_is_cut_by_row_number_whatever_batches_pyarrow_hands_over(
+    project, tmp_path, monkeypatch
+):
+    # pyarrow hands over smaller batches where a batch's text would pass 2 GiB:
+    # here every batch comes in uneven pieces, and each row read is still its own.
+    rows, _, campaign, units_ = large_groups(project, tmp_path, groups=1, rows_a_group=20_000)
+    real = pq.ParquetFile.iter_batches
+
+    def uneven(self, *args, **kwargs):
+        for batch in real(self, *args, **kwargs):
+            cut = max(1, batch.num_rows // 3 - 17)
+            yield batch.slice(0, cut)
+            yield batch.slice(cut)
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", uneven)
+    root = Path(campaign.input_root)
+    for n in (0, 4095, 4096, 5000, 12_289, 19_999, 1, 8191, 8192):
+        assert (
+            read_bytes(root, units_[f"r{n}"].source_path, limits=WHOLE).decode()
+            == (rows[n]["text"])
+        )
+
+
+def test_streams_of_two_large_groups_kept_from_one_read_do_not_disturb_each_other(
+    project, tmp_path, monkeypatch
+):
+    import threading
+
+    monkeypatch.setattr(record_reads, "SLICE_ROWS", 4096, raising=False)
+    rows, _, campaign, units_ = large_groups(project, tmp_path)
+    root = Path(campaign.input_root)
+
+    def read(n: int) -> str:
+        place = parse_locator(units_[f"r{n}"].source_path)
+        got = record_reads.read_records(root, [place], WHOLE)[0]
+        return str(got) if isinstance(got, InputError) else bytes(got).decode()
+
+    # One batch's read makes both groups' streams, from one opened file.
+    first = [parse_locator(units_[uid].source_path) for uid in ("r5", "r20005")]
+    assert [bytes(r).decode() for r in record_reads.read_records(root, first, WHOLE)] == [
+        rows[5]["text"],
+        rows[20_005]["text"],
+    ]
+    # Then each stream goes on in turn, slice after slice.
+    for n in range(4100, 20_000, 4096):
+        assert [read(n), read(20_000 + n)] == [rows[n]["text"], rows[20_000 + n]["text"]]
+    # And from several threads at once, the slices dropped from the cache.
+    wrong: list[str] = []
+
+    def reader(offset: int) -> None:
+        for step in range(0, 20_000, 1999):
+            record_reads._decoded.clear()
+            if read(offset + step) != rows[offset + step]["text"]:
+                wrong.append(f"r{offset + step}")
+
+    threads = [threading.Thread(target=reader, args=(g * 20_000,)) for g in (0, 1, 0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wrong == []
+
+
+def test_readers_going_forward_through_two_parts_of_a_group_keep_a_stream_each(
+    project, tmp_path, monkeypatch
+):
+    # Planning's weighing threads each read their share of the file forward: on
+    # one stream each turn would start the group over from its first row.
+    rows, _, campaign, units_ = large_groups(project, tmp_path, groups=1, rows_a_group=40_000)
+    passes = []
+    real = pq.ParquetFile.iter_batches
+
+    def counted(self, *args, **kwargs):
+        passes.append(kwargs.get("row_groups"))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", counted)
+    root = Path(campaign.input_root)
+    for n in range(0, 20_000, 2_000):  # two readers' turns, each going forward
+        for at in (n, 20_000 + n):
+            got = read_bytes(root, units_[f"r{at}"].source_path, limits=WHOLE).decode()
+            assert got == rows[at]["text"]
+    assert len(passes) <= 2  # a pass each, not one a turn
+
+
+def test_a_large_group_cut_short_during_a_batch_fails_its_rows_not_the_batch(
+    project, tmp_path, monkeypatch
+):
+    rows, path, campaign, units_ = large_groups(project, tmp_path)
+    root = Path(campaign.input_root)
+    places = [parse_locator(units_[uid].source_path) for uid in ("r3", "r9000", "r25000")]
+    real = record_reads._as_input
+    read = []
+
+    def cut_after_the_first(text, located, limits):
+        if not read:  # the file cut in place (the same file, its footer gone) mid-batch
+            with open(path, "r+b") as fh:
+                fh.truncate(path.stat().st_size // 3)
+        read.append(located)
+        return real(text, located, limits)
+
+    monkeypatch.setattr(record_reads, "_as_input", cut_after_the_first)
+    got = record_reads.read_records(root, places, WHOLE)  # returns: nothing raised
+    assert bytes(got[0]).decode() == rows[3]["text"]
+    # A row whose bytes lie before the cut may still read whole; one past it fails alone.
+    assert isinstance(got[1], InputError) or bytes(got[1]).decode() == rows[9000]["text"]
+    assert isinstance(got[2], InputError), got[2]
+    assert got[2].error_class in (ErrorClass.INPUT_CHANGED, ErrorClass.INPUT_UNREADABLE)
 
 
 def test_gzip_index_reads_from_many_threads_at_once(tmp_path):

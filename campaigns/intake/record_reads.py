@@ -74,8 +74,11 @@ DECODES_AT_ONCE = 2
 #: as the import reads at a time (records.BATCH_ROWS).
 SLICE_ROWS = BATCH_ROWS
 GROUP_WHOLE_BYTES = 32 << 20
-#: Passes over one large group a process keeps going at once (each a few MiB).
-STREAMS_A_GROUP = 4
+#: Passes over large groups a process keeps going at once, over all its files:
+#: a pass holds about one slice's decoded text besides the cache (pyarrow's
+#: reader keeps its buffers for the next batch), so they are few. Two serve
+#: planning's two weighing threads, or a worker and its prefetch.
+STREAMS_KEPT = 2
 #: Record files a process keeps open (Arrow maps, CSV headers, gz indexes).
 FILES_KEPT = 16
 
@@ -83,6 +86,11 @@ _lock = threading.Lock()
 _decoded: OrderedDict[tuple, tuple[object, int]] = OrderedDict()
 _decoding: dict[tuple, threading.Event] = {}
 _decodes = threading.BoundedSemaphore(DECODES_AT_ONCE)
+# The kept passes over large groups, least recently used first (id → its cursor
+# and pass). Taken while a cursor's own lock is held; other cursors' locks are
+# only tried under it, never waited for.
+_streams_lock = threading.Lock()
+_streams: OrderedDict[int, tuple[_GroupCursor, _Stream]] = OrderedDict()
 _files: OrderedDict[tuple, object] = OrderedDict()
 
 
@@ -189,13 +197,16 @@ def _text_at(opened: _Opened, located: Located):
     try:
         return _READERS[located.kind](opened, located)
     except RecordMoved as exc:
-        raise InputError(
+        error = InputError(
             ErrorClass.INPUT_CHANGED,
             f"{located.file} changed since import: row {located.row} is not at its "
             f"recorded place ({exc}); `campaign import` finds each row again",
-        ) from None
+        )
     except OSError as exc:
-        raise InputError(ErrorClass.INPUT_UNREADABLE, f"cannot read input: {exc}") from None
+        error = InputError(ErrorClass.INPUT_UNREADABLE, f"cannot read input: {exc}")
+    # Raised outside the handler: no exception context, so a batch's kept
+    # errors hold no reader's frames (nor the cursors and files in them).
+    raise error
 
 
 def _kept(key: tuple, make):
@@ -317,7 +328,7 @@ def _parquet_text(opened: _Opened, located: Located):
                 table = parquet.read_row_group(located.a, columns=[located.column])
         except (IndexError, KeyError) as exc:
             raise RecordMoved(f"no row group {located.a}: {exc}") from None
-        except OSError:
+        except (OSError, MemoryError):  # the disk or the memory, not the file's rows
             raise
         except Exception as exc:  # ArrowInvalid and kin: not Parquet any more
             raise RecordMoved(str(exc)) from None
@@ -413,9 +424,9 @@ class _GroupCursor:
     (a million rows, gigabytes of text) is never held whole, only the slices
     asked for. Rows read in file order cost one pass. Readers going forward
     through different parts of the group at once (planning's weighing threads,
-    a worker and its prefetch) each keep a stream of their own, up to
-    STREAMS_A_GROUP; a slice before every stream's place starts a new pass
-    from the group's start. A slice is cut from the streams' record batches by
+    a worker and its prefetch) each keep a stream of their own, STREAMS_KEPT
+    in the process at most; a slice before every stream's place starts a new
+    pass from the group's start. A slice is cut from the streams' record batches by
     row number: pyarrow hands over smaller batches where a batch's text would
     pass 2 GiB."""
 
@@ -431,11 +442,12 @@ class _GroupCursor:
     def _stream_for(self, first: int) -> _Stream:
         ahead = [s for s in self._streams if s.row <= first]
         if ahead:
-            return max(ahead, key=lambda s: s.row)
+            stream = max(ahead, key=lambda s: s.row)
+            with _streams_lock:
+                _streams.move_to_end(id(stream))
+            return stream
         import pyarrow.parquet as pq
 
-        if len(self._streams) >= STREAMS_A_GROUP:
-            self._streams.remove(min(self._streams, key=lambda s: s.used))
         # buffer_size: the column chunk read a piece at a time, not whole.
         parquet = pq.ParquetFile(_PreadFile(self._fd), buffer_size=1 << 16, pre_buffer=False)
         stream = _Stream(
@@ -447,6 +459,22 @@ class _GroupCursor:
             )
         )
         self._streams.append(stream)
+        with _streams_lock:
+            _streams[id(stream)] = (self, stream)
+            for key, (cursor, kept) in list(_streams.items()):
+                if len(_streams) <= STREAMS_KEPT:
+                    break
+                if cursor is self:
+                    if kept is not stream:
+                        self._streams.remove(kept)
+                        del _streams[key]
+                elif cursor._lock.acquire(blocking=False):  # one in use is left to finish
+                    try:
+                        if kept in cursor._streams:
+                            cursor._streams.remove(kept)
+                    finally:
+                        cursor._lock.release()
+                    del _streams[key]
         return stream
 
     def slice(self, wanted: int):
@@ -477,7 +505,7 @@ class _GroupCursor:
                         stream.held = column.slice(end - at)
                         after = end
                     stream.row = after
-            except OSError:
+            except (OSError, MemoryError):  # the disk or the memory, not the file's rows
                 self._drop(stream)
                 raise
             except Exception as exc:  # ArrowInvalid and kin: not this Parquet any more
@@ -490,6 +518,8 @@ class _GroupCursor:
     def _drop(self, stream: _Stream | None) -> None:
         if stream in self._streams:
             self._streams.remove(stream)
+        with _streams_lock:
+            _streams.pop(id(stream), None)
 
 
 def _parquet_slice_text(opened: _Opened, located: Located, rows: int):
@@ -523,6 +553,8 @@ def _arrow_text(opened: _Opened, located: Located):
     def decode():
         try:
             batch = kept[located.a]()
+        except MemoryError:  # the memory, not the file's rows
+            raise
         except Exception as exc:  # ArrowInvalid and kin
             raise RecordMoved(str(exc)) from None
         return batch, batch.nbytes

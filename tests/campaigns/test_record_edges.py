@@ -33,6 +33,7 @@ def _forget_decoded_records():
     yield
     record_reads._decoded.clear()
     record_reads._files.clear()
+    record_reads._streams.clear()
 
 
 def write_csv(path: Path, text: str, newline="\n") -> Path:
@@ -506,6 +507,51 @@ def test_readers_going_forward_through_two_parts_of_a_group_keep_a_stream_each(
             got = read_bytes(root, units_[f"r{at}"].source_path, limits=WHOLE).decode()
             assert got == rows[at]["text"]
     assert len(passes) <= 2  # a pass each, not one a turn
+
+
+def test_passes_over_large_groups_are_few_in_a_process_whatever_the_groups(
+    project, tmp_path, monkeypatch
+):
+    # A pass keeps about a slice's text in pyarrow's buffers besides the cache.
+    monkeypatch.setattr(record_reads, "SLICE_ROWS", 4096, raising=False)
+    rows, _, campaign, units_ = large_groups(project, tmp_path, groups=6, rows_a_group=9_000)
+    root = Path(campaign.input_root)
+    for turn in range(3):
+        for group in range(6):
+            n = group * 9_000 + turn * 4_096
+            assert (
+                read_bytes(root, units_[f"r{n}"].source_path, limits=WHOLE).decode()
+                == (rows[n]["text"])
+            )
+    cursors = [kept for kept in record_reads._files.values() if hasattr(kept, "_streams")]
+    assert len(cursors) == 6
+    assert sum(len(cursor._streams) for cursor in cursors) <= 2
+
+
+def test_rows_failed_in_a_batch_keep_no_reader_open(project, tmp_path):
+    import gc
+
+    rows, path, campaign, units_ = large_groups(project, tmp_path)
+    root = Path(campaign.input_root)
+    places = [parse_locator(units_[uid].source_path) for uid in ("r3", "r25000")]
+    record_reads.read_records(root, places, WHOLE)  # a pass over each group kept
+    with open(path, "r+b") as fh:  # then the file cut short in place
+        fh.truncate(path.stat().st_size // 2)
+    gc.collect()
+    gc.disable()  # what reference counting alone frees
+    try:
+        opened = len(os.listdir("/proc/self/fd"))
+        got = record_reads.read_records(
+            root, [parse_locator(units_[f"r{n}"].source_path) for n in (9000, 33000)], WHOLE
+        )
+        assert all(isinstance(g, InputError) for g in got)
+        record_reads._files.clear()
+        record_reads._streams.clear()
+        record_reads._decoded.clear()
+        del got
+        assert len(os.listdir("/proc/self/fd")) < opened  # the cursors' descriptors closed
+    finally:
+        gc.enable()
 
 
 def test_a_large_group_cut_short_during_a_batch_fails_its_rows_not_the_batch(

@@ -415,7 +415,6 @@ class _Stream:
     batches: Iterator
     row: int = 0  # the group's row the stream hands over next
     held: Any = None  # a batch's rows not handed over yet (from `row` on): an Arrow array
-    used: int = 0  # when it last handed a slice over (the cursor's count)
 
 
 class _GroupCursor:
@@ -426,15 +425,14 @@ class _GroupCursor:
     through different parts of the group at once (planning's weighing threads,
     a worker and its prefetch) each keep a stream of their own, STREAMS_KEPT
     in the process at most; a slice before every stream's place starts a new
-    pass from the group's start. A slice is cut from the streams' record batches by
-    row number: pyarrow hands over smaller batches where a batch's text would
-    pass 2 GiB."""
+    pass from the group's start. A slice is cut from the streams' record
+    batches by row number: pyarrow hands over smaller batches where a batch's
+    text would pass 2 GiB."""
 
     def __init__(self, fd: int, group: int, column: str):
         self._fd, self._group, self._column = fd, group, column
         self._lock = threading.Lock()
         self._streams: list[_Stream] = []
-        self._uses = 0
 
     def __del__(self) -> None:  # dropped from the files kept: its descriptor goes too
         os.close(self._fd)
@@ -443,8 +441,9 @@ class _GroupCursor:
         ahead = [s for s in self._streams if s.row <= first]
         if ahead:
             stream = max(ahead, key=lambda s: s.row)
-            with _streams_lock:
-                _streams.move_to_end(id(stream))
+            with _streams_lock:  # the most recently used now
+                _streams.pop(id(stream), None)
+                _streams[id(stream)] = (self, stream)
             return stream
         import pyarrow.parquet as pq
 
@@ -486,8 +485,6 @@ class _GroupCursor:
             stream = None
             try:
                 stream = self._stream_for(first)
-                self._uses += 1
-                stream.used = self._uses
                 pieces = []
                 while stream.row < end:
                     column, stream.held = stream.held, None

@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -95,6 +96,15 @@ class Peaks:
         for i, pid in enumerate(_tree(root)):
             key = f"{role} {'main' if i == 0 else 'child'}"
             self.mib[key] = max(self.mib.get(key, 0.0), _hwm_mib(pid))
+
+
+def _plan(start, campaign) -> None:
+    from django.db import connections
+
+    try:
+        start.campaign_run(campaign=campaign)
+    finally:
+        connections.close_all()
 
 
 def _admin(url: str, sql: str) -> None:
@@ -262,7 +272,11 @@ def main() -> None:
             time.sleep(0.5)
         time.sleep(5)  # the workers load the (unused) model and connect
         started = time.perf_counter()
-        start.campaign_run(campaign=campaign)
+        # Planning (weighing every text, a slice at a time) goes on beside the
+        # workers, in a thread of its own as in a `portal` worker: the polls
+        # and the clock start with it.
+        planner = threading.Thread(target=_plan, args=(start, campaign), daemon=True)
+        planner.start()
         last = time.perf_counter()
         while True:
             polls.append(_poll(url, cookie))
@@ -275,7 +289,7 @@ def main() -> None:
             if time.perf_counter() - last > 60:
                 last = time.perf_counter()
                 print(f"  {time.perf_counter() - started:.0f} s: {counts.done:,} of {total:,} done")
-            if not counts.active:
+            if not counts.active and not planner.is_alive():
                 break
             if args.run_seconds and time.perf_counter() - started > args.run_seconds:
                 print(f"  stopped after {args.run_seconds:.0f} s (--run-seconds)")
@@ -314,7 +328,8 @@ def main() -> None:
         "import_rows_s": round(total / import_s),
         "run_s": round(run_s, 1),
         "units_s": round(counts.done / run_s, 1),
-        "to_the_end": not counts.active,
+        "to_the_end": not counts.active and not planner.is_alive(),
+        "planned": Batch.objects.filter(campaign=campaign).aggregate(n=Sum("size"))["n"],
         "succeeded": Unit.objects.filter(campaign=campaign, state="succeeded").count(),
         "done": counts.done,
         "batches": spans["n"],

@@ -332,7 +332,9 @@ def _parquet_text(opened: _Opened, located: Located):
             raise
         except Exception as exc:  # ArrowInvalid and kin: not Parquet any more
             raise RecordMoved(str(exc)) from None
-        column = table.column(0).combine_chunks()
+        if located.column not in table.column_names:  # pyarrow reads no column then
+            raise RecordMoved(f"no column {located.column!r} in row group {located.a}")
+        column = table.column(located.column).combine_chunks()
         return column, column.nbytes
 
     column = _decoded_once(("group", *opened.key, located.a, located.column), decode)

@@ -579,6 +579,19 @@ def test_a_large_group_cut_short_during_a_batch_fails_its_rows_not_the_batch(
     assert got[2].error_class in (ErrorClass.INPUT_CHANGED, ErrorClass.INPUT_UNREADABLE)
 
 
+def test_a_parquet_file_rewritten_without_the_text_column_fails_its_rows_alone(project, tmp_path):
+    rows = [{"id": f"r{i}", "text": f"row {i}"} for i in range(6)]
+    path = tmp_path / "c.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=3)
+    campaign, _ = create(project, path)
+    places = [parse_locator(u.source_path) for u in Unit.objects.filter(campaign=campaign)]
+    renamed = [{"id": r["id"], "body": r["text"]} for r in rows]
+    pq.write_table(pa.Table.from_pylist(renamed), path, row_group_size=3)
+    got = record_reads.read_records(Path(campaign.input_root), places, WHOLE)
+    assert [g.error_class for g in got] == [ErrorClass.INPUT_CHANGED] * 6
+    assert "no column 'text'" in str(got[0])
+
+
 def test_gzip_index_reads_from_many_threads_at_once(tmp_path):
     import random
     import threading

@@ -6,6 +6,8 @@ everything around it (claims, reads, shards, checks, recording).
 
 from __future__ import annotations
 
+import os
+
 # Rows drawn once; a batch's vectors are rows of this pool, each made unique.
 POOL_ROWS = 4096
 
@@ -17,24 +19,26 @@ def instant_embed(rng):
     host work being measured (~0.01 ms a unit), so the stand-in copies rows of
     a pool drawn once from `rng`; each pass through the pool adds one to the
     first value, so every vector of the run is distinct (the duplicate check
-    would flag repeats) once normalised. A process that forks
-    may reseed `rng` in place: the pool is drawn on the first call.
+    would flag repeats) once normalised. A process forked after the first call
+    draws a pool of its own on its first call, from `rng` as it reseeded it in
+    place: forked processes' vectors do not repeat each other's.
     """
     import numpy as np
 
     from gpuworker.processors import text_embedding
 
-    pool: list[np.ndarray] = []
-    made = [0]  # vectors handed out so far
+    drawn: dict = {}  # the process that drew the pool, the pool, vectors handed out
 
     def embed(self, items):
-        if not pool:
-            drawn = rng.standard_normal((POOL_ROWS, 384)).astype(np.float32)
-            pool.append(drawn / np.linalg.norm(drawn, axis=1, keepdims=True))
+        if drawn.get("pid") != os.getpid():  # the first call, or the first after a fork
+            pool = rng.standard_normal((POOL_ROWS, 384)).astype(np.float32)
+            drawn.update(
+                pid=os.getpid(), pool=pool / np.linalg.norm(pool, axis=1, keepdims=True), made=0
+            )
         n = len(items)
-        serial = np.arange(made[0], made[0] + n)
-        made[0] += n
-        vectors = pool[0][serial % POOL_ROWS]  # a copy: fancy indexing
+        serial = np.arange(drawn["made"], drawn["made"] + n)
+        drawn["made"] += n
+        vectors = drawn["pool"][serial % POOL_ROWS]  # a copy: fancy indexing
         vectors[:, 0] += (serial // POOL_ROWS).astype(np.float32)
         vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
         return text_embedding.EmbeddingBatch(

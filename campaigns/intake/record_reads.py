@@ -350,26 +350,37 @@ def _sliced(rows: int, column_bytes: int) -> bool:
 
 def _group_shape(opened: _Opened, located: Located) -> tuple[int, int] | None:
     """(rows, the text column's uncompressed bytes) of the record's row group, from
-    the file's footer (read once a file); None where the footer does not say, and
-    the group is read whole, which finds what is wrong."""
+    the file's footer (read once a file, each group's shape looked up once: every
+    row read asks); None where the footer does not say, and the group is read
+    whole, which finds what is wrong."""
     import pyarrow.parquet as pq
 
     def footer():
         try:
             with os.fdopen(os.dup(opened.fd), "rb") as fh:
-                return pq.ParquetFile(fh).metadata
+                return pq.ParquetFile(fh).metadata, {}
         except OSError:
             raise
         except Exception as exc:  # ArrowInvalid and kin: not Parquet any more
             return RecordMoved(str(exc))
 
-    metadata = _kept(("parquet", *opened.key), footer)
-    if isinstance(metadata, RecordMoved) or not 0 <= located.a < metadata.num_row_groups:
+    kept = _kept(("parquet", *opened.key), footer)
+    if isinstance(kept, RecordMoved):
         return None
-    group = metadata.row_group(located.a)
+    metadata, shapes = kept
+    key = (located.a, located.column)
+    if key not in shapes:
+        shapes[key] = _shape_in(metadata, *key)
+    return shapes[key]
+
+
+def _shape_in(metadata, group_index: int, column: str) -> tuple[int, int] | None:
+    if not 0 <= group_index < metadata.num_row_groups:
+        return None
+    group = metadata.row_group(group_index)
     for i in range(group.num_columns):
         chunk = group.column(i)
-        if chunk.path_in_schema == located.column:
+        if chunk.path_in_schema == column:
             return group.num_rows, chunk.total_uncompressed_size
     return None
 
@@ -377,7 +388,8 @@ def _group_shape(opened: _Opened, located: Located) -> tuple[int, int] | None:
 class _PreadFile(io.RawIOBase):
     """A read-only file over a descriptor with a position of its own (os.pread):
     streams kept across calls share no file offset with any other reader of
-    the same open file, as duplicated descriptors would."""
+    the same open file, as duplicated descriptors would. Closing it leaves the
+    descriptor to its owner."""
 
     def __init__(self, fd: int):
         super().__init__()
@@ -405,9 +417,6 @@ class _PreadFile(io.RawIOBase):
 
     def tell(self) -> int:
         return self._at
-
-    def close(self) -> None:  # the descriptor is its owner's to close
-        super().close()
 
 
 @dataclasses.dataclass

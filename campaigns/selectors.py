@@ -43,6 +43,8 @@ class Counts:
     failed: int = 0
     needs_review: int = 0
     by_error: dict[str, int] = field(default_factory=dict)
+    # A run's planner is weighing and planning the next slice (Campaign.planning_at).
+    planning: bool = False
 
     @property
     def total(self) -> int:
@@ -61,8 +63,10 @@ class Counts:
 
     @property
     def active(self) -> bool:
-        """Work is queued or running, so a page showing these counts should keep polling."""
-        return bool(self.queued or self.running)
+        """Work is queued or running, or being planned, so a page showing these
+        counts should keep polling: workers faster than the planner run dry
+        between its slices, and the page must not stop at such a gap."""
+        return bool(self.queued or self.running or self.planning)
 
     @property
     def percent(self) -> int:
@@ -79,6 +83,7 @@ class Counts:
             "failed": self.failed,
             "needs_review": self.needs_review,
             "by_error": dict(sorted(self.by_error.items())),
+            "planning": self.planning,
         }
 
 
@@ -102,11 +107,12 @@ def counts_by_campaign(*, campaign_ids: list[int]) -> dict[int, Counts]:
 
 
 def _counts_from_rows(campaign_ids: list[int], rows) -> dict[int, Counts]:
-    """Counts from (campaign id, state, error class, SUM(n), rows summed) rows;
-    a campaign that summed many delta rows has them folded."""
+    """Counts from (campaign id, state, error class, SUM(n), rows summed,
+    planning) rows; a campaign that summed many delta rows has them folded."""
     result = {cid: Counts() for cid in campaign_ids}
     deltas = dict.fromkeys(campaign_ids, 0)
-    for cid, state, error_class, total, summed in rows:
+    for cid, state, error_class, total, summed, planning in rows:
+        result[cid].planning = bool(planning)
         if state is None:  # a campaign without counter rows (an outer join's NULLs)
             continue
         counts, n = result[cid], int(total)  # SUM(bigint) is numeric on PostgreSQL
@@ -185,8 +191,14 @@ def run_state(*, campaign: Campaign, counts: Counts, checkpoint: Checkpoint | No
     campaigns/runs/start.py)."""
     units = _units(counts.pending)
     if counts.active:
+        busy = counts.queued + counts.running
+        if counts.planning and not busy:
+            return RunState("running", "Running", f"planning the next batches, {units} to do")
         return RunState(
-            "running", "Running", f"{_units(counts.queued + counts.running)} queued or running"
+            "running",
+            "Running",
+            f"{_units(busy)} queued or running"
+            + ("; more being planned" if counts.planning and counts.pending else ""),
         )
     if checkpoint is not None and checkpoint.state != Checkpoint.State.PASSED:
         number = campaign.current_version.number if campaign.current_version else "?"

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db import connection
+from django.utils import timezone
 
 from campaigns.db import sql_rows
 from campaigns.models import (
@@ -37,15 +39,31 @@ from campaigns.models import (
 # --- unit counts ------------------------------------------------------------------
 
 
+# Both counts queries read, beside the counters, whether a planner is at work
+# on the campaign (Campaign.planning_at, fresher than PLANNING_STALE): 1 or 0.
+_PLANNING = "CASE WHEN c.planning_at > %(planning_after)s THEN 1 ELSE 0 END"
+
+
+def _planning_after() -> Any:  # a datetime, or SQLite's text for one
+    return connection.ops.adapt_datetimefield_value(Campaign.planning_after(timezone.now()))
+
+
 def unit_count_rows(*, campaign_ids: list[int]) -> list[tuple]:
-    """(campaign id, state, error class, SUM(n), rows summed) of these campaigns'
-    unit counters, one row per key."""
+    """(campaign id, state, error class, SUM(n), rows summed, planning) of these
+    campaigns' unit counters, one row per key; a campaign without counter rows
+    gives one row of NULLs but its id and planning."""
+    marks = ", ".join(f"%(c{i})s" for i in range(len(campaign_ids)))
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT campaign_id, state, error_class, SUM(n), COUNT(*) FROM campaigns_unitcount "
-            f"WHERE campaign_id IN ({', '.join(['%s'] * len(campaign_ids))}) "
-            "GROUP BY campaign_id, state, error_class",
-            campaign_ids,
+            f"SELECT c.id, u.state, u.error_class, SUM(u.n), COUNT(u.n), {_PLANNING} "  # noqa: S608 (marks only)
+            "FROM campaigns_campaign c "
+            "LEFT JOIN campaigns_unitcount u ON u.campaign_id = c.id "
+            f"WHERE c.id IN ({marks}) "
+            "GROUP BY c.id, c.planning_at, u.state, u.error_class",
+            {
+                "planning_after": _planning_after(),
+                **{f"c{i}": cid for i, cid in enumerate(campaign_ids)},
+            },
         )
         return cursor.fetchall()
 
@@ -61,11 +79,11 @@ _MAY_SEE = """(%(staff)s OR EXISTS (
 # The poll's one query: the campaign by name if the user may see it, with its
 # counters. An unknown name or an outsider gets no row at all.
 _COUNTS_FOR_USER_SQL = f"""
-SELECT c.id, u.state, u.error_class, SUM(u.n), COUNT(u.n)
+SELECT c.id, u.state, u.error_class, SUM(u.n), COUNT(u.n), {_PLANNING}
 FROM campaigns_campaign c
 LEFT JOIN campaigns_unitcount u ON u.campaign_id = c.id
 WHERE c.name = %(name)s AND {_MAY_SEE}
-GROUP BY c.id, u.state, u.error_class
+GROUP BY c.id, c.planning_at, u.state, u.error_class
 """
 
 
@@ -77,7 +95,9 @@ def unit_count_rows_for_user(*, user, name: str) -> list[tuple]:
     """unit_count_rows of the named campaign if the user may see it (no rows
     otherwise); a campaign without counter rows gives one row of NULLs."""
     with connection.cursor() as cursor:
-        cursor.execute(_COUNTS_FOR_USER_SQL, _access(user, name))
+        cursor.execute(
+            _COUNTS_FOR_USER_SQL, {**_access(user, name), "planning_after": _planning_after()}
+        )
         return cursor.fetchall()
 
 

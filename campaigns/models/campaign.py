@@ -5,6 +5,8 @@ software that outputs are made under."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 from django.conf import settings
 from django.db import models
 
@@ -89,13 +91,29 @@ class Campaign(models.Model):
     # {"id", "text", "category"}}; None for files as units. Nullable for the
     # same reason.
     records = models.JSONField(null=True, blank=True)
+    # When a run's planner last began a slice (campaigns/runs/start.py); None
+    # when none plans. Pages keep polling while a recent one plans, though
+    # nothing is queued: workers faster than the planner run dry between its
+    # slices. Nullable for the same reason.
+    planning_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    #: A planning stamp older than this is a planner that died with it (a
+    #: worker killed mid-slice): a slice is weighed and planned in well under
+    #: a minute (bench/RESULTS.md, "10,000,000 rows, the first five minutes of
+    #: the run").
+    PLANNING_STALE = dt.timedelta(minutes=15)
 
     class Meta:
         ordering = ["-created_at"]
 
     def __str__(self) -> str:
         return self.name
+
+    @classmethod
+    def planning_after(cls, now: dt.datetime) -> dt.datetime:
+        """A planner that stamped planning_at after this is still at work at `now`."""
+        return now - cls.PLANNING_STALE
 
 
 class ParameterVersion(models.Model):

@@ -77,6 +77,8 @@ def campaign_start(*, campaign: Campaign) -> tuple[int, bool]:
     since = timezone.now()
     batches, more = _run(campaign, slices=1, since=since)
     if more:
+        # The campaign stays stamped as planning (_run leaves the stamp when
+        # it hands the rest on): the page keeps polling until the worker takes over.
         args = [campaign.pk, since.isoformat()]
         transaction.on_commit(lambda: _plan_rest(args))
     return batches, more
@@ -84,9 +86,25 @@ def campaign_start(*, campaign: Campaign) -> tuple[int, bool]:
 
 def _plan_rest(args: list) -> None:
     if not _send(PLAN_TASK, args):
+        Campaign.objects.filter(pk=args[0]).update(planning_at=None)
         outage = _outage.get()
         assert outage is not None
         outage.planning_unsent = True
+
+
+def _planning_stamp(campaign: Campaign) -> dt.datetime:
+    """Stamp the campaign as being planned now (Campaign.planning_at): its
+    pages keep polling while the next slice is weighed, though nothing may be
+    queued then. Renewed at each slice, so a planner that dies lets it go stale."""
+    stamp = timezone.now()
+    Campaign.objects.filter(pk=campaign.pk).update(planning_at=stamp)
+    return stamp
+
+
+def _planning_done(campaign: Campaign, stamp: dt.datetime | None) -> None:
+    # Only this planner's own stamp: another run may plan the campaign now.
+    if stamp is not None:
+        Campaign.objects.filter(pk=campaign.pk, planning_at=stamp).update(planning_at=None)
 
 
 @dataclass(frozen=True)
@@ -133,7 +151,12 @@ def nothing_queued_reason(*, campaign: Campaign) -> str:
 def campaign_run_rest(*, campaign: Campaign, since: dt.datetime) -> int:
     """The rest of the run campaign_start began at `since`, unless paused since."""
     # Its first slice went out with the request: the rest goes in full slices.
-    return _run(campaign, slices=None, since=since, small_first=False)[0]
+    try:
+        return _run(campaign, slices=None, since=since, small_first=False)[0]
+    finally:
+        # The stamp campaign_start left, when this run stamped none of its own
+        # (paused meanwhile, nothing left): the page stops polling now.
+        _planning_done(campaign, campaign.planning_at)
 
 
 class BrokerUnavailable(Exception):
@@ -302,27 +325,34 @@ def _run(
     # batches are sent) before the next: the workers start on the first
     # batches while the rest of a large campaign is still being weighed.
     sent, after, planned = 0, 0, 0
-    while True:
-        rest = pending_units.filter(pk__gt=after).order_by("pk")
-        if planned == slices:
-            return sent, rest.exists()
-        first = small_first and not planned
-        size = min(FIRST_SLICE_UNITS, RUN_SLICE_UNITS) if first else RUN_SLICE_UNITS
-        ids = list(rest.values_list("pk", flat=True)[:size])
-        if not ids or _stopped_since(campaign, since, version):
-            return sent, False
-        planned += 1
-        in_slice = Q(pk__gte=ids[0], pk__lte=ids[-1])
-        after = ids[-1]
-        if weighs:
-            measure_costs(campaign=campaign, params=version.params, within=in_slice)
-        units = pending_units.filter(in_slice).order_by("pk")
-        sent += _plan_and_send(
-            campaign=campaign,
-            version=version,
-            since=since,
-            pending=lambda units=units: list(units.values_list("pk", "cost")),
-        )
+    stamp, more = None, False
+    try:
+        while True:
+            rest = pending_units.filter(pk__gt=after).order_by("pk")
+            if planned == slices:
+                more = rest.exists()
+                return sent, more
+            first = small_first and not planned
+            size = min(FIRST_SLICE_UNITS, RUN_SLICE_UNITS) if first else RUN_SLICE_UNITS
+            ids = list(rest.values_list("pk", flat=True)[:size])
+            if not ids or _stopped_since(campaign, since, version):
+                return sent, False
+            planned += 1
+            stamp = _planning_stamp(campaign)
+            in_slice = Q(pk__gte=ids[0], pk__lte=ids[-1])
+            after = ids[-1]
+            if weighs:
+                measure_costs(campaign=campaign, params=version.params, within=in_slice)
+            units = pending_units.filter(in_slice).order_by("pk")
+            sent += _plan_and_send(
+                campaign=campaign,
+                version=version,
+                since=since,
+                pending=lambda units=units: list(units.values_list("pk", "cost")),
+            )
+    finally:
+        if not more:  # more: the stamp is handed on with the rest (campaign_start)
+            _planning_done(campaign, stamp)
 
 
 def _stopped_since(

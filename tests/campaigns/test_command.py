@@ -49,6 +49,7 @@ def test_create_then_status_as_json(corpus):
         "failed": 1,
         "needs_review": 0,
         "by_error": {"input_invalid": 1},
+        "planning": False,
         "state": {
             "key": "idle",
             "label": "Idle",

@@ -3,6 +3,7 @@
     createdb -h 127.0.0.1 -U postgres bench_pages   # once
     .venv/bin/python bench/pages_scale.py            # seeds once, then measures
     .venv/bin/python bench/pages_scale.py --units 10000000 --reseed   # 10M units
+    .venv/bin/python bench/pages_scale.py --in-process 40   # CPU a view, no wrk
 
 Seeds one campaign of 1,000,000 units (--units) with INSERT ... SELECT generate_series
 (a mid-run mix: succeeded, pending, queued, running, failed in five classes,
@@ -111,6 +112,15 @@ def main() -> None:
     )
     parser.add_argument("--only", default="", help="run only targets whose name contains this")
     parser.add_argument("--explain", action="store_true", help="print EXPLAIN ANALYZE and stop")
+    parser.add_argument(
+        "--in-process",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead of wrk: each page N times through django.test.Client in this process "
+        "(DEBUG off), CPU ms a view and its ratio to the login page's, best of --rounds",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of --in-process")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-pages-"))
@@ -137,6 +147,9 @@ def main() -> None:
     deep = _deep_cursor(campaign)
     if args.explain:
         _explain(campaign, deep)
+        return
+    if args.in_process:
+        _in_process(args, deep)
         return
     cookie = _session_cookie(campaign)
 
@@ -443,6 +456,58 @@ def _session_cookie(campaign) -> str:
     client = Client()
     client.force_login(get_user_model().objects.get(username=USER))
     return client.cookies["sessionid"].value
+
+
+def _in_process(args, deep: int) -> None:
+    """Each target's CPU time a view, served in this process: the steadiest
+    figure a shared machine gives (wrk's latencies move with whatever else
+    runs). Rounds are interleaved, and each target's best round is kept."""
+    from django.conf import settings
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    settings.DEBUG = False
+    settings.ALLOWED_HOSTS = ["testserver"]
+    settings.SECURE_SSL_REDIRECT = False
+    client = Client()
+    client.force_login(get_user_model().objects.get(username=USER))
+    targets = []
+    for name, path, headers in TARGETS:
+        name = name.replace("__CAMPAIGNS__", f"{args.campaigns:,}")
+        name = name.replace("__ITEMS__", f"{args.open_items:,}")
+        if args.only and args.only not in name:
+            continue
+        extra = {"HTTP_" + k.upper().replace("-", "_"): v for k, v in headers.items()}
+        targets.append((name, path.replace("__DEEP__", str(deep)), extra))
+    best: dict[str, tuple[float, float]] = {}
+    queries: dict[str, int] = {}
+    for _ in range(args.rounds):
+        for name, path, extra in targets:
+            for _ in range(3):  # warm: templates compiled, caches filled
+                response = client.get(path, **extra)
+                assert response.status_code in (200, 286), (name, response.status_code)
+            with CaptureQueriesContext(connection) as captured:
+                client.get(path, **extra)
+            queries[name] = len(captured.captured_queries)
+            cpu, wall = time.process_time(), time.perf_counter()
+            for _ in range(args.in_process):
+                client.get(path, **extra)
+            figures = (
+                (time.process_time() - cpu) * 1000 / args.in_process,
+                (time.perf_counter() - wall) * 1000 / args.in_process,
+            )
+            best[name] = min(best.get(name, figures), figures)
+    login = next(v[0] for k, v in best.items() if k.startswith("login"))
+    print(
+        f"\nin-process, {args.units:,} units, best of {args.rounds} rounds of "
+        f"{args.in_process} views; load average {os.getloadavg()}"
+    )
+    print("| view | CPU ms | wall ms | CPU ÷ login | queries |")
+    print("|---|---:|---:|---:|---:|")
+    for name, (cpu, wall) in best.items():
+        print(f"| {name} | {cpu:.2f} | {wall:.2f} | {cpu / login:.2f} | {queries[name]} |")
 
 
 def _explain(campaign, deep: int) -> None:

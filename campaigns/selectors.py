@@ -379,6 +379,8 @@ def unit_page(
     cost does not grow with the campaign, unlike OFFSET, and there is no
     COUNT(*). Cursors are pks in either order, so links look the same.
     """
+    if not unit_filter.prefix and before is None:
+        return _unit_page_in_pk_order(campaign, unit_filter, after, size)
     units = Unit.objects.filter(campaign=campaign)
     if unit_filter.state:
         units = units.filter(state=unit_filter.state)
@@ -411,6 +413,31 @@ def unit_page(
     return UnitPage(
         rows=rows,
         next_after=rows[-1].pk if rows and more_after else None,
+        previous_before=rows[0].pk if rows and more_before else None,
+    )
+
+
+def _unit_page_in_pk_order(
+    campaign: Campaign, unit_filter: UnitFilter, after: int | None, size: int
+) -> UnitPage:
+    """unit_page forwards in import order, the page the campaign page opens on
+    and polls, in plain SQL (page_queries.unit_rows_in_pk_order)."""
+    f = unit_filter
+    found = page_queries.unit_rows_in_pk_order(
+        campaign_id=campaign.pk,
+        state=f.state,
+        error=f.error,
+        category=f.category,
+        after=after,
+        limit=size + 1,
+    )
+    rows = [UnitRow(*row) for row in found[:size]]
+    more_before = after is not None and page_queries.unit_at_or_before(
+        campaign_id=campaign.pk, state=f.state, error=f.error, category=f.category, pk=after
+    )
+    return UnitPage(
+        rows=rows,
+        next_after=rows[-1].pk if rows and len(found) > size else None,
         previous_before=rows[0].pk if rows and more_before else None,
     )
 

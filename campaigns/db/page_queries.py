@@ -32,6 +32,7 @@ from campaigns.models import (
     Profile,
     Project,
     Reconciliation,
+    Unit,
     UnitState,
     sees_every_project,
 )
@@ -140,6 +141,81 @@ def review_reason_counts(*, campaign_ids: list[int], state: str | None) -> dict[
 
 
 # --- units ---------------------------------------------------------------------------
+
+# The unit table's page in import order, the one the campaign page opens on and
+# polls: its columns (selectors.UnitRow's), in plain SQL because building the
+# ORM's query cost more than PostgreSQL's answer (bench/RESULTS.md, "The
+# campaign page's rows and URLs (2026-12-04)"). The same conditions and order
+# as the ORM's, so the same index (Unit.Meta.indexes) serves it.
+UNIT_ROW_FIELDS = (
+    "id",
+    "uid",
+    "state",
+    "error_class",
+    "error_message",
+    "output_path",
+    "updated_at",
+)
+
+
+def _unit_conditions(
+    campaign_id: int, state: str, error: str, category: str
+) -> tuple[list[str], list[Any]]:
+    """The unit table's filters as SQL conditions and their parameters."""
+    where: list[str] = ["campaign_id = %s"]
+    params: list[Any] = [campaign_id]
+    if state:
+        where.append("state = %s")
+        params.append(state)
+    if error:
+        where += ["state = %s", "error_class = %s"]
+        params += [UnitState.FAILED, error]
+    if category:
+        where.append("category = %s")
+        params.append(category)
+    return where, params
+
+
+def unit_rows_in_pk_order(
+    *,
+    campaign_id: int,
+    state: str = "",
+    error: str = "",
+    category: str = "",
+    after: int | None = None,
+    limit: int,
+) -> list[list]:
+    """Up to `limit` units of the campaign after pk `after` (None: from the
+    first), in pk order, with the filters set: UNIT_ROW_FIELDS each."""
+    where, params = _unit_conditions(campaign_id, state, error, category)
+    if after is not None:
+        where.append("id > %s")
+        params.append(after)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {sql_rows.columns(Unit, 'u', UNIT_ROW_FIELDS)} FROM campaigns_unit u "  # noqa: S608 (conditions of our own)
+            f"WHERE {' AND '.join(where)} ORDER BY id LIMIT %s",
+            [*params, limit],
+        )
+        rows = cursor.fetchall()
+    convert = sql_rows.reader(Unit, UNIT_ROW_FIELDS).convert
+    return [convert(iter(row)) for row in rows]
+
+
+def unit_at_or_before(
+    *, campaign_id: int, state: str = "", error: str = "", category: str = "", pk: int
+) -> bool:
+    """Whether a unit with these filters has pk `pk` or a lower one (the page
+    after `pk` has a previous page): the nearest, read from the same index."""
+    where, params = _unit_conditions(campaign_id, state, error, category)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id FROM campaigns_unit "  # noqa: S608 (conditions of our own)
+            f"WHERE {' AND '.join(where)} AND id <= %s ORDER BY id DESC LIMIT 1",
+            [*params, pk],
+        )
+        return cursor.fetchone() is not None
+
 
 # A campaign's categories, one index probe each on unit_campaign_category_id
 # (a "skip scan"), rather than reading the distinct values of a million units

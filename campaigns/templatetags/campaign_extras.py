@@ -1,10 +1,11 @@
+import functools
 from html import escape
 
 from django import template
 from django.template.defaultfilters import date as date_filter
 from django.template.defaultfilters import filesizeformat
-from django.urls import reverse
-from django.utils.html import conditional_escape, format_html, format_html_join
+from django.urls import get_script_prefix, get_urlconf, reverse
+from django.utils.html import conditional_escape, format_html
 from django.utils.safestring import mark_safe
 from django.utils.timezone import localtime
 
@@ -26,24 +27,37 @@ def size_or_dash(value):
     return "—" if value is None else filesizeformat(value)
 
 
-_UNIT_ROW = (
-    '<tr><td><a href="{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>'
-)
+@functools.lru_cache(maxsize=4096)
+def _reversed(urlconf, prefix: str, viewname: str, args: tuple) -> str:
+    # The script prefix is read by reverse() itself; it is in the key so that
+    # a site mounted under another prefix gets its own entries.
+    return reverse(viewname, urlconf=urlconf, args=args)
+
+
+@register.simple_tag
+def url_of(viewname, *args):
+    """{% url %} remembered for the process: the campaign page names 37 URLs
+    of a few views, and reversing each costs more than the rest of its line
+    (bench/RESULTS.md, "The campaign page's rows and URLs (2026-12-04)"). A
+    URL depends only on the URLconf, the script prefix and its arguments, all
+    in the key; the cache keeps the 4,096 last used."""
+    return _reversed(get_urlconf(), get_script_prefix(), viewname, args)
 
 
 @register.simple_tag
 def unit_rows(rows):
     """The unit table's rows, escaped, in one call: cheaper than the template's
-    own loop over 50 rows of seven cells, on a page polled while a run goes
-    (bench/RESULTS.md, "Pages at scale — `bench/pages_scale.py`")."""
-    return format_html_join(
-        "\n",
-        _UNIT_ROW,
-        (
-            (url, uid, state, error_class or "—", message or "—", output or "—", updated)
-            for url, uid, state, error_class, message, output, updated in rows
-        ),
-    )
+    own loop over 50 rows of seven cells, and than format_html_join's lazy
+    escaping of each cell, on a page polled while a run goes (bench/RESULTS.md,
+    "Pages at scale — `bench/pages_scale.py`"). Each text is escaped once."""
+    html = []
+    for url, uid, state, error_class, message, output, updated in rows:
+        html.append(
+            f'<tr><td><a href="{escape(url)}">{escape(uid)}</a></td><td>{escape(state)}</td>'
+            f"<td>{escape(error_class or '—')}</td><td>{escape(message or '—')}</td>"
+            f"<td>{escape(output or '—')}</td><td>{escape(updated)}</td></tr>"
+        )
+    return mark_safe("\n".join(html))  # noqa: S308 (every value escaped above)
 
 
 @register.simple_tag

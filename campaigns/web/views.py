@@ -187,6 +187,7 @@ def _unit_table(request: HttpRequest, campaign: Campaign) -> dict:
     unit_url = reverse("unit_detail", args=[campaign.name, 0]).removesuffix("0/")
     kept = unit_filter.params()
     others = {k: v for k, v in kept.items() if k not in ("state", "error")}
+    here = timezone.get_current_timezone()  # once, not a lookup a row
     return {
         # The time preformatted: the date filter is the page's dearest cell.
         # Flat tuples in cell order, for the `unit_rows` tag.
@@ -198,7 +199,7 @@ def _unit_table(request: HttpRequest, campaign: Campaign) -> dict:
                 row.error_class,
                 row.error_message,
                 row.output_path,
-                timezone.localtime(row.updated_at).strftime(TIME),
+                row.updated_at.astimezone(here).strftime(TIME),
             )
             for row in page.rows
         ],

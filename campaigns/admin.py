@@ -77,6 +77,8 @@ class CampaignAdmin(admin.ModelAdmin):
     list_display = ["name", "project", "processor", "current_version", "created_at"]
     list_filter = ["processor"]
     raw_id_fields = ["current_version"]
+    # The planner's own stamp (campaigns/runs/start.py): a form must not write it back.
+    readonly_fields = ["planning_at"]
 
 
 @admin.register(ParameterVersion)

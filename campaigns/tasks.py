@@ -25,14 +25,19 @@ def requeue_expired_batches() -> list[int]:
 
 
 @shared_task(name="campaigns.tasks.plan_campaign")
-def plan_campaign(campaign_id: int, since: str) -> int:
+def plan_campaign(campaign_id: int, since: str, stamp: str | None = None) -> int:
     """The rest of a run a web request started at `since` (ISO time;
-    campaigns/runs/start.py, campaign_start); nothing once the campaign was paused after it."""
+    campaigns/runs/start.py, campaign_start); nothing once the campaign was paused after it.
+    `stamp`: the planning stamp the request left (ISO time), cleared when done."""
     campaign = Campaign.objects.filter(pk=campaign_id).first()
     if campaign is None:
         return 0
     try:
-        return campaign_run_rest(campaign=campaign, since=datetime.fromisoformat(since))
+        return campaign_run_rest(
+            campaign=campaign,
+            since=datetime.fromisoformat(since),
+            stamp=datetime.fromisoformat(stamp) if stamp else None,
+        )
     except ValidationError as exc:
         # The campaign changed meanwhile (a failed checkpoint): its page says so.
         log.warning("campaign %s: the rest of the run was not planned: %s", campaign_id, exc)

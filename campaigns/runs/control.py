@@ -33,8 +33,9 @@ def campaign_pause(*, campaign: Campaign) -> int:
     Returns the number of units taken back.
     """
     with transaction.atomic():
-        # A run still planning (campaign_run's slices) stops at this mark.
-        Campaign.objects.filter(pk=campaign.pk).update(paused_at=timezone.now())
+        # A run still planning (campaign_run's slices) stops at this mark,
+        # before its next slice: the campaign no longer reads as being planned.
+        Campaign.objects.filter(pk=campaign.pk).update(paused_at=timezone.now(), planning_at=None)
         waiting = list(
             Batch.objects.filter(campaign=campaign, state=Batch.State.QUEUED).values_list(
                 "pk", flat=True

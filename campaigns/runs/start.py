@@ -77,16 +77,19 @@ def campaign_start(*, campaign: Campaign) -> tuple[int, bool]:
     since = timezone.now()
     batches, more = _run(campaign, slices=1, since=since)
     if more:
-        # The campaign stays stamped as planning (_run leaves the stamp when
-        # it hands the rest on): the page keeps polling until the worker takes over.
-        args = [campaign.pk, since.isoformat()]
-        transaction.on_commit(lambda: _plan_rest(args))
+        # The campaign stays stamped as planning (_run leaves its stamp when it
+        # hands the rest on, and the task carries it): the page keeps polling
+        # until the worker takes over, and the worker clears this stamp only.
+        stamp = campaign.planning_at
+        assert stamp is not None
+        args = [campaign.pk, since.isoformat(), stamp.isoformat()]
+        transaction.on_commit(lambda: _plan_rest(args, stamp))
     return batches, more
 
 
-def _plan_rest(args: list) -> None:
+def _plan_rest(args: list, stamp: dt.datetime) -> None:
     if not _send(PLAN_TASK, args):
-        Campaign.objects.filter(pk=args[0]).update(planning_at=None)
+        _planning_done(Campaign(pk=args[0]), stamp)
         outage = _outage.get()
         assert outage is not None
         outage.planning_unsent = True
@@ -96,7 +99,7 @@ def _planning_stamp(campaign: Campaign) -> dt.datetime:
     """Stamp the campaign as being planned now (Campaign.planning_at): its
     pages keep polling while the next slice is weighed, though nothing may be
     queued then. Renewed at each slice, so a planner that dies lets it go stale."""
-    stamp = timezone.now()
+    stamp = campaign.planning_at = timezone.now()
     Campaign.objects.filter(pk=campaign.pk).update(planning_at=stamp)
     return stamp
 
@@ -148,15 +151,19 @@ def nothing_queued_reason(*, campaign: Campaign) -> str:
     return f"Nothing to run: {held}."
 
 
-def campaign_run_rest(*, campaign: Campaign, since: dt.datetime) -> int:
-    """The rest of the run campaign_start began at `since`, unless paused since."""
+def campaign_run_rest(
+    *, campaign: Campaign, since: dt.datetime, stamp: dt.datetime | None = None
+) -> int:
+    """The rest of the run campaign_start began at `since`, unless paused
+    since; `stamp`: the planning stamp campaign_start left for it."""
     # Its first slice went out with the request: the rest goes in full slices.
     try:
         return _run(campaign, slices=None, since=since, small_first=False)[0]
     finally:
         # The stamp campaign_start left, when this run stamped none of its own
-        # (paused meanwhile, nothing left): the page stops polling now.
-        _planning_done(campaign, campaign.planning_at)
+        # (paused meanwhile, nothing left): the page stops polling now. Only
+        # that stamp: another run may be planning the campaign meanwhile.
+        _planning_done(campaign, stamp)
 
 
 class BrokerUnavailable(Exception):

@@ -2,6 +2,8 @@ import functools
 from html import escape
 
 from django import template
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django.template.defaultfilters import date as date_filter
 from django.template.defaultfilters import filesizeformat
 from django.urls import get_script_prefix, get_urlconf, reverse
@@ -32,6 +34,13 @@ def _reversed(urlconf, prefix: str, viewname: str, args: tuple) -> str:
     # The script prefix is read by reverse() itself; it is in the key so that
     # a site mounted under another prefix gets its own entries.
     return reverse(viewname, urlconf=urlconf, args=args)
+
+
+@receiver(setting_changed)
+def _urls_changed(*, setting: str, **kwargs) -> None:
+    # As Django's own resolver caches (a test that swaps the URLconf).
+    if setting == "ROOT_URLCONF":
+        _reversed.cache_clear()
 
 
 @register.simple_tag

@@ -160,3 +160,29 @@ def test_the_command_and_the_list_read_planning_too(
     assert counts.as_dict(campaign.name)["planning"] is True
     listed = client.get(reverse("campaign_list")).content.decode()
     assert "planning the next batches" in listed
+
+
+def test_a_pause_ends_running_at_once_though_the_worker_has_not_planned_yet(
+    client, owner, campaign, django_capture_on_commit_callbacks
+):
+    client.force_login(owner)
+    _start(client, campaign, django_capture_on_commit_callbacks)
+    _workers_finish_what_is_queued(campaign)
+    client.post(reverse("campaign_pause", args=[campaign.name]))
+    response = _poll(client, campaign)  # the portal worker is down, or busy
+    assert response.status_code == 286
+    assert "Paused" in response.content.decode()
+
+
+def test_the_worker_clears_only_the_stamp_its_request_left(
+    client, owner, campaign, django_capture_on_commit_callbacks
+):
+    client.force_login(owner)
+    args = _start(client, campaign, django_capture_on_commit_callbacks)
+    client.post(reverse("campaign_pause", args=[campaign.name]))
+    # Another planner (a second Start, `campaign run`) is at work meanwhile.
+    other = timezone.now()
+    Campaign.objects.filter(pk=campaign.pk).update(planning_at=other)
+    with mock.patch.object(start.celery_app, "send_task"):
+        assert plan_campaign(*args) == 0  # paused after the request: nothing planned
+    assert Campaign.objects.get(pk=campaign.pk).planning_at == other

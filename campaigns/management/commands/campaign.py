@@ -334,9 +334,14 @@ class Command(
         ) as bar:
             while counts.active:
                 if timeout is not None and time.monotonic() - started > timeout:
+                    busy = counts.queued + counts.running
                     raise CommandError(
-                        f"still {counts.queued + counts.running} units queued or running "
-                        f"after {timeout:g}s; is a worker running? (make run starts one)"
+                        (
+                            f"still {busy} units queued or running"
+                            if busy or not counts.planning
+                            else "the rest of the run still being planned"
+                        )
+                        + f" after {timeout:g}s; is a worker running? (make run starts one)"
                     )
                 time.sleep(0.5)
                 counts = selectors.campaign_counts(campaign=campaign)

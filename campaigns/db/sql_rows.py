@@ -69,7 +69,6 @@ class Reader(Generic[M]):
                 ]
             )
         self.pk_index = next((i for i, f in enumerate(fields) if f is model._meta.pk), None)
-        self.new = model.__new__
         if signals.pre_init.has_listeners(model) or signals.post_init.has_listeners(model):
             raise TypeError(f"{model.__name__} has init signal receivers: read it with the ORM")
 
@@ -95,7 +94,7 @@ class Reader(Generic[M]):
         # of __dict__, which is how the ORM defers them. A hundred campaigns
         # of the list are five hundred instances (bench/RESULTS.md, "The
         # campaign page's rows and URLs (2026-12-04)").
-        instance = self.new(self.model)
+        instance = self.model.__new__(self.model)
         instance.__dict__.update(zip(self.attnames, converted, strict=True))
         state = instance._state = ModelState()
         state.adding, state.db = False, self.alias

@@ -89,7 +89,7 @@ def campaign_start(*, campaign: Campaign) -> tuple[int, bool]:
 
 def _plan_rest(args: list, stamp: dt.datetime) -> None:
     if not _send(PLAN_TASK, args):
-        _planning_done(Campaign(pk=args[0]), stamp)
+        _planning_done(args[0], stamp)
         outage = _outage.get()
         assert outage is not None
         outage.planning_unsent = True
@@ -104,10 +104,10 @@ def _planning_stamp(campaign: Campaign) -> dt.datetime:
     return stamp
 
 
-def _planning_done(campaign: Campaign, stamp: dt.datetime | None) -> None:
+def _planning_done(campaign_id: int, stamp: dt.datetime | None) -> None:
     # Only this planner's own stamp: another run may plan the campaign now.
     if stamp is not None:
-        Campaign.objects.filter(pk=campaign.pk, planning_at=stamp).update(planning_at=None)
+        Campaign.objects.filter(pk=campaign_id, planning_at=stamp).update(planning_at=None)
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ def campaign_run_rest(
         # The stamp campaign_start left, when this run stamped none of its own
         # (paused meanwhile, nothing left): the page stops polling now. Only
         # that stamp: another run may be planning the campaign meanwhile.
-        _planning_done(campaign, stamp)
+        _planning_done(campaign.pk, stamp)
 
 
 class BrokerUnavailable(Exception):
@@ -359,7 +359,7 @@ def _run(
             )
     finally:
         if not more:  # more: the stamp is handed on with the rest (campaign_start)
-            _planning_done(campaign, stamp)
+            _planning_done(campaign.pk, stamp)
 
 
 def _stopped_since(

@@ -58,7 +58,7 @@ def unit_rows(rows):
     """The unit table's rows, escaped, in one call: cheaper than the template's
     own loop over 50 rows of seven cells, and than format_html_join's lazy
     escaping of each cell, on a page polled while a run goes (bench/RESULTS.md,
-    "Pages at scale — `bench/pages_scale.py`"). Each text is escaped once."""
+    "The campaign page's rows and URLs (2026-12-04)"). Each text is escaped once."""
     html = []
     for url, uid, state, error_class, message, output, updated in rows:
         html.append(

@@ -58,6 +58,16 @@ def fail_stale_profiles() -> list[int]:
     return profiles_fail_stale()
 
 
+@shared_task(name="campaigns.tasks.watch_runs")
+def watch_runs() -> list[str]:
+    """The events runs raised (checkpoint, stall, done, failures, rental
+    ending), each notified once (campaigns/watch/events.py)."""
+    from campaigns.runs.leases import BATCH_QUEUE, broker_queue_waiting
+    from campaigns.watch.events import watch_runs as sweep
+
+    return sweep(broker_check=lambda: broker_queue_waiting(BATCH_QUEUE) is not None)
+
+
 @worker_ready.connect
 def _requeue_on_start(**kwargs) -> None:
     # A worker that starts after a crash picks up what the dead one held.

@@ -16,6 +16,7 @@ from celery.exceptions import Reject
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
+from gpuworker import beat  # noqa: F401  (each worker process's heartbeat row)
 from gpuworker.runner.batch import run_batch as _run_batch
 from gpuworker.runner.pipeline import finisher, pipeline_enabled
 from gpuworker.runner.prefetch import prefetch

@@ -11,8 +11,10 @@ class PortalConfig(AppConfig):
 
     def ready(self) -> None:
         from campaigns.profiles.advice import advisor_register
+        from campaigns.watch.rentals import rentals_register
         from portal import checks  # noqa: F401  (registers the system checks)
         from portal.advice import PortalAdvisor
+        from portal.rentals import PortalRentals
         from portal.staff_group import staff_group_sync
 
         # After auth's own handler has created this app's permissions.
@@ -21,3 +23,5 @@ class PortalConfig(AppConfig):
         # Estimates and the profile page (campaigns) price plans through this;
         # every process that loads Django loads portal, so each has it.
         advisor_register(PortalAdvisor())
+        # The watch panel and the rental-ending alert ask campaigns' rental this way.
+        rentals_register(PortalRentals())

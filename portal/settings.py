@@ -188,6 +188,28 @@ OUTPUT_ROOT = _path(env.str("OUTPUT_ROOT", default=str(VAR_DIR / "outputs")))
 # quarter of this; a worker that dies stops renewing, and the sweeper puts the
 # batch back in the queue once the lease is over.
 BATCH_LEASE_SECONDS = env.int("BATCH_LEASE_SECONDS", default=60)
+# Each worker process renews its WorkerBeat row this often (gpuworker/beat.py);
+# silent three times as long, the live workers panel and the stall rules
+# count it gone.
+WORKER_BEAT_SECONDS = env.float("WORKER_BEAT_SECONDS", default=15.0)
+# A run is stalled when no batch finished for this many times the recent median
+# batch time, and never before WATCH_STALL_MIN_SECONDS (a first batch loads its
+# model); sooner when the heartbeats prove the cause (campaigns/watch/stall.py).
+WATCH_STALL_FACTOR = env.float("WATCH_STALL_FACTOR", default=5.0)
+WATCH_STALL_MIN_SECONDS = env.float("WATCH_STALL_MIN_SECONDS", default=300.0)
+# How often beat's watch sweep looks for the events it notifies (checkpoint,
+# stall, done, failures, rental ending: docs/method.md, "Watching a run").
+WATCH_SECONDS = env.float("WATCH_SECONDS", default=60.0)
+# The failures event waits for this many processed units of a version.
+WATCH_FAILURE_MIN_UNITS = env.int("WATCH_FAILURE_MIN_UNITS", default=50)
+# A webhook POST waits this long for an answer; a failed one is tried again on
+# the next sweeps, WEBHOOK_TRIES times in all.
+WEBHOOK_TIMEOUT = env.float("WEBHOOK_TIMEOUT", default=5.0)
+WEBHOOK_TRIES = env.int("WEBHOOK_TRIES", default=5)
+# Webhook URLs that resolve to loopback, private or link-local addresses are
+# refused (a project member could otherwise make the server call its own
+# network); a deployment whose receivers live there allows them here.
+WEBHOOK_ALLOW_PRIVATE = env.bool("WEBHOOK_ALLOW_PRIVATE", default=False)
 # A batch whose worker died this many times fails its units instead of
 # being requeued again (a poison input that kills the process, say).
 BATCH_MAX_DELIVERIES = env.int("BATCH_MAX_DELIVERIES", default=5)
@@ -504,6 +526,7 @@ CELERY_BEAT_SCHEDULE = {
     },
     "expire-unpaid-quotes": {"task": "portal.tasks.expire_unpaid_quotes", "schedule": 60.0},
     "rental-end-sweep": {"task": "portal.tasks.rental_end_sweep", "schedule": 300.0},
+    "watch-runs": {"task": "campaigns.tasks.watch_runs", "schedule": max(1.0, WATCH_SECONDS)},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # Beat calls these sweeps itself on its tick rather than sending them
@@ -516,6 +539,8 @@ BEAT_IN_PROCESS = frozenset(
         "campaigns.tasks.requeue_expired_batches",
         "campaigns.tasks.requeue_stale_trainings",
         "campaigns.tasks.fail_stale_profiles",
+        # A stall's notification must not wait behind the work that stalled.
+        "campaigns.tasks.watch_runs",
     }
 )
 if CELERY_BROKER_URL.startswith("redis"):

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+from django.utils import timezone
 from numpy.lib import format as npy_format
 
 from campaigns.exports import tables
@@ -178,13 +179,22 @@ def export(campaign: Campaign, folder: Path) -> list[Path]:
     written is an ExportError; the files written before it stay whole."""
     _make_folder(folder)
     try:
-        return _write_all(campaign, folder)
+        written = _write_all(campaign, folder)
     except OSError as exc:
         # os.replace names its temporary file first and the target second.
         where = exc.filename2 or exc.filename or folder
         raise ExportError(
             f"cannot export to {folder}: cannot write {where} ({exc.strerror or exc})"
         ) from exc
+    mark_exported(campaign)
+    return written
+
+
+def mark_exported(campaign: Campaign) -> None:
+    """Its outputs left the machine (this export, a matrix, table or
+    predictions download): the rental-ending alert asks whether that came
+    after the last batch (campaigns/watch/events.py)."""
+    Campaign.objects.filter(pk=campaign.pk).update(exported_at=timezone.now())
 
 
 def _make_folder(folder: Path) -> None:

@@ -36,6 +36,7 @@ from campaigns.models.review import (
     ReviewReasonCount,
 )
 from campaigns.models.training import ModelCheckpoint, Training
+from campaigns.models.watch import Notification, ProjectAlerts, WorkerBeat, new_webhook_secret
 
 # isort: on
 
@@ -51,9 +52,11 @@ __all__ = [
     "ErrorClass",
     "Estimate",
     "ModelCheckpoint",
+    "Notification",
     "ParameterVersion",
     "Profile",
     "Project",
+    "ProjectAlerts",
     "ProjectFolder",
     "Reconciliation",
     "ReviewCount",
@@ -64,5 +67,7 @@ __all__ = [
     "Unit",
     "UnitCount",
     "UnitState",
+    "WorkerBeat",
+    "new_webhook_secret",
     "sees_every_project",
 ]

@@ -96,6 +96,10 @@ class Campaign(models.Model):
     # nothing is queued: workers faster than the planner run dry between its
     # slices. Nullable for the same reason.
     planning_at = models.DateTimeField(null=True, blank=True)
+    # When its outputs were last exported (`campaign export`, or a download of
+    # its results, matrices or tables): the rental-ending alert asks whether
+    # that came after the last batch. Nullable for the same reason.
+    exported_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     #: A planning stamp older than this is a planner that died with it (a

@@ -13,9 +13,10 @@ from django.utils.text import slugify
 
 from campaigns.intake import project_folders
 from campaigns.intake.records import RecordColumns
-from campaigns.models import Project
+from campaigns.models import Notification, Project, ProjectAlerts
 from campaigns.specs import model_files
 from campaigns.specs.processors import ProcessorSpec, all_specs, get_spec
+from campaigns.watch.notify import url_problem
 from campaigns.web import setup_records
 
 PARAM_PREFIX = "param_"
@@ -347,3 +348,34 @@ class ParametersForm(ParamsMixin, forms.Form):
         cleaned = super().clean()
         self.check_params()
         return cleaned
+
+
+class AlertsForm(forms.ModelForm):
+    """A project's alerts: which events, by e-mail to its members, and a webhook."""
+
+    events = forms.MultipleChoiceField(
+        choices=Notification.Event.choices,
+        widget=forms.CheckboxSelectMultiple,
+        required=False,
+        help_text="each is sent once per event, and listed on the campaign page either way",
+    )
+    failure_share = forms.FloatField(
+        min_value=0.0,
+        max_value=1.0,
+        label="Failure share",
+        help_text="the failures event is raised above this share of processed units (0.1 = 10%)",
+    )
+
+    class Meta:
+        model = ProjectAlerts
+        fields = ["events", "email", "webhook_url", "failure_share"]
+        labels = {"email": "E-mail the project's members", "webhook_url": "Webhook URL"}
+        help_texts = {
+            "webhook_url": "a POST of a signed JSON body for each event; empty: no webhook",
+        }
+
+    def clean_webhook_url(self) -> str:
+        url = self.cleaned_data["webhook_url"].strip()
+        if url and (problem := url_problem(url)):
+            raise ValidationError(problem)
+        return url

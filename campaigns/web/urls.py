@@ -1,10 +1,11 @@
 from django.urls import path
 
-from campaigns.web import profile_views, training_views, version_views, views
+from campaigns.web import profile_views, training_views, version_views, views, watch_views
 
 urlpatterns = [
     path("", views.campaign_list, name="campaign_list"),
     path("new/", views.campaign_new, name="campaign_new"),
+    path("projects/<int:pk>/alerts/", watch_views.project_alerts, name="project_alerts"),
     path("<slug:name>/", views.campaign_detail, name="campaign_detail"),
     path("<slug:name>/run/", views.campaign_run, name="campaign_run"),
     path("<slug:name>/verify/", views.campaign_verify, name="campaign_verify"),
@@ -13,6 +14,7 @@ urlpatterns = [
     path("<slug:name>/parameters/", views.campaign_params, name="campaign_params"),
     path("<slug:name>/export/<str:filename>", views.campaign_export, name="campaign_export"),
     path("<slug:name>/units/<int:pk>/", views.unit_detail, name="unit_detail"),
+    path("<slug:name>/watch/", watch_views.campaign_watch, name="campaign_watch"),
     path("<slug:name>/versions/", version_views.campaign_versions, name="campaign_versions"),
     path(
         "<slug:name>/versions/<int:number>/<str:filename>",

@@ -10,7 +10,7 @@ from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpRespons
 from django.shortcuts import render
 from django.views.decorators.vary import vary_on_headers
 
-from campaigns.exports import matrices, tables
+from campaigns.exports import inventory, matrices, tables
 from campaigns.exports.csv_stream import stream_csv
 from campaigns.exports.predictions import predictions_csv
 from campaigns.models import Campaign, ParameterVersion
@@ -81,6 +81,8 @@ def version_download(
     version = _version(campaign, str(number))
     if filename not in DOWNLOADS[matrices.kind_of(campaign)]:
         raise Http404("No such download for this campaign.")
+    if filename != "rows.csv":  # the outputs themselves, not only their names
+        inventory.mark_exported(campaign)
     if filename.endswith(".npy"):
         matrix = matrices.matrix_stream(campaign=campaign, version=version)
         if matrix is None:

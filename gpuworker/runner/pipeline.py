@@ -23,6 +23,7 @@ from campaigns.models import Batch, ErrorClass
 from campaigns.review.queue import after_batch
 from campaigns.runs.recording import batch_record
 from common.log_context import bound
+from gpuworker import beat, nvml
 from gpuworker.memory import at_failure, runtime_facts
 from gpuworker.processors import get_processor, sharded
 from gpuworker.processors.base import Processor
@@ -75,6 +76,9 @@ class BatchRun:
                 self.metrics["oom_splits"] = splits
             if alone:
                 self.metrics["oom_alone"] = alone
+            util = nvml.utilization()
+            if util is not None:  # the device's busy share as the model ends
+                self.metrics["gpu_util"] = util
         except Exception as exc:  # the model itself failed: every unfinished unit says why
             self._failed(exc)
         self.seconds += time.perf_counter() - started
@@ -103,6 +107,7 @@ class BatchRun:
         finally:
             self.lease.stop()
         if recorded:
+            beat.batch_done()
             if self.processor is not None and not sharded(self.processor):
                 try:
                     drop_lease_records(self.batch)

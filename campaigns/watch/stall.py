@@ -1,0 +1,178 @@
+"""Whether a run is stalled, and the likely cause: a pure function of what the
+database says (batches, worker heartbeats) and of whether the broker answers,
+so that it is tested on recorded situations with a fake clock.
+
+A run is stalled when work is queued or running and no batch finished for
+`factor` times the recent median batch time (never less than a floor: a
+run's first batch loads its model). A stalled run and a slow one look the
+same on a counts page; the cause is what tells them apart.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Worker:
+    """A worker process as its heartbeat last described it."""
+
+    name: str  # host:pid, as Batch.worker says
+    beat_at: dt.datetime
+    queues: str
+    stopped: bool = False
+
+
+@dataclass(frozen=True)
+class Held:
+    """A running batch: who holds it and until when."""
+
+    batch_id: int
+    worker: str
+    lease_expires_at: dt.datetime | None
+
+
+@dataclass(frozen=True)
+class Situation:
+    now: dt.datetime
+    queued: int  # batches queued
+    running: Sequence[Held]
+    planning: bool  # a planner stamped planning_at recently
+    planner_died: bool  # a stale planning stamp, units pending and nothing queued
+    last_progress_at: dt.datetime | None  # the last batch finished, or the run's start
+    batch_seconds: Sequence[float]  # recent finished batches' durations
+    workers: Sequence[Worker]
+    queue: str = "gpu"
+
+
+@dataclass(frozen=True)
+class Rules:
+    factor: float  # stalled after this many median batch times without progress
+    floor: float  # seconds, never less than this
+    beat_seconds: float  # a worker beats this often; silent 3x that, it is gone
+    lease_seconds: float  # a batch's lease
+
+
+@dataclass(frozen=True)
+class Stall:
+    cause: str  # no_worker, broker, dead_holders, sweeper, planner, hung
+    since: dt.datetime
+    waited: float  # seconds without progress
+    limit: float  # seconds allowed
+    title: str
+    advice: str
+
+
+def limit(batch_seconds: Sequence[float], rules: Rules) -> float:
+    """Seconds without a finished batch that make a stall."""
+    if not batch_seconds:
+        return rules.floor
+    return max(rules.floor, rules.factor * statistics.median(batch_seconds))
+
+
+def live(worker: Worker, *, now: dt.datetime, rules: Rules) -> bool:
+    return not worker.stopped and (now - worker.beat_at).total_seconds() <= 3 * rules.beat_seconds
+
+
+def consumes(worker: Worker, queue: str) -> bool:
+    # A worker started without -Q consumes Celery's default queue only.
+    return queue in {q.strip() for q in worker.queues.split(",")}
+
+
+def verdict(
+    situation: Situation, rules: Rules, broker_answers: Callable[[], bool | None] = lambda: None
+) -> Stall | None:
+    """The stall, or None while the run makes progress (or has nothing to do).
+
+    A cause the database proves (no live worker for the queue, every running
+    batch held by a dead one, a sweeper that does not run, a planner gone) is
+    a stall as soon as a worker would have beaten three times without
+    progress; otherwise (live workers, a broker that answers) only after the
+    limit. `broker_answers` is asked only then: it may take seconds."""
+    s = situation
+    busy = s.queued or s.running or s.planning or s.planner_died
+    if not busy or s.last_progress_at is None:
+        return None
+    allowed = limit(s.batch_seconds, rules)
+    waited = (s.now - s.last_progress_at).total_seconds()
+    if waited <= min(allowed, 3 * rules.beat_seconds):
+        return None
+
+    def stall(cause: str, title: str, advice: str) -> Stall:
+        assert s.last_progress_at is not None
+        return Stall(cause, s.last_progress_at, waited, allowed, title, advice)
+
+    found = _proven(s, rules, stall)
+    if found is not None:
+        return found
+    if waited <= allowed:
+        return None
+    if broker_answers() is False:
+        return stall(
+            "broker",
+            "The broker does not answer",
+            "Workers receive no batches while the broker (Redis or RabbitMQ) is down: "
+            "restart it; the queued batches are sent again by themselves once it answers.",
+        )
+    return stall(
+        "hung",
+        "Workers are alive but no batch finished",
+        "A batch may be hung (a stuck input read, a slow or full disk, a device error): "
+        "see the log of the worker that holds it; stopping that worker gives its batch "
+        "back to the queue when the lease runs out.",
+    )
+
+
+def _proven(s: Situation, rules: Rules, stall: Callable[[str, str, str], Stall]) -> Stall | None:
+    """A cause the heartbeats and leases prove, or None."""
+    alive = [w for w in s.workers if live(w, now=s.now, rules=rules)]
+    serving = [w for w in alive if consumes(w, s.queue)]
+    holders = {w.name for w in alive}
+    if s.running and all(h.worker not in holders for h in s.running):
+        expired = [
+            h
+            for h in s.running
+            if h.lease_expires_at is not None
+            and (s.now - h.lease_expires_at).total_seconds() > 2 * rules.lease_seconds
+        ]
+        if expired:
+            return stall(
+                "sweeper",
+                "Batches held by dead workers are not given back",
+                f"{len(expired)} running batch(es) lost their worker and their lease ran out "
+                "long ago, so the sweeper (Celery beat) is not running: start "
+                "`celery -A portal beat` (or a worker with --beat).",
+            )
+        if not serving:
+            return stall(
+                "no_worker",
+                "No worker is running",
+                f"The {len(s.running)} running batch(es) were held by workers that stopped "
+                "beating; the sweeper puts them back in the queue when their lease runs out, "
+                f"but no live worker consumes the '{s.queue}' queue: start one "
+                f"(`celery -A portal worker -Q {s.queue}`).",
+            )
+        return stall(
+            "dead_holders",
+            "Every running batch is held by a dead worker",
+            "The workers that held them stopped beating; the sweeper puts the batches back "
+            "in the queue when their lease runs out, and a live worker takes them then.",
+        )
+    if not serving and (s.queued or s.running):
+        return stall(
+            "no_worker",
+            "No worker is running",
+            f"{s.queued} batch(es) are queued but no live worker consumes the '{s.queue}' "
+            f"queue: start one (`celery -A portal worker -Q {s.queue}`); nothing is lost.",
+        )
+    if s.planner_died and not s.queued and not s.running:
+        return stall(
+            "planner",
+            "The run stopped planning",
+            "Units are pending, nothing is queued, and the planner's last stamp is stale "
+            "(the portal worker was stopped while planning): press Resume to plan the rest.",
+        )
+    return None

@@ -1,0 +1,310 @@
+"""What the watch panel, the list, `campaign status` and the watch sweep read
+from the database: recent batch timings, the work left, the worker
+heartbeats and the running batches, put through the pure rules of eta.py and
+stall.py. A handful of statements over indexed columns a campaign, whatever
+its size (the one over the units left reads them by the (campaign, state)
+index)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db.models import Count, Min, Sum
+from django.utils import timezone
+
+from campaigns.models import Batch, Campaign, ParameterVersion, Unit, UnitState, WorkerBeat
+from campaigns.selectors import Counts
+from campaigns.specs.processors import cost_unit
+from campaigns.watch import eta, stall
+from campaigns.watch.rentals import Rental, rental_of
+
+#: Finished batches read for the rate (the recent window is cut from these).
+TIMINGS_READ = eta.RECENT_BATCHES
+
+
+def rules() -> stall.Rules:
+    return stall.Rules(
+        factor=settings.WATCH_STALL_FACTOR,
+        floor=settings.WATCH_STALL_MIN_SECONDS,
+        beat_seconds=settings.WORKER_BEAT_SECONDS,
+        lease_seconds=settings.BATCH_LEASE_SECONDS,
+    )
+
+
+def timings(*, campaign_id: int, version_id: int | None = None) -> list[eta.Timing]:
+    """The campaign's (or version's) last finished batches, oldest first: the
+    (campaign, finished_at) index of done batches, read backwards."""
+    rows = Batch.objects.filter(
+        campaign_id=campaign_id, state=Batch.State.DONE, finished_at__isnull=False
+    )
+    if version_id is not None:
+        rows = rows.filter(version_id=version_id)
+    found = rows.order_by("-finished_at").values_list(
+        "started_at", "finished_at", "size", "real_tokens"
+    )[:TIMINGS_READ]
+    return [
+        eta.Timing(started or finished, finished, size, cost)
+        for started, finished, size, cost in reversed(found)
+    ]
+
+
+@dataclass(frozen=True)
+class Left:
+    """Units left to process for a version, and their cost where weighed."""
+
+    units: int
+    cost: int | None  # None: none of them weighed yet
+
+
+def work_left(*, campaign: Campaign) -> dict[int | None, Left]:
+    """Units left by the version that will run them: queued and running ones
+    by their batch's version, pending ones by the campaign's current version.
+    Units not weighed yet count at the mean cost of those that were."""
+    left: dict[int | None, list] = defaultdict(lambda: [0, 0, 0])  # units, cost, weighed
+    pending = Unit.objects.filter(campaign=campaign, state=UnitState.PENDING).aggregate(
+        n=Count("id"), cost=Sum("cost"), weighed=Count("cost")
+    )
+    if pending["n"]:
+        entry = left[campaign.current_version_id]
+        entry[0] += pending["n"]
+        entry[1] += pending["cost"] or 0
+        entry[2] += pending["weighed"]
+    in_flight = (
+        Unit.objects.filter(campaign=campaign, state__in=[UnitState.QUEUED, UnitState.RUNNING])
+        .values("batch__version_id")
+        .annotate(n=Count("id"), cost=Sum("cost"), weighed=Count("cost"))
+    )
+    for row in in_flight:
+        entry = left[row["batch__version_id"]]
+        entry[0] += row["n"]
+        entry[1] += row["cost"] or 0
+        entry[2] += row["weighed"]
+    result = {}
+    for version_id, (units, cost, weighed) in left.items():
+        estimated = round(cost * units / weighed) if weighed else None
+        result[version_id] = Left(units, estimated)
+    return result
+
+
+@dataclass(frozen=True)
+class VersionWatch:
+    version: ParameterVersion
+    left: Left
+    rate: eta.Rate | None
+    eta: eta.Eta | None
+
+
+@dataclass(frozen=True)
+class WorkerRow:
+    name: str
+    host: str
+    pid: int
+    device: str
+    queues: str
+    beat_at: dt.datetime
+    beat_age: float
+    batches_done: int
+    live: bool
+    stopped: bool
+    current: list[tuple[int, str]]  # (batch id, campaign name) it holds now
+
+
+@dataclass(frozen=True)
+class Watch:
+    """Everything the watch panel shows for a campaign."""
+
+    now: dt.datetime
+    cost_unit: str
+    left: Left
+    eta: eta.Eta | None
+    rate: eta.Rate | None
+    versions: list[VersionWatch]
+    rental: Rental | None
+    fit: eta.RentalFit | None
+    stall: stall.Stall | None
+    active: bool
+    workers: list[WorkerRow] = field(default_factory=list)
+
+
+def campaign_eta(
+    *, campaign: Campaign, now: dt.datetime | None = None
+) -> tuple[Left, eta.Eta | None, eta.Rate | None, dict[int | None, Left]]:
+    """The campaign's work left, its ETA and rate (from all its recent batches)."""
+    now = now or timezone.now()
+    by_version = work_left(campaign=campaign)
+    units = sum(v.units for v in by_version.values())
+    costs = [v.cost for v in by_version.values()]
+    left = Left(units, None if any(c is None for c in costs) else sum(c or 0 for c in costs))
+    recent = timings(campaign_id=campaign.pk)
+    estimate = eta.estimate(recent, remaining_units=left.units, remaining_cost=left.cost, now=now)
+    return left, estimate, eta.measure(recent), by_version
+
+
+def campaign_watch(
+    *, campaign: Campaign, counts: Counts, broker_check=None, now: dt.datetime | None = None
+) -> Watch:
+    now = now or timezone.now()
+    left, estimate, rate, by_version = campaign_eta(campaign=campaign, now=now)
+    versions = []
+    for version in ParameterVersion.objects.filter(
+        pk__in=set(by_version)
+        | set(
+            Batch.objects.filter(campaign=campaign, state=Batch.State.DONE)
+            .values_list("version_id", flat=True)
+            .distinct()
+        )
+    ).order_by("number"):
+        recent = timings(campaign_id=campaign.pk, version_id=version.pk)
+        version_left = by_version.get(version.pk, Left(0, 0))
+        versions.append(
+            VersionWatch(
+                version,
+                version_left,
+                eta.measure(recent),
+                eta.estimate(
+                    recent,
+                    remaining_units=version_left.units,
+                    remaining_cost=version_left.cost,
+                    now=now,
+                ),
+            )
+        )
+    rental = rental_of(campaign.pk)
+    fit = (
+        eta.rental_fit(starts_at=rental.starts_at, ends_at=rental.ends_at, eta=estimate, now=now)
+        if rental is not None
+        else None
+    )
+    return Watch(
+        now=now,
+        cost_unit=cost_unit(campaign.processor),
+        left=left,
+        eta=estimate,
+        rate=rate,
+        versions=versions,
+        rental=rental,
+        fit=fit,
+        stall=campaign_stall(campaign=campaign, counts=counts, now=now, broker_check=broker_check),
+        active=counts.active,
+        workers=workers(now=now),
+    )
+
+
+def situation(*, campaign: Campaign, counts: Counts, now: dt.datetime) -> stall.Situation:
+    batches = Batch.objects.filter(campaign=campaign)
+    running = [
+        stall.Held(pk, worker, expires)
+        for pk, worker, expires in batches.filter(state=Batch.State.RUNNING).values_list(
+            "pk", "worker", "lease_expires_at"
+        )
+    ]
+    queued = batches.filter(state=Batch.State.QUEUED).aggregate(
+        n=Count("id"), since=Min("created_at")
+    )
+    recent = timings(campaign_id=campaign.pk)
+    last_done = recent[-1].finished_at if recent else None
+    # Progress: the last batch finished, or the run's start when none has
+    # (the first queued or running batch's creation, a run's first plan).
+    started = [
+        t
+        for t in (
+            queued["since"],
+            batches.filter(state=Batch.State.RUNNING).aggregate(m=Min("created_at"))["m"],
+        )
+        if t is not None
+    ]
+    first = min(started) if started else None
+    progress = max(t for t in (last_done, first) if t is not None) if (last_done or first) else None
+    planning_at = campaign.planning_at
+    stale_planner = (
+        planning_at is not None
+        and planning_at <= Campaign.planning_after(now)
+        and counts.pending > 0
+        and not counts.queued
+        and not counts.running
+    )
+    if stale_planner and progress is None:
+        progress = planning_at
+    beats = [
+        stall.Worker(w.name, w.beat_at, w.queues, w.stopped_at is not None)
+        for w in WorkerBeat.objects.all()
+    ]
+    return stall.Situation(
+        now=now,
+        queued=queued["n"],
+        running=running,
+        planning=counts.planning,
+        planner_died=stale_planner,
+        last_progress_at=progress,
+        batch_seconds=[(t.finished_at - t.started_at).total_seconds() for t in recent[-20:]],
+        workers=beats,
+    )
+
+
+def campaign_stall(
+    *, campaign: Campaign, counts: Counts, now: dt.datetime, broker_check=None
+) -> stall.Stall | None:
+    """The campaign's stall, or None. `broker_check()`: whether the broker
+    answers (asked only when the database proves no other cause)."""
+    if not (counts.active or (campaign.planning_at and counts.pending)):
+        return None
+    return stall.verdict(
+        situation(campaign=campaign, counts=counts, now=now),
+        rules(),
+        broker_check or (lambda: None),
+    )
+
+
+def workers(*, now: dt.datetime) -> list[WorkerRow]:
+    """Every worker process that beat within the last day, live ones first,
+    with the batches each holds now."""
+    rules_ = rules()
+    since = now - dt.timedelta(days=1)
+    holding: dict[str, list[tuple[int, str]]] = defaultdict(list)
+    for pk, worker, name in Batch.objects.filter(state=Batch.State.RUNNING).values_list(
+        "pk", "worker", "campaign__name"
+    ):
+        holding[worker].append((pk, name))
+    rows = []
+    for beat in WorkerBeat.objects.filter(beat_at__gte=since):
+        as_seen = stall.Worker(beat.name, beat.beat_at, beat.queues, beat.stopped_at is not None)
+        rows.append(
+            WorkerRow(
+                name=beat.name,
+                host=beat.host,
+                pid=beat.pid,
+                device=beat.device,
+                queues=beat.queues,
+                beat_at=beat.beat_at,
+                beat_age=(now - beat.beat_at).total_seconds(),
+                batches_done=beat.batches_done,
+                live=stall.live(as_seen, now=now, rules=rules_),
+                stopped=beat.stopped_at is not None,
+                current=holding.get(beat.name, []),
+            )
+        )
+    rows.sort(key=lambda r: (not r.live, r.host, r.pid))
+    return rows
+
+
+def throughput_rows(*, campaign_id: int, limit: int = 2000) -> list[dict]:
+    """The last `limit` finished batches for the charts, oldest first."""
+    found = (
+        Batch.objects.filter(campaign_id=campaign_id, state=Batch.State.DONE)
+        .exclude(finished_at=None)
+        .order_by("-finished_at")
+        .values(
+            "finished_at",
+            "started_at",
+            "size",
+            "real_tokens",
+            "worker",
+            "mem_peak_reserved",
+            "rss",
+            "metrics__gpu_util",
+        )[:limit]
+    )
+    return list(reversed(found))

@@ -1,0 +1,46 @@
+"""GPU utilisation from NVIDIA's management library, where the driver is there.
+
+nvidia-ml-py is a thin binding of the driver's libnvidia-ml: on a machine
+without NVIDIA's driver (a CPU worker) its init fails, once, and every call
+here answers None from then on.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def _handle():
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        # The process's device 0 is the first of CUDA_VISIBLE_DEVICES; NVML
+        # numbers the machine's devices, so map it back when it is a number.
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+        if visible.isdigit():
+            return pynvml.nvmlDeviceGetHandleByIndex(int(visible))
+        return pynvml.nvmlDeviceGetHandleByUUID(visible)
+    except Exception as exc:  # no driver, no device, an old driver: no figure
+        log.debug("NVML unavailable: %s", exc)
+        return None
+
+
+def utilization() -> int | None:
+    """Percent of the last sample period (1/6 s to 1 s, by device) in which a
+    kernel ran on this process's device; None without NVML."""
+    handle = _handle()
+    if handle is None:
+        return None
+    try:
+        import pynvml
+
+        return int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    except Exception as exc:
+        log.debug("NVML utilisation: %s", exc)
+        return None

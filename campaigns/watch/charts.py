@@ -16,8 +16,8 @@ from collections import defaultdict
 
 from django.template.defaultfilters import filesizeformat
 
-from campaigns.profiles.charts import HEIGHT, LEFT, RIGHT, TOP, WIDTH, Mark, Series, StepChart, Tick
 from campaigns.profiles.charts import BOTTOM as MARGIN_BOTTOM
+from campaigns.profiles.charts import HEIGHT, LEFT, RIGHT, TOP, WIDTH, Mark, Series, StepChart, Tick
 
 BUCKETS = 48
 X_TICKS = 5
@@ -37,9 +37,7 @@ class _TimeScale:
 
     def y(self, value: float) -> float:
         plot = HEIGHT - TOP - MARGIN_BOTTOM
-        return round(
-            HEIGHT - MARGIN_BOTTOM - plot * min(value, self.top_value) / self.top_value, 1
-        )
+        return round(HEIGHT - MARGIN_BOTTOM - plot * min(value, self.top_value) / self.top_value, 1)
 
     def x_ticks(self) -> list[Tick]:
         fmt = "%H:%M" if self.span < 86400 else "%m-%d %H:%M"
@@ -52,7 +50,10 @@ class _TimeScale:
         ]
 
     def y_ticks(self, label) -> list[Tick]:
-        return [Tick(at=self.y(self.top_value * i / 4), label=label(self.top_value * i / 4)) for i in range(5)]
+        return [
+            Tick(at=self.y(self.top_value * i / 4), label=label(self.top_value * i / 4))
+            for i in range(5)
+        ]
 
 
 def _rate(value: float) -> str:

@@ -205,7 +205,7 @@ def rental_fit(
 def duration(seconds: float) -> str:
     """A duration as a person reads it: "40 s", "12 min", "3.5 h", "2.1 days"."""
     seconds = abs(seconds)
-    if seconds < 90:
+    if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 90 * 60:
         return f"{seconds / 60:.0f} min"

@@ -18,7 +18,7 @@ from django.utils import timezone
 from campaigns.models import Batch, Campaign, ParameterVersion, Unit, UnitState, WorkerBeat
 from campaigns.selectors import Counts
 from campaigns.specs.processors import cost_unit
-from campaigns.watch import eta, stall
+from campaigns.watch import eta, stall, summary
 from campaigns.watch.rentals import Rental, rental_of
 
 #: Finished batches read for the rate (the recent window is cut from these).
@@ -65,22 +65,22 @@ def work_left(*, campaign: Campaign) -> dict[int | None, Left]:
     Units not weighed yet count at the mean cost of those that were."""
     left: dict[int | None, list] = defaultdict(lambda: [0, 0, 0])  # units, cost, weighed
     pending = Unit.objects.filter(campaign=campaign, state=UnitState.PENDING).aggregate(
-        n=Count("id"), cost=Sum("cost"), weighed=Count("cost")
+        n=Count("id"), cost_sum=Sum("cost"), weighed=Count("cost")
     )
     if pending["n"]:
         entry = left[campaign.current_version_id]
         entry[0] += pending["n"]
-        entry[1] += pending["cost"] or 0
+        entry[1] += pending["cost_sum"] or 0
         entry[2] += pending["weighed"]
     in_flight = (
         Unit.objects.filter(campaign=campaign, state__in=[UnitState.QUEUED, UnitState.RUNNING])
         .values("batch__version_id")
-        .annotate(n=Count("id"), cost=Sum("cost"), weighed=Count("cost"))
+        .annotate(n=Count("id"), cost_sum=Sum("cost"), weighed=Count("cost"))
     )
     for row in in_flight:
         entry = left[row["batch__version_id"]]
         entry[0] += row["n"]
-        entry[1] += row["cost"] or 0
+        entry[1] += row["cost_sum"] or 0
         entry[2] += row["weighed"]
     result = {}
     for version_id, (units, cost, weighed) in left.items():
@@ -308,3 +308,34 @@ def throughput_rows(*, campaign_id: int, limit: int = 2000) -> list[dict]:
         )[:limit]
     )
     return list(reversed(found))
+
+
+def list_etas(*, campaigns: list[Campaign]) -> dict[int, str]:
+    """The campaign list's ETA of each campaign given (the active ones)."""
+    found = {}
+    for campaign in campaigns:
+        left, estimate, _, _ = campaign_eta(campaign=campaign)
+        found[campaign.pk] = summary.eta_short(estimate, left_units=left.units)
+    return found
+
+
+def watch_json(*, campaign: Campaign, counts: Counts, broker_check=None) -> dict:
+    """`campaign status --json`'s "watch": the ETA, rate, rental and stall."""
+    now = timezone.now()
+    left, estimate, rate, _ = campaign_eta(campaign=campaign, now=now)
+    rental = rental_of(campaign.pk)
+    fit = (
+        eta.rental_fit(starts_at=rental.starts_at, ends_at=rental.ends_at, eta=estimate, now=now)
+        if rental is not None
+        else None
+    )
+    return summary.eta_json(
+        eta=estimate,
+        rate=rate,
+        left_units=left.units,
+        left_cost=left.cost,
+        cost_unit=cost_unit(campaign.processor),
+        fit=fit,
+        rental=rental,
+        stall=campaign_stall(campaign=campaign, counts=counts, now=now, broker_check=broker_check),
+    )

@@ -24,13 +24,22 @@ def eta_text(eta: Eta | None, *, left_units: int) -> str:
         return "nothing left to run"
     if eta is None:
         return "measuring: an estimate follows the first batches"
-    text = (
-        f"~{eta.finishes_at:%Y-%m-%d %H:%M} UTC, in {duration(eta.seconds)} "
-        f"(between {duration(eta.low_seconds)} and {duration(eta.high_seconds)})"
-    )
+    text = f"~{eta.finishes_at:%Y-%m-%d %H:%M} UTC, in {duration(eta.seconds)}"
+    low, high = duration(eta.low_seconds), duration(eta.high_seconds)
+    if low != high:
+        text += f" (between {low} and {high})"
     if not eta.by_cost:
         text += ", counted in units: costs not weighed"
     return text
+
+
+def eta_short(eta: Eta | None, *, left_units: int) -> str:
+    """For the campaign list: when, in a few words."""
+    if not left_units:
+        return ""
+    if eta is None:
+        return "ETA: measuring"
+    return f"ETA ~{eta.finishes_at:%m-%d %H:%M} UTC (in {duration(eta.seconds)})"
 
 
 def fit_text(fit: RentalFit | None, rental: Rental | None) -> str:
@@ -99,3 +108,39 @@ def eta_json(
             "waited_seconds": round(stall.waited),
         },
     }
+
+
+def status_lines(watch: dict) -> list[str]:
+    """`campaign status`'s lines from eta_json's dict."""
+    lines = []
+    if watch["stall"]:
+        stall = watch["stall"]
+        lines.append(f"STALLED: {stall['title']} — {stall['advice']}")
+    rate, found = watch["rate"], watch["eta"]
+    if rate:
+        cost = (
+            f", {rate['cost_per_s']:,.0f} {watch['left']['cost_unit']}/s"
+            if rate["cost_per_s"] is not None
+            else ""
+        )
+        lines.append(
+            f"rate: {rate['units_per_s']:,.1f} units/s{cost} (last {rate['batches']} batches)"
+        )
+    if found:
+        lines.append(
+            f"ETA: {found['finishes_at']} (in {duration(found['seconds'])}, between "
+            f"{duration(found['low_seconds'])} and {duration(found['high_seconds'])})"
+        )
+    if watch["rental"]:
+        rental = watch["rental"]
+        margin = rental["margin_seconds"]
+        fits = (
+            ""
+            if margin is None
+            else f"; done ~{duration(margin)} {'before' if margin >= 0 else 'after'} it ends"
+        )
+        lines.append(
+            f"rental: {rental['label']} ends {rental['ends_at']}, "
+            f"{rental['used_share']:.0%} used{fits}"
+        )
+    return lines

@@ -359,6 +359,13 @@ class AlertsForm(forms.ModelForm):
         required=False,
         help_text="each is sent once per event, and listed on the campaign page either way",
     )
+    webhook_url = forms.URLField(
+        required=False,
+        max_length=500,
+        assume_scheme="https",
+        label="Webhook URL",
+        help_text="a POST of a signed JSON body for each event; empty: no webhook",
+    )
     failure_share = forms.FloatField(
         min_value=0.0,
         max_value=1.0,
@@ -369,10 +376,7 @@ class AlertsForm(forms.ModelForm):
     class Meta:
         model = ProjectAlerts
         fields = ["events", "email", "webhook_url", "failure_share"]
-        labels = {"email": "E-mail the project's members", "webhook_url": "Webhook URL"}
-        help_texts = {
-            "webhook_url": "a POST of a signed JSON body for each event; empty: no webhook",
-        }
+        labels = {"email": "E-mail the project's members"}
 
     def clean_webhook_url(self) -> str:
         url = self.cleaned_data["webhook_url"].strip()

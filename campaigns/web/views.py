@@ -31,6 +31,7 @@ from campaigns.review import queue as review
 from campaigns.runs import batch_stats, control, setup, start
 from campaigns.specs import processors as processor_specs
 from campaigns.verify import reconcile
+from campaigns.watch import state as watch_state
 from campaigns.web import setup_records, training_views
 from campaigns.web.access import campaign_for_user_or_404
 from campaigns.web.forms import CampaignSetupForm, ParametersForm
@@ -51,8 +52,11 @@ def campaign_list(request: HttpRequest) -> HttpResponse:
         for c, ck in listed
     ]
     verification = {c.pk: review.verification_of(ck) for c, ck in listed}
+    etas = watch_state.list_etas(campaigns=[c for c, _ in listed if counts[c.pk].active])
     return render(
-        request, "campaigns/campaign_list.html", {"rows": rows, "verification": verification}
+        request,
+        "campaigns/campaign_list.html",
+        {"rows": rows, "verification": verification, "etas": etas},
     )
 
 

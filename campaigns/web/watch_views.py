@@ -73,9 +73,8 @@ def _project_for_user_or_404(request: HttpRequest, pk: int) -> Project:
 def project_alerts(request: HttpRequest, pk: int) -> HttpResponse:
     """What the project's members are told about its runs, and where."""
     project = _project_for_user_or_404(request, pk)
-    alerts = ProjectAlerts.objects.filter(project=project).first() or ProjectAlerts(
-        project=project
-    )
+    # Saved at the first look, so that the secret shown is the one that signs.
+    alerts, _ = ProjectAlerts.objects.get_or_create(project=project)
     if request.method == "POST" and "new_secret" in request.POST:
         alerts.webhook_secret = new_webhook_secret()
         alerts.save()

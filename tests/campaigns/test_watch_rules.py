@@ -95,8 +95,9 @@ def test_only_recent_batches_count():
 def test_on_a_recorded_run_the_estimate_narrows_to_the_real_end():
     """Replayed batch by batch: from a third of the way in, the estimate made
     at each batch is within 35% of the time the run really took to finish, and
-    from two thirds within 20% (or one batch's time, at the very end). The batches hold 341 units at first and 16 at
-    the end: counted in units, the estimate is less than half the real time."""
+    from two thirds within 20% (or one batch's time, at the very end). The
+    batches hold 341 units at first and 16 at the end: counted in units, the
+    estimate is less than half the real time."""
     timings = recorded_timings()
     total_cost = RECORDED["unit_cost_sum"]
     end = timings[-1].finished_at

@@ -26,7 +26,10 @@ from campaigns.management.lookup import campaign_named
 from campaigns.models import Campaign, Checkpoint
 from campaigns.review.queue import checkpoint_decide, verification_status
 from campaigns.runs import control, setup, start
+from campaigns.runs.leases import BATCH_QUEUE, broker_queue_waiting
 from campaigns.specs.processors import all_specs
+from campaigns.watch import state as watch_state
+from campaigns.watch import summary as watch_summary
 
 
 def _param(text: str) -> tuple[str, str]:
@@ -480,9 +483,20 @@ class Command(
         campaign = campaign_named(name)
         counts = selectors.campaign_counts(campaign=campaign)
         state = selectors.campaign_run_state(campaign_id=campaign.pk, counts=counts)
+        watch = watch_state.watch_json(
+            campaign=campaign,
+            counts=counts,
+            broker_check=lambda: broker_queue_waiting(BATCH_QUEUE) is not None,
+        )
         if json:
             self.stdout.write(
-                _dumps({**counts.as_dict(campaign.name), "state": dataclasses.asdict(state)})
+                _dumps(
+                    {
+                        **counts.as_dict(campaign.name),
+                        "state": dataclasses.asdict(state),
+                        "watch": watch,
+                    }
+                )
             )
             return
         self.stdout.write(
@@ -491,6 +505,8 @@ class Command(
             f"{counts.running} running"
         )
         self.stdout.write(f"{state.label}: {state.detail}")
+        for line in watch_summary.status_lines(watch):
+            self.stdout.write(line)
         for error_class, n in sorted(counts.by_error.items()):
             self.stdout.write(f"  {error_class}: {n}")
         if open_items := selectors.open_review_items(campaign=campaign):

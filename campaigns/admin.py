@@ -6,10 +6,13 @@ from campaigns.models import (
     Attempt,
     Batch,
     Campaign,
+    Notification,
     ParameterVersion,
     Project,
+    ProjectAlerts,
     ProjectFolder,
     Unit,
+    WorkerBeat,
 )
 
 
@@ -78,7 +81,7 @@ class CampaignAdmin(admin.ModelAdmin):
     list_filter = ["processor"]
     raw_id_fields = ["current_version"]
     # The planner's own stamp (campaigns/runs/start.py): a form must not write it back.
-    readonly_fields = ["planning_at"]
+    readonly_fields = ["planning_at", "exported_at"]
 
 
 @admin.register(ParameterVersion)
@@ -111,3 +114,31 @@ class AttemptAdmin(admin.ModelAdmin):
     list_display = ["unit", "outcome", "error_class", "worker", "finished_at", "duration_ms"]
     list_filter = ["outcome", "error_class"]
     raw_id_fields = ["unit", "batch", "version"]
+
+
+@admin.register(ProjectAlerts)
+class ProjectAlertsAdmin(admin.ModelAdmin):
+    list_display = ["project", "email", "webhook_url"]
+
+
+@admin.register(Notification)
+class NotificationAdmin(admin.ModelAdmin):
+    """What the watch sweep raised and how it was delivered: a record, not a form."""
+
+    list_display = ["created_at", "campaign", "event", "title", "email", "webhook", "tries"]
+    list_filter = ["event", "email", "webhook"]
+    raw_id_fields = ["campaign"]
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(WorkerBeat)
+class WorkerBeatAdmin(admin.ModelAdmin):
+    """Each worker process's own heartbeat row (gpuworker/beat.py); an old
+    one may be deleted, a live worker writes its row again."""
+
+    list_display = ["name", "device", "queues", "beat_at", "batches_done", "stopped_at"]
+
+    def has_change_permission(self, request, obj=None):
+        return False

@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 @functools.cache
 def _handle():
     try:
-        import pynvml
+        import pynvml  # type: ignore[import-untyped]
 
         pynvml.nvmlInit()
         # The process's device 0 is the first of CUDA_VISIBLE_DEVICES; NVML

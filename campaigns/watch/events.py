@@ -42,7 +42,7 @@ def watch_runs(*, now: dt.datetime | None = None, broker_check=None) -> list[str
     the keys of the events raised."""
     now = now or timezone.now()
     raised: list[str] = []
-    ending = {}
+    ending: dict[int, Rental] = {}
     for campaign_id, rental in rentals_ending(
         now=now, within=dt.timedelta(hours=settings.ORDER_END_REMINDER_HOURS)
     ):

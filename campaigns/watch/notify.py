@@ -200,7 +200,7 @@ def url_problem(url: str) -> str | None:
     except (OSError, UnicodeError) as exc:
         return f"the webhook's host does not resolve: {exc}"
     for info in infos:
-        address = ipaddress.ip_address(info[4][0].split("%")[0])
+        address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
         if not address.is_global:
             return (
                 f"the webhook's host resolves to {address}, a private, loopback or "

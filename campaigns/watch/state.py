@@ -19,6 +19,7 @@ from campaigns.models import Batch, Campaign, ParameterVersion, Unit, UnitState,
 from campaigns.selectors import Counts
 from campaigns.specs.processors import cost_unit
 from campaigns.watch import eta, stall, summary
+from campaigns.watch.eta import Eta, Rate, RentalFit, Timing
 from campaigns.watch.rentals import Rental, rental_of
 
 #: Finished batches read for the rate (the recent window is cut from these).
@@ -34,7 +35,7 @@ def rules() -> stall.Rules:
     )
 
 
-def timings(*, campaign_id: int, version_id: int | None = None) -> list[eta.Timing]:
+def timings(*, campaign_id: int, version_id: int | None = None) -> list[Timing]:
     """The campaign's (or version's) last finished batches, oldest first: the
     (campaign, finished_at) index of done batches, read backwards."""
     rows = Batch.objects.filter(
@@ -46,8 +47,9 @@ def timings(*, campaign_id: int, version_id: int | None = None) -> list[eta.Timi
         "started_at", "finished_at", "size", "real_tokens"
     )[:TIMINGS_READ]
     return [
-        eta.Timing(started or finished, finished, size, cost)
-        for started, finished, size, cost in reversed(found)
+        Timing(started or finished, finished, size, cost)
+        for started, finished, size, cost in list(found)[::-1]
+        if finished is not None
     ]
 
 
@@ -93,8 +95,8 @@ def work_left(*, campaign: Campaign) -> dict[int | None, Left]:
 class VersionWatch:
     version: ParameterVersion
     left: Left
-    rate: eta.Rate | None
-    eta: eta.Eta | None
+    rate: Rate | None
+    eta: Eta | None
 
 
 @dataclass(frozen=True)
@@ -119,11 +121,11 @@ class Watch:
     now: dt.datetime
     cost_unit: str
     left: Left
-    eta: eta.Eta | None
-    rate: eta.Rate | None
+    eta: Eta | None
+    rate: Rate | None
     versions: list[VersionWatch]
     rental: Rental | None
-    fit: eta.RentalFit | None
+    fit: RentalFit | None
     stall: stall.Stall | None
     active: bool
     workers: list[WorkerRow] = field(default_factory=list)
@@ -131,7 +133,7 @@ class Watch:
 
 def campaign_eta(
     *, campaign: Campaign, now: dt.datetime | None = None
-) -> tuple[Left, eta.Eta | None, eta.Rate | None, dict[int | None, Left]]:
+) -> tuple[Left, Eta | None, Rate | None, dict[int | None, Left]]:
     """The campaign's work left, its ETA and rate (from all its recent batches)."""
     now = now or timezone.now()
     by_version = work_left(campaign=campaign)
@@ -307,7 +309,7 @@ def throughput_rows(*, campaign_id: int, limit: int = 2000) -> list[dict]:
             "metrics__gpu_util",
         )[:limit]
     )
-    return list(reversed(found))
+    return [dict(row) for row in found][::-1]
 
 
 def list_etas(*, campaigns: list[Campaign]) -> dict[int, str]:

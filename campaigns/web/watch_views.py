@@ -61,7 +61,7 @@ def campaign_watch(request: HttpRequest, name: str) -> HttpResponse:
 def _project_for_user_or_404(request: HttpRequest, pk: int) -> Project:
     projects = Project.objects.all()
     if not sees_every_project(request.user):
-        projects = projects.filter(members=request.user)
+        projects = projects.filter(members=request.user.pk)
     project = projects.filter(pk=pk).first()
     if project is None:
         raise Http404("No such project.")

@@ -56,6 +56,14 @@ def test_create_then_status_as_json(corpus):
             "detail": "38 units to do",
             "checkpoint_id": None,
         },
+        # Not weighed before its first run: no cost yet, no rate, no estimate.
+        "watch": {
+            "left": {"units": 38, "cost": None, "cost_unit": "tokens"},
+            "rate": None,
+            "eta": None,
+            "rental": None,
+            "stall": None,
+        },
     }
 
 

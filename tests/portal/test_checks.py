@@ -168,7 +168,13 @@ def test_the_lease_sweeps_run_inside_beat_and_nothing_of_campaigns_waits_on_gpu(
     sweeps = {
         entry["task"]
         for name, entry in settings.CELERY_BEAT_SCHEDULE.items()
-        if name in ("requeue-expired-leases", "requeue-stale-trainings", "fail-stale-profiles")
+        if name
+        in (
+            "requeue-expired-leases",
+            "requeue-stale-trainings",
+            "fail-stale-profiles",
+            "watch-runs",
+        )
     }
     assert sweeps == settings.BEAT_IN_PROCESS
     for task in sweeps | {"campaigns.tasks.plan_campaign"}:

@@ -1,0 +1,87 @@
+"""Each worker process's heartbeat row (the live workers panel reads it), and
+the GPU utilisation a batch records where NVML answers."""
+
+from __future__ import annotations
+
+import pytest
+
+from campaigns.models import Batch, WorkerBeat
+from campaigns.watch import charts, state
+from gpuworker import beat, nvml
+from tests.worker import wait_until
+
+
+@pytest.mark.parametrize(
+    ("argv", "queues"),
+    [
+        (["celery", "-A", "portal", "worker", "-Q", "gpu,portal", "-c", "1"], "gpu,portal"),
+        (["celery", "worker", "--queues=gpu"], "gpu"),
+        (["celery", "worker", "-Qportal"], "portal"),
+        (["celery", "worker", "--queues", "gpu"], "gpu"),
+        (["celery", "worker"], "celery"),
+    ],
+)
+def test_the_queues_come_from_the_command_line(monkeypatch, argv, queues):
+    monkeypatch.setattr("sys.argv", argv)
+    assert beat.queues() == queues
+
+
+def test_a_worker_process_registers_beats_and_says_when_it_stops(
+    transactional_db, settings, monkeypatch
+):
+    settings.WORKER_BEAT_SECONDS = 0.2
+    monkeypatch.setattr("sys.argv", ["celery", "worker", "-Q", "gpu"])
+    keeper = beat._Beat()
+    keeper.start()
+    try:
+        wait_until(lambda: WorkerBeat.objects.filter(name=beat.name()).exists(), timeout=20)
+        row = WorkerBeat.objects.get()
+        assert (row.queues, row.device, row.stopped_at) == ("gpu", row.device, None)
+        assert row.device.startswith("cpu (")
+        first = row.beat_at
+        keeper.batches_done = 3
+        wait_until(
+            lambda: (
+                WorkerBeat.objects.get().beat_at > first
+                and WorkerBeat.objects.get().batches_done == 3
+            ),
+            timeout=20,
+        )
+        # An operator removed the row: the next beat writes it again.
+        WorkerBeat.objects.all().delete()
+        wait_until(lambda: WorkerBeat.objects.exists(), timeout=20)
+    finally:
+        keeper.stopped()
+        keeper.thread.join(timeout=10)
+    assert WorkerBeat.objects.get().stopped_at is not None
+    listed = state.workers(now=WorkerBeat.objects.get().beat_at)
+    assert [w.stopped for w in listed] == [True] and not listed[0].live
+
+
+def test_a_batch_records_the_gpu_utilisation_nvml_gives(
+    make_campaign, run_here, output_root, monkeypatch
+):
+    monkeypatch.setattr(nvml, "utilization", lambda: 73)
+    campaign = make_campaign("texts")
+    campaign.checkpoint_after = 0
+    campaign.save(update_fields=["checkpoint_after"])
+    run_here(campaign)
+    done = Batch.objects.filter(campaign=campaign, state="done")
+    assert done.exists() and all(b.metrics.get("gpu_util") == 73 for b in done)
+    drawn = charts.worker_charts(state.throughput_rows(campaign_id=campaign.pk))
+    assert [c.label for c in drawn] == [
+        "worker process RSS per worker",
+        "GPU utilisation, % per worker",
+    ]
+
+
+def test_nvml_answers_a_percentage_or_nothing():
+    """A percentage where NVIDIA's driver is there, None without it (a CPU worker)."""
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        assert nvml.utilization() is None
+    else:
+        assert 0 <= nvml.utilization() <= 100

@@ -12,6 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db.models import Count, Min, Sum
 from django.utils import timezone
 
@@ -59,35 +60,64 @@ class Left:
 
     units: int
     cost: int | None  # None: none of them weighed yet
+    exact: bool = True  # False: the cost is the units' count times a sample's mean
 
 
-def work_left(*, campaign: Campaign) -> dict[int | None, Left]:
+#: Units read per state to weigh what is left: every one up to this many, a
+#: sample of this many (the first by id, the order the planner takes them)
+#: beyond, so that a page over ten million units reads a bounded number of rows.
+COST_SAMPLE = 2000
+
+_LEFT_STATES = (UnitState.PENDING, UnitState.QUEUED, UnitState.RUNNING)
+
+
+def _mean_costs(*, campaign: Campaign, counts: Counts) -> dict[str, tuple[float | None, bool]]:
+    """Per state left: (the mean weighed cost of its units or of a sample of
+    them, None when none is weighed; whether that covered them all)."""
+    found = {}
+    for unit_state in _LEFT_STATES:
+        n = getattr(counts, unit_state)
+        if not n:
+            continue
+        costs = list(
+            Unit.objects.filter(campaign=campaign, state=unit_state)
+            .order_by("id")
+            .values_list("cost", flat=True)[:COST_SAMPLE]
+        )
+        weighed = [c for c in costs if c is not None]
+        mean = sum(weighed) / len(weighed) if weighed else None
+        found[unit_state] = (mean, n <= COST_SAMPLE)
+    return found
+
+
+def work_left(*, campaign: Campaign, counts: Counts) -> dict[int | None, Left]:
     """Units left by the version that will run them: queued and running ones
-    by their batch's version, pending ones by the campaign's current version.
-    Units not weighed yet count at the mean cost of those that were."""
-    left: dict[int | None, list] = defaultdict(lambda: [0, 0, 0])  # units, cost, weighed
-    pending = Unit.objects.filter(campaign=campaign, state=UnitState.PENDING).aggregate(
-        n=Count("id"), cost_sum=Sum("cost"), weighed=Count("cost")
-    )
-    if pending["n"]:
-        entry = left[campaign.current_version_id]
-        entry[0] += pending["n"]
-        entry[1] += pending["cost_sum"] or 0
-        entry[2] += pending["weighed"]
-    in_flight = (
-        Unit.objects.filter(campaign=campaign, state__in=[UnitState.QUEUED, UnitState.RUNNING])
-        .values("batch__version_id")
-        .annotate(n=Count("id"), cost_sum=Sum("cost"), weighed=Count("cost"))
-    )
-    for row in in_flight:
-        entry = left[row["batch__version_id"]]
-        entry[0] += row["n"]
-        entry[1] += row["cost_sum"] or 0
-        entry[2] += row["weighed"]
+    by their batch's version (batch sizes), pending ones by the campaign's
+    current version; their cost from the units' weighed costs (those not yet
+    weighed count at the mean of those that were)."""
+    means = _mean_costs(campaign=campaign, counts=counts)
+    units: dict[int | None, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    if counts.pending:
+        units[campaign.current_version_id][UnitState.PENDING] += counts.pending
+    for row in (
+        Batch.objects.filter(campaign=campaign, state__in=[Batch.State.QUEUED, Batch.State.RUNNING])
+        .values("version_id", "state")
+        .annotate(n=Sum("size"))
+    ):
+        units[row["version_id"]][row["state"]] += row["n"] or 0
     result = {}
-    for version_id, (units, cost, weighed) in left.items():
-        estimated = round(cost * units / weighed) if weighed else None
-        result[version_id] = Left(units, estimated)
+    for version_id, by_state in units.items():
+        total = sum(by_state.values())
+        cost: float | None = 0.0
+        exact = True
+        for unit_state, n in by_state.items():
+            mean, whole = means.get(unit_state, (None, True))
+            if mean is None or cost is None:
+                cost = None
+                continue
+            cost += n * mean
+            exact = exact and whole
+        result[version_id] = Left(total, round(cost) if cost is not None else None, exact)
     return result
 
 
@@ -132,14 +162,18 @@ class Watch:
 
 
 def campaign_eta(
-    *, campaign: Campaign, now: dt.datetime | None = None
+    *, campaign: Campaign, counts: Counts, now: dt.datetime | None = None
 ) -> tuple[Left, Eta | None, Rate | None, dict[int | None, Left]]:
     """The campaign's work left, its ETA and rate (from all its recent batches)."""
     now = now or timezone.now()
-    by_version = work_left(campaign=campaign)
+    by_version = work_left(campaign=campaign, counts=counts)
     units = sum(v.units for v in by_version.values())
     costs = [v.cost for v in by_version.values()]
-    left = Left(units, None if any(c is None for c in costs) else sum(c or 0 for c in costs))
+    left = Left(
+        units,
+        None if any(c is None for c in costs) else sum(c or 0 for c in costs),
+        all(v.exact for v in by_version.values()),
+    )
     recent = timings(campaign_id=campaign.pk)
     estimate = eta.estimate(recent, remaining_units=left.units, remaining_cost=left.cost, now=now)
     return left, estimate, eta.measure(recent), by_version
@@ -149,7 +183,7 @@ def campaign_watch(
     *, campaign: Campaign, counts: Counts, broker_check=None, now: dt.datetime | None = None
 ) -> Watch:
     now = now or timezone.now()
-    left, estimate, rate, by_version = campaign_eta(campaign=campaign, now=now)
+    left, estimate, rate, by_version = campaign_eta(campaign=campaign, counts=counts, now=now)
     versions = []
     for version in ParameterVersion.objects.filter(
         pk__in=set(by_version)
@@ -312,19 +346,31 @@ def throughput_rows(*, campaign_id: int, limit: int = 2000) -> list[dict]:
     return [dict(row) for row in found][::-1]
 
 
-def list_etas(*, campaigns: list[Campaign]) -> dict[int, str]:
+#: The campaign list keeps each campaign's ETA text this long (the process's
+#: cache): the list is the page people leave open, and an estimate that moves
+#: with each finished batch need not be read again at every refresh.
+LIST_ETA_SECONDS = 30
+
+
+def list_etas(*, campaigns: list[Campaign], counts: dict[int, Counts]) -> dict[int, str]:
     """The campaign list's ETA of each campaign given (the active ones)."""
     found = {}
     for campaign in campaigns:
-        left, estimate, _, _ = campaign_eta(campaign=campaign)
-        found[campaign.pk] = summary.eta_short(estimate, left_units=left.units)
+
+        def text(campaign: Campaign = campaign) -> str:
+            left, estimate, _, _ = campaign_eta(campaign=campaign, counts=counts[campaign.pk])
+            return summary.eta_short(estimate, left_units=left.units)
+
+        found[campaign.pk] = cache.get_or_set(
+            f"watch:list-eta:{campaign.pk}", text, LIST_ETA_SECONDS
+        )
     return found
 
 
 def watch_json(*, campaign: Campaign, counts: Counts, broker_check=None) -> dict:
     """`campaign status --json`'s "watch": the ETA, rate, rental and stall."""
     now = timezone.now()
-    left, estimate, rate, _ = campaign_eta(campaign=campaign, now=now)
+    left, estimate, rate, _ = campaign_eta(campaign=campaign, counts=counts, now=now)
     rental = rental_of(campaign.pk)
     fit = (
         eta.rental_fit(starts_at=rental.starts_at, ends_at=rental.ends_at, eta=estimate, now=now)

@@ -52,7 +52,9 @@ def campaign_list(request: HttpRequest) -> HttpResponse:
         for c, ck in listed
     ]
     verification = {c.pk: review.verification_of(ck) for c, ck in listed}
-    etas = watch_state.list_etas(campaigns=[c for c, _ in listed if counts[c.pk].active])
+    etas = watch_state.list_etas(
+        campaigns=[c for c, _ in listed if counts[c.pk].active], counts=counts
+    )
     return render(
         request,
         "campaigns/campaign_list.html",

@@ -13,6 +13,7 @@ from django.core.management import call_command
 from django.urls import reverse
 from django.utils import timezone
 
+from campaigns import selectors
 from campaigns.models import Batch, Campaign, Unit, UnitState, WorkerBeat
 from campaigns.watch import state
 
@@ -200,10 +201,39 @@ def test_outsiders_see_no_panel(client, outsider, campaign):
     assert client.get(reverse("campaign_watch", args=[campaign.name])).status_code == 404
 
 
+def _left(campaign):
+    counts = selectors.campaign_counts(campaign=campaign)
+    return state.work_left(campaign=campaign, counts=counts)
+
+
 def test_work_left_by_version_counts_unweighed_units_at_the_mean(campaign):
     pks = list(Unit.objects.filter(campaign=campaign).values_list("pk", flat=True))
     Unit.objects.filter(pk__in=pks[:10]).update(cost=50)
-    left = state.work_left(campaign=campaign)[campaign.current_version_id]
-    assert left.units == 39 and left.cost == 39 * 50
+    left = _left(campaign)[campaign.current_version_id]
+    assert (left.units, left.cost, left.exact) == (39, 39 * 50, True)
     Unit.objects.filter(campaign=campaign).update(cost=None)
-    assert state.work_left(campaign=campaign)[campaign.current_version_id].cost is None
+    assert _left(campaign)[campaign.current_version_id].cost is None
+
+
+def test_work_left_reads_a_bounded_sample_of_a_large_campaign(campaign, monkeypatch):
+    """Beyond COST_SAMPLE units a state, the cost is the count times the mean
+    of the first units by id: what is left of ten million units is weighed by
+    reading a few thousand."""
+    monkeypatch.setattr(state, "COST_SAMPLE", 10)
+    pks = list(Unit.objects.filter(campaign=campaign).order_by("pk").values_list("pk", flat=True))
+    Unit.objects.filter(pk__in=pks[:10]).update(cost=100)
+    Unit.objects.filter(pk__in=pks[10:]).update(cost=300)
+    left = _left(campaign)[campaign.current_version_id]
+    assert (left.units, left.cost, left.exact) == (39, 39 * 100, False)
+    running = _running(campaign, units=4)  # the first four pending by id
+    split = _left(campaign)
+    assert split[campaign.current_version_id].units == 39
+    assert running.size == 4
+
+
+def test_the_panel_says_an_estimated_cost_is_one(client, owner, campaign, monkeypatch):
+    monkeypatch.setattr(state, "COST_SAMPLE", 10)
+    Unit.objects.filter(campaign=campaign).update(cost=100)
+    client.force_login(owner)
+    html = client.get(reverse("campaign_watch", args=[campaign.name])).content.decode()
+    assert "39 units (about 3,900 tokens, from a sample of their costs)" in html

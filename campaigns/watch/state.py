@@ -185,13 +185,10 @@ def campaign_watch(
     now = now or timezone.now()
     left, estimate, rate, by_version = campaign_eta(campaign=campaign, counts=counts, now=now)
     versions = []
+    # The versions with work left, and the current one: a version done long
+    # ago has no estimate to give, and its batches lie far back in the index.
     for version in ParameterVersion.objects.filter(
-        pk__in=set(by_version)
-        | set(
-            Batch.objects.filter(campaign=campaign, state=Batch.State.DONE)
-            .values_list("version_id", flat=True)
-            .distinct()
-        )
+        pk__in={*by_version, campaign.current_version_id} - {None}
     ).order_by("number"):
         recent = timings(campaign_id=campaign.pk, version_id=version.pk)
         version_left = by_version.get(version.pk, Left(0, 0))

@@ -237,3 +237,24 @@ def test_the_panel_says_an_estimated_cost_is_one(client, owner, campaign, monkey
     client.force_login(owner)
     html = client.get(reverse("campaign_watch", args=[campaign.name])).content.decode()
     assert "39 units (about 3,900 tokens, from a sample of their costs)" in html
+
+
+def test_each_version_with_work_left_has_its_line(client, owner, campaign):
+    """v1's batches still running while v2 (new parameters) waits with the rest:
+    one line each, with its own rate and estimate."""
+    from campaigns.runs import setup
+
+    Unit.objects.filter(campaign=campaign).update(cost=100)
+    _history(campaign)
+    _running(campaign, units=4)
+    v1 = campaign.current_version
+    v2 = setup.version_create(campaign=campaign, params={"max_tokens": 128})
+    campaign.refresh_from_db()
+    assert campaign.current_version_id == v2.pk
+    client.force_login(owner)
+    html = client.get(reverse("campaign_watch", args=[campaign.name])).content.decode()
+    table = html[html.index('id="version-etas"') :]
+    assert f"<th>{v1.label}</th><td>4</td>" in table
+    assert f"<th>{v2.label} (current)</th><td>35</td>" in table
+    # v1 measured its batches; v2 has none yet.
+    assert "0.4 units/s, 40 tokens/s" in table and "measuring: fewer than 3" in table

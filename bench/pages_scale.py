@@ -81,6 +81,8 @@ TARGETS = [
         {"HX-Request": "true", "HX-Target": "unit-table"},
     ),
     ("review queue (__ITEMS__ open items)", f"/review/?campaign={CAMPAIGN}", {}),
+    # The watch panel (htmx, every 15 s while the run is active): ETA, workers, charts.
+    ("watch panel (htmx)", f"/campaigns/{CAMPAIGN}/watch/", {"HX-Request": "true"}),
 ]
 
 

@@ -1,12 +1,13 @@
 """A run over its wall clock, drawn for the watch panel: server-side SVG in
 the profile charts' shapes (campaigns/profiles/charts.py), drawn by the same
-template partial.
+template partial, from the run's finished batches summed by the database in
+BUCKETS equal slices per worker (campaigns/db/run_timeline.py):
 
-- items and cost (tokens, pixels) per second, the finished batches summed in
-  up to BUCKETS equal slices of the run's time;
-- device memory per worker: each batch's peak reserved on CUDA, the
-  process's RSS on a CPU;
-- GPU utilisation per worker, where NVML gave one (gpuworker/nvml.py).
+- items and cost (tokens, pixels) per second, every worker summed;
+- memory per worker: the slice's largest peak reserved on CUDA, the largest
+  process RSS on a CPU;
+- GPU utilisation per worker, the slice's mean, where NVML gave one
+  (gpuworker/nvml.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections import defaultdict
 
 from django.template.defaultfilters import filesizeformat
 
+from campaigns.db.run_timeline import Slice, Timeline
 from campaigns.profiles.charts import BOTTOM as MARGIN_BOTTOM
 from campaigns.profiles.charts import HEIGHT, LEFT, RIGHT, TOP, WIDTH, Mark, Series, StepChart, Tick
 
@@ -71,30 +73,37 @@ def _chart(label: str, series: list[Series], scale: _TimeScale, y_label) -> Step
     )
 
 
-def rate_charts(rows: list[dict], *, cost_unit: str) -> list[StepChart]:
-    """Items/s and cost/s over the run, from finished batches (oldest first)."""
-    if len(rows) < 2:
+def _merged(timeline: Timeline) -> dict[tuple[int, str], list[Slice]]:
+    # The last batch's instant is the last slice's end: its row may come apart.
+    merged: dict[tuple[int, str], list[Slice]] = defaultdict(list)
+    for row in timeline.rows:
+        merged[(row.index, row.worker)].append(row)
+    return merged
+
+
+def _mid(timeline: Timeline, index: int) -> dt.datetime:
+    return timeline.start + dt.timedelta(seconds=timeline.width * (index + 0.5))
+
+
+def rate_charts(timeline: Timeline | None, *, cost_unit: str) -> list[StepChart]:
+    """Items/s and cost/s over the run, every worker summed a slice."""
+    if timeline is None:
         return []
-    start = min(r["started_at"] or r["finished_at"] for r in rows)
-    end = max(r["finished_at"] for r in rows)
-    span = max(1.0, (end - start).total_seconds())
-    width = span / BUCKETS
-    items: list[float] = [0.0] * BUCKETS
-    cost: list[float] = [0.0] * BUCKETS
-    for r in rows:
-        i = min(BUCKETS - 1, int((r["finished_at"] - start).total_seconds() / width))
-        items[i] += r["size"]
-        cost[i] += r["real_tokens"] or 0
-    mids = [start + dt.timedelta(seconds=width * (i + 0.5)) for i in range(BUCKETS)]
+    items = [0.0] * timeline.slices
+    cost = [0.0] * timeline.slices
+    for row in timeline.rows:
+        items[row.index] += row.items
+        cost[row.index] += row.cost
+    mids = [_mid(timeline, i) for i in range(timeline.slices)]
     charts = []
     for values, what, css in (
         (items, "items per second", "series-1"),
         (cost, f"{cost_unit} per second", "series-2"),
     ):
-        per_s = [v / width for v in values]
+        per_s = [v / timeline.width for v in values]
         if not any(per_s):
             continue
-        scale = _TimeScale(start, end, 1.05 * max(per_s))
+        scale = _TimeScale(timeline.start, timeline.end, 1.05 * max(per_s))
         marks = tuple(
             Mark(
                 x=scale.x(at),
@@ -108,43 +117,59 @@ def rate_charts(rows: list[dict], *, cost_unit: str) -> list[StepChart]:
     return charts
 
 
-def worker_charts(rows: list[dict]) -> list[StepChart]:
-    """Device memory, and GPU utilisation where measured, per worker and batch."""
-    if not rows:
+def worker_charts(timeline: Timeline | None) -> list[StepChart]:
+    """Memory (the slice's largest), and GPU utilisation where measured (the
+    slice's mean), per worker over the run."""
+    if timeline is None:
         return []
-    start = min(r["started_at"] or r["finished_at"] for r in rows)
-    end = max(r["finished_at"] for r in rows)
-    by_worker: dict[str, list[dict]] = defaultdict(list)
-    for r in rows:
-        by_worker[r["worker"] or "?"].append(r)
-    names = sorted(by_worker)[:MAX_WORKERS]
+    merged = _merged(timeline)
+    names = sorted({worker for _, worker in merged})[:MAX_WORKERS]
+    on_cuda = any(r.mem_peak_reserved for r in timeline.rows)
+
+    def memory(rows: list[Slice]) -> float | None:
+        values = [r.mem_peak_reserved if on_cuda else r.rss for r in rows]
+        found = [v for v in values if v is not None]
+        return float(max(found)) if found else None
+
+    def utilisation(rows: list[Slice]) -> float | None:
+        found = [(r.gpu_util, r.batches) for r in rows if r.gpu_util is not None]
+        weight = sum(n for _, n in found)
+        return sum(u * n for u, n in found) / weight if weight else None
+
+    what = "device memory reserved at the peak" if on_cuda else "worker process RSS"
     charts = []
-    on_cuda = any(r["mem_peak_reserved"] for r in rows)
-    memory_key = "mem_peak_reserved" if on_cuda else "rss"
-    memory_what = "device memory reserved at the peak" if on_cuda else "worker process RSS"
-    for key, what, label in (
-        (memory_key, memory_what, lambda v: filesizeformat(int(v))),
-        ("metrics__gpu_util", "GPU utilisation, %", lambda v: f"{v:.0f} %"),
+    for measure, label, text, top in (
+        (memory, what, lambda v: filesizeformat(int(v)), None),
+        (utilisation, "GPU utilisation, %", lambda v: f"{v:.0f} %", 100.0),
     ):
-        values = [r[key] for r in rows if isinstance(r.get(key), int | float)]
+        points = {
+            name: [
+                (index, value)
+                for (index, worker), rows in sorted(merged.items())
+                if worker == name and (value := measure(rows)) is not None
+            ]
+            for name in names
+        }
+        values = [v for found in points.values() for _, v in found]
         if not values:
             continue
-        top = 100.0 if key == "metrics__gpu_util" else 1.05 * max(values)
-        scale = _TimeScale(start, end, top)
-        series = []
-        for index, name in enumerate(names, start=1):
-            marks = tuple(
-                Mark(
-                    x=scale.x(r["finished_at"]),
-                    y=scale.y(r[key]),
-                    failed=False,
-                    title=f"{name}, {r['finished_at']:%H:%M:%S}: {label(r[key])}",
-                )
-                for r in by_worker[name]
-                if isinstance(r.get(key), int | float)
+        scale = _TimeScale(timeline.start, timeline.end, top or 1.05 * max(values))
+        series = [
+            Series(
+                name,
+                f"series-{min(n, 4)} worker-{n}",
+                tuple(
+                    Mark(
+                        x=scale.x(_mid(timeline, index)),
+                        y=scale.y(value),
+                        failed=False,
+                        title=f"{name}, {_mid(timeline, index):%H:%M:%S}: {text(value)}",
+                    )
+                    for index, value in found
+                ),
             )
-            if marks:
-                series.append(Series(name, f"series-{min(index, 4)} worker-{index}", marks))
-        if series:
-            charts.append(_chart(f"{what} per worker", series, scale, label))
+            for n, (name, found) in enumerate(points.items(), start=1)
+            if found
+        ]
+        charts.append(_chart(f"{label} per worker", series, scale, text))
     return charts

@@ -16,10 +16,11 @@ from django.core.cache import cache
 from django.db.models import Count, Min, Sum
 from django.utils import timezone
 
+from campaigns.db import run_timeline
 from campaigns.models import Batch, Campaign, ParameterVersion, Unit, UnitState, WorkerBeat
 from campaigns.selectors import Counts
 from campaigns.specs.processors import cost_unit
-from campaigns.watch import eta, stall, summary
+from campaigns.watch import charts, eta, stall, summary
 from campaigns.watch.eta import Eta, Rate, RentalFit, Timing
 from campaigns.watch.rentals import Rental, rental_of
 
@@ -66,7 +67,7 @@ class Left:
 #: Units read per state to weigh what is left: every one up to this many, a
 #: sample of this many (the first by id, the order the planner takes them)
 #: beyond, so that a page over ten million units reads a bounded number of rows.
-COST_SAMPLE = 2000
+COST_SAMPLE = 500
 
 _LEFT_STATES = (UnitState.PENDING, UnitState.QUEUED, UnitState.RUNNING)
 
@@ -323,24 +324,19 @@ def workers(*, now: dt.datetime) -> list[WorkerRow]:
     return rows
 
 
-def throughput_rows(*, campaign_id: int, limit: int = 2000) -> list[dict]:
-    """The last `limit` finished batches for the charts, oldest first."""
-    found = (
-        Batch.objects.filter(campaign_id=campaign_id, state=Batch.State.DONE)
-        .exclude(finished_at=None)
-        .order_by("-finished_at")
-        .values(
-            "finished_at",
-            "started_at",
-            "size",
-            "real_tokens",
-            "worker",
-            "mem_peak_reserved",
-            "rss",
-            "metrics__gpu_util",
-        )[:limit]
-    )
-    return [dict(row) for row in found][::-1]
+#: The watch panel's charts are drawn again at most this often (the process's
+#: cache): they sum every finished batch of the run, and change little in a minute.
+CHARTS_SECONDS = 60
+
+
+def run_charts(*, campaign_id: int, cost_unit: str) -> list:
+    """The panel's charts over the whole run (campaigns/watch/charts.py)."""
+
+    def draw() -> list:
+        found = run_timeline.timeline(campaign_id=campaign_id, slices=charts.BUCKETS)
+        return charts.rate_charts(found, cost_unit=cost_unit) + charts.worker_charts(found)
+
+    return cache.get_or_set(f"watch:charts:{campaign_id}", draw, CHARTS_SECONDS)
 
 
 #: The campaign list keeps each campaign's ETA text this long (the process's

@@ -13,7 +13,7 @@ from django.views.decorators.vary import vary_on_headers
 from campaigns import selectors
 from campaigns.models import Project, ProjectAlerts, new_webhook_secret, sees_every_project
 from campaigns.runs.leases import BATCH_QUEUE, broker_queue_waiting
-from campaigns.watch import charts, notify, state, summary
+from campaigns.watch import notify, state, summary
 from campaigns.web.access import campaign_for_user_or_404
 from campaigns.web.forms import AlertsForm
 
@@ -31,7 +31,6 @@ def campaign_watch(request: HttpRequest, name: str) -> HttpResponse:
         counts=counts,
         broker_check=lambda: broker_queue_waiting(BATCH_QUEUE) is not None,
     )
-    rows = state.throughput_rows(campaign_id=campaign.pk)
     context = {
         "campaign": campaign,
         "watch": watch,
@@ -48,7 +47,7 @@ def campaign_watch(request: HttpRequest, name: str) -> HttpResponse:
             }
             for v in watch.versions
         ],
-        "charts": charts.rate_charts(rows, cost_unit=watch.cost_unit) + charts.worker_charts(rows),
+        "charts": state.run_charts(campaign_id=campaign.pk, cost_unit=watch.cost_unit),
         "notifications": campaign.notifications.all()[:NOTIFICATIONS_SHOWN],
         "alerts": notify.alerts_of(campaign.project_id),
     }

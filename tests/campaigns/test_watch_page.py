@@ -258,3 +258,28 @@ def test_each_version_with_work_left_has_its_line(client, owner, campaign):
     assert f"<th>{v2.label} (current)</th><td>35</td>" in table
     # v1 measured its batches; v2 has none yet.
     assert "0.4 units/s, 40 tokens/s" in table and "measuring: fewer than 3" in table
+
+
+def test_the_timeline_sums_every_finished_batch_by_slice_and_worker(campaign):
+    """The charts' rows: each done batch in exactly one slice of the run, per
+    worker, summed by the database (both vendors' time arithmetic)."""
+    from campaigns.db import run_timeline
+
+    made = _history(campaign, batches=10, seconds=6)  # gpu1:100, 54 s of finishes
+    Batch.objects.filter(pk__in=[b.pk for b in made[::2]]).update(
+        worker="gpu2:200", metrics={"gpu_util": 80}
+    )
+    Batch.objects.create(  # still running: not in the timeline
+        campaign=campaign, version=campaign.current_version, size=9, state="running"
+    )
+    found = run_timeline.timeline(campaign_id=campaign.pk, slices=9)
+    assert found.slices == 9 and found.width == pytest.approx(6.0, abs=0.01)
+    assert sum(r.batches for r in found.rows) == 10
+    assert sum(r.items for r in found.rows) == 40 and sum(r.cost for r in found.rows) == 4000
+    assert {r.worker for r in found.rows} == {"gpu1:100", "gpu2:200"}
+    assert all(0 <= r.index < 9 for r in found.rows)
+    utils = {r.gpu_util for r in found.rows if r.worker == "gpu2:200"}
+    assert utils == {80.0}
+    assert {r.gpu_util for r in found.rows if r.worker == "gpu1:100"} == {None}
+    assert found.start == made[0].finished_at and found.end == made[-1].finished_at
+    assert run_timeline.timeline(campaign_id=campaign.pk + 1000, slices=9) is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from campaigns.db import run_timeline
 from campaigns.models import Batch, WorkerBeat
 from campaigns.watch import charts, state
 from gpuworker import beat, nvml
@@ -68,7 +69,9 @@ def test_a_batch_records_the_gpu_utilisation_nvml_gives(
     run_here(campaign)
     done = Batch.objects.filter(campaign=campaign, state="done")
     assert done.exists() and all(b.metrics.get("gpu_util") == 73 for b in done)
-    drawn = charts.worker_charts(state.throughput_rows(campaign_id=campaign.pk))
+    drawn = charts.worker_charts(
+        run_timeline.timeline(campaign_id=campaign.pk, slices=charts.BUCKETS)
+    )
     assert [c.label for c in drawn] == [
         "worker process RSS per worker",
         "GPU utilisation, % per worker",
@@ -85,3 +88,24 @@ def test_nvml_answers_a_percentage_or_nothing():
         assert nvml.utilization() is None
     else:
         assert 0 <= nvml.utilization() <= 100
+
+
+def test_the_pool_decides_which_process_beats(monkeypatch):
+    """Prefork: each pool child beats (worker_process_init), not the main
+    process that runs no task; solo and threads pools run tasks in the main
+    process, which beats from worker_ready."""
+    from types import SimpleNamespace
+
+    from celery.concurrency.prefork import TaskPool as PreforkPool
+    from celery.concurrency.solo import TaskPool as SoloPool
+    from celery.concurrency.thread import TaskPool as ThreadPool
+
+    started = []
+    monkeypatch.setattr(beat._beat, "start", lambda: started.append(1))
+    for pool, beats in ((PreforkPool, False), (SoloPool, True), (ThreadPool, True)):
+        started.clear()
+        beat._ready(sender=SimpleNamespace(controller=SimpleNamespace(pool_cls=pool)))
+        assert bool(started) is beats, pool
+    started.clear()
+    beat._child_started()
+    assert started

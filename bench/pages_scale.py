@@ -112,7 +112,11 @@ def main() -> None:
         help="CACHE_URL for the site, e.g. redis://127.0.0.1:6379/1 as docs/deployment.md sets "
         "it (rate limits and cached panels then live there); unset: the per-process default",
     )
-    parser.add_argument("--only", default="", help="run only targets whose name contains this")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="run only targets whose name contains one of these (comma-separated)",
+    )
     parser.add_argument("--explain", action="store_true", help="print EXPLAIN ANALYZE and stop")
     parser.add_argument(
         "--in-process",
@@ -181,7 +185,7 @@ def main() -> None:
         for name, path, headers in TARGETS:
             name = name.replace("__CAMPAIGNS__", f"{args.campaigns:,}")
             name = name.replace("__ITEMS__", f"{args.open_items:,}")
-            if args.only and args.only not in name:
+            if args.only and not any(part in name for part in args.only.split(",")):
                 continue
             url = base + path.replace("__DEEP__", str(deep))
             headers = {"Cookie": f"sessionid={cookie}", **headers}
@@ -479,7 +483,7 @@ def _in_process(args, deep: int) -> None:
     for name, path, headers in TARGETS:
         name = name.replace("__CAMPAIGNS__", f"{args.campaigns:,}")
         name = name.replace("__ITEMS__", f"{args.open_items:,}")
-        if args.only and args.only not in name:
+        if args.only and not any(part in name for part in args.only.split(",")):
             continue
         extra = {"HTTP_" + k.upper().replace("-", "_"): v for k, v in headers.items()}
         targets.append((name, path.replace("__DEEP__", str(deep)), extra))

@@ -65,7 +65,7 @@ def watch_runs() -> list[str]:
     from campaigns.runs.leases import BATCH_QUEUE, broker_queue_waiting
     from campaigns.watch.events import watch_runs as sweep
 
-    return sweep(broker_check=lambda: broker_queue_waiting(BATCH_QUEUE) is not None)
+    return sweep(broker_check=lambda: broker_queue_waiting(BATCH_QUEUE), deliver="thread")
 
 
 @worker_ready.connect

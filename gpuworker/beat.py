@@ -49,7 +49,10 @@ class _Beat:
         try:
             self._register()
             while not self.stop.wait(max(0.2, settings.WORKER_BEAT_SECONDS)):
-                self._beat()
+                try:
+                    self._beat()
+                except Exception:  # a beat that fails must not end the beating
+                    log.exception("worker beat")
         finally:
             connection.close()  # this thread's own connection
 
@@ -111,6 +114,14 @@ def batch_done() -> None:
 
 
 def device() -> str:
+    try:
+        return _device()
+    except Exception as exc:  # a device that errors still has a worker to show
+        log.warning("worker beat: cannot name the device: %s", exc)
+        return "unknown"
+
+
+def _device() -> str:
     from gpuworker.memory import work_device
 
     where = work_device()
@@ -123,8 +134,21 @@ def device() -> str:
 
 
 def queues() -> str:
-    """The queues this worker consumes, from its command line (-Q/--queues);
-    Celery's default queue without one."""
+    """The queues this worker consumes: its -Q/--queues, else those Celery
+    set it up with (the configuration's; a pool child inherits them)."""
+    named = _queues_from_argv()
+    if named:
+        return named
+    try:
+        from celery import current_app
+
+        names = sorted(current_app.amqp.queues.consume_from or {})
+    except Exception:  # noqa: BLE001 — Celery's default queue, then
+        names = []
+    return ",".join(names) or "celery"
+
+
+def _queues_from_argv() -> str:
     argv = sys.argv
     for i, arg in enumerate(argv):
         if arg in ("-Q", "--queues") and i + 1 < len(argv):
@@ -132,7 +156,7 @@ def queues() -> str:
         for prefix in ("--queues=", "-Q"):
             if arg.startswith(prefix) and len(arg) > len(prefix):
                 return arg[len(prefix) :]
-    return "celery"
+    return ""
 
 
 @signals.worker_process_init.connect

@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 @functools.cache
 def _handle():
     try:
-        import pynvml  # type: ignore[import-untyped]
+        import pynvml
 
         pynvml.nvmlInit()
         # The process's device 0 is the first of CUDA_VISIBLE_DEVICES; NVML
@@ -31,15 +31,28 @@ def _handle():
         return None
 
 
-def utilization() -> int | None:
-    """Percent of the last sample period (1/6 s to 1 s, by device) in which a
-    kernel ran on this process's device; None without NVML."""
+def utilization(since: float | None = None) -> int | None:
+    """Percent of the time a kernel ran on this process's device: the mean of
+    the driver's samples since `since` (seconds since the epoch: the batch's
+    start, so the reads, tokenising and writes around the model count as the
+    idle time they are), or the last sample period's (1/6 s to 1 s) without
+    one or where the driver keeps no samples; None without NVML."""
     handle = _handle()
     if handle is None:
         return None
-    try:
-        import pynvml
+    import pynvml
 
+    if since is not None:
+        try:
+            _, samples = pynvml.nvmlDeviceGetSamples(
+                handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, int(since * 1_000_000)
+            )
+            values = [int(sample.sampleValue.uiVal) for sample in samples]
+            if values:
+                return round(sum(values) / len(values))
+        except Exception as exc:  # no samples kept (NVML_ERROR_NOT_FOUND), an old driver
+            log.debug("NVML samples: %s", exc)
+    try:
         return int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
     except Exception as exc:
         log.debug("NVML utilisation: %s", exc)

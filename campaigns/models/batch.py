@@ -67,6 +67,20 @@ class Batch(models.Model):
                 name="batch_done_finished",
                 condition=Q(state="done"),
             ),
+            # The watch: a version's recent batches (its rate, its failure
+            # share) without walking the other versions' ...
+            models.Index(
+                fields=["version", "finished_at"],
+                name="batch_version_done",
+                condition=Q(state="done"),
+            ),
+            # ... and the campaigns that finished a batch lately, whatever
+            # their number (the watch sweep's "done").
+            models.Index(
+                fields=["finished_at"],
+                name="batch_done_recent",
+                condition=Q(state="done"),
+            ),
         ]
 
     def __str__(self) -> str:

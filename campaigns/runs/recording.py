@@ -193,6 +193,9 @@ def batch_record(
     instant = functools.lru_cache(maxsize=256)(_instant)
     attempts = [_attempt_row(batch, o, worker, instant) for o in outcomes]
     to_review = _mark_for_review(outcomes)
+    # The version's failure share is summed from these (campaigns/watch/events.py):
+    # the unit rows hold only the current version's state, and keep input errors.
+    metrics = {**metrics, "failed": sum(1 for o in outcomes if o.error_class)}
     results = _batch_results(metrics, error, now)
     with transaction.atomic():
         # The lease check and the batch's own results in one statement.

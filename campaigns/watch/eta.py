@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 #: The recent batches the rate is measured over: the last this many...
@@ -90,8 +90,11 @@ def measure(timings: Sequence[Timing]) -> Rate | None:
     if elapsed <= 0:
         return None
     units = sum(t.size for t in window)
-    by_cost = all(t.cost is not None for t in window)
-    cost = sum(t.cost or 0 for t in window) if by_cost else None
+    cost: int | None = sum(t.cost or 0 for t in window)
+    # Counted in units when a batch reported no cost, or none reported any.
+    by_cost = bool(cost) and all(t.cost is not None for t in window)
+    if not by_cost:
+        cost = None
     amount = (lambda t: t.cost or 0) if by_cost else (lambda t: t.size)
     groups = _group_rates(window, since, amount)
     total = cost if cost is not None else units
@@ -99,6 +102,8 @@ def measure(timings: Sequence[Timing]) -> Rate | None:
     # (its model loading) or a redelivered one would drag a mean for as long
     # as it stays in the window.
     mid = statistics.median(groups) if len(groups) >= 3 else total / elapsed
+    if mid <= 0 or total <= 0:
+        return None
     if len(groups) >= 4:
         deciles = statistics.quantiles(groups, n=10, method="inclusive")
         low, high = deciles[0], deciles[-1]
@@ -116,7 +121,9 @@ def measure(timings: Sequence[Timing]) -> Rate | None:
     )
 
 
-def _group_rates(window: list[Timing], since: dt.datetime, amount) -> list[float]:
+def _group_rates(
+    window: list[Timing], since: dt.datetime, amount: Callable[[Timing], int]
+) -> list[float]:
     """The rate of each consecutive group of batches, from the previous
     group's last end (the window's start for the first) to its own."""
     size = max(1, len(window) // GROUPS)

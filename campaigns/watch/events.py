@@ -1,16 +1,18 @@
 """The watch sweep: beat calls it every WATCH_SECONDS, in its own process
 (portal/beat.py), so that a stall is noticed while the broker, the workers
 or their queue are what stalled. It looks at every campaign that has work
-queued, running or being planned, finished a batch in the last day, waits at
-a checkpoint, or runs on a rental that ends within a day, raises the events
-that hold (each once: Notification's key), then delivers what is pending.
+queued, running or being planned, finished a batch in the last RECENT hours,
+waits at a checkpoint opened in the last day, or runs on a rental that ends
+within a day, raises the events that hold (each once: Notification's key),
+then delivers what is pending (in beat, from a thread of its own).
 
 Events and their keys (what makes a second raising the same event):
 - checkpoint: a checkpoint waits for a decision — its id;
 - stall: no progress (campaigns/watch/stall.py) — the instant of the last progress;
 - done: nothing left to run — the last batch finished;
-- failures: failed units over WATCH_FAILURE_MIN_UNITS processed, above the
-  project's share — the campaign's current version;
+- failures: over the current version's last FAILURE_BATCHES batches, once
+  WATCH_FAILURE_MIN_UNITS are processed, a failed share above the project's
+  — the version;
 - rental_ending: its rental ends within ORDER_END_REMINDER_HOURS and its outputs
   were not exported since its last batch — the rental.
 """
@@ -19,13 +21,15 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
 
 from django.conf import settings
-from django.db.models import Max
+from django.db import connection
+from django.db.models import Sum
 from django.utils import timezone
 
 from campaigns import selectors
-from campaigns.models import Batch, Campaign, Checkpoint
+from campaigns.models import Batch, Campaign, Checkpoint, UnitCount, UnitState, WorkerBeat
 from campaigns.watch import notify, state
 from campaigns.watch.eta import duration
 from campaigns.watch.rentals import Rental, rentals_ending
@@ -33,13 +37,23 @@ from campaigns.watch.rentals import Rental, rentals_ending
 log = logging.getLogger(__name__)
 
 #: Campaigns that finished a batch this recently are looked at (a "done" event
-#: is raised once their last batch is in).
-RECENT = dt.timedelta(days=1)
+#: is raised once their last batch is in), and checkpoints opened this
+#: recently: a checkpoint left waiting for weeks is not news.
+RECENT = dt.timedelta(hours=6)
+CHECKPOINTS_RECENT = dt.timedelta(days=1)
+#: A failure share is measured over the version's last this many batches.
+FAILURE_BATCHES = 500
+
+_delivering = threading.Lock()
 
 
-def watch_runs(*, now: dt.datetime | None = None, broker_check=None) -> list[str]:
+def watch_runs(
+    *, now: dt.datetime | None = None, broker_check=None, deliver: str = "here"
+) -> list[str]:
     """Raise the events that hold and deliver pending notifications; returns
-    the keys of the events raised."""
+    the keys of the events raised. `deliver`: "here", or "thread" (beat: a
+    slow mail server or webhook must not hold up the lease sweeps that run
+    on beat's tick after this one)."""
     now = now or timezone.now()
     raised: list[str] = []
     ending: dict[int, Rental] = {}
@@ -61,17 +75,42 @@ def watch_runs(*, now: dt.datetime | None = None, broker_check=None) -> list[str
             )
         except Exception:  # one campaign's trouble never stops the others' alerts
             log.exception("watch: campaign %s", campaign.pk)
-    notify.deliver_pending()
+    WorkerBeat.objects.filter(beat_at__lt=now - state.BEATS_KEPT).delete()
+    if deliver == "thread":
+        if _delivering.acquire(blocking=False):  # one delivery thread at a time
+            threading.Thread(target=_deliver_then_release, name="watch-deliver").start()
+    else:
+        notify.deliver_pending()
     return raised
 
 
+def _deliver_then_release() -> None:
+    try:
+        notify.deliver_pending()
+    except Exception:
+        log.exception("watch: delivering notifications")
+    finally:
+        connection.close()  # this thread's own
+        _delivering.release()
+
+
 def _watched(*, now: dt.datetime) -> set[int]:
-    busy = Batch.objects.filter(state__in=[Batch.State.QUEUED, Batch.State.RUNNING])
+    """The campaigns worth a look, each read by an index: work queued or
+    running (the unit counters), a batch finished lately, a planner at work,
+    a checkpoint opened lately."""
+    busy = (
+        UnitCount.objects.filter(state__in=[UnitState.QUEUED, UnitState.RUNNING])
+        .values("campaign_id")
+        .annotate(n=Sum("n"))
+        .filter(n__gt=0)
+    )
     recent = Batch.objects.filter(state=Batch.State.DONE, finished_at__gte=now - RECENT)
     planning = Campaign.objects.exclude(planning_at=None)
-    waiting = Checkpoint.objects.filter(state=Checkpoint.State.PENDING)
+    waiting = Checkpoint.objects.filter(
+        state=Checkpoint.State.PENDING, created_at__gte=now - CHECKPOINTS_RECENT
+    )
     return (
-        set(busy.values_list("campaign_id", flat=True).distinct())
+        {row["campaign_id"] for row in busy}
         | set(recent.values_list("campaign_id", flat=True).distinct())
         | set(planning.values_list("pk", flat=True))
         | set(waiting.values_list("campaign_id", flat=True).distinct())
@@ -105,9 +144,12 @@ def campaign_events(
             checkpoint=run.checkpoint_id,
             counts=counts.as_dict(campaign.name),
         )
-    last = Batch.objects.filter(campaign=campaign, state=Batch.State.DONE).aggregate(
-        at=Max("finished_at"), pk=Max("pk")
-    )
+    last = (
+        Batch.objects.filter(campaign=campaign, state=Batch.State.DONE)
+        .order_by("-finished_at")
+        .values("pk", "finished_at")
+        .first()
+    ) or {"pk": None, "finished_at": None}
     if run.key == "done" and last["pk"] is not None:
         event(
             "done",
@@ -120,7 +162,15 @@ def campaign_events(
     found = state.campaign_stall(
         campaign=campaign, counts=counts, now=now, broker_check=broker_check
     )
-    if found is not None:
+    # A proven cause shows at once on the page; a notification waits a lease
+    # (a worker restarted for a deploy registers again within it) and never
+    # comes for what the sweeper mends by itself.
+    worth_telling = (
+        found is not None
+        and found.notify
+        and found.waited >= max(3 * settings.WORKER_BEAT_SECONDS, settings.BATCH_LEASE_SECONDS)
+    )
+    if found is not None and worth_telling:
         event(
             "stall",
             found.since.isoformat(),
@@ -131,26 +181,23 @@ def campaign_events(
             since=found.since.isoformat(),
         )
     alerts = notify.alerts_of(campaign.project_id)
-    processed = counts.done
-    if (
-        campaign.current_version_id
-        and processed >= settings.WATCH_FAILURE_MIN_UNITS
-        and counts.failed / processed > alerts.failure_share
-    ):
-        share = counts.failed / processed
+    version = campaign.current_version_id
+    failed, processed = _version_failures(version) if version else (0, 0)
+    if processed >= settings.WATCH_FAILURE_MIN_UNITS and failed / processed > alerts.failure_share:
+        share = failed / processed
         top = sorted(counts.by_error.items(), key=lambda kv: -kv[1])[:3]
         event(
             "failures",
-            f"v{campaign.current_version_id}",
+            f"v{version}",
             f"{share:.0%} of the processed units failed",
-            f"{counts.failed} of {processed} processed units failed "
-            f"(threshold {alerts.failure_share:.0%}); the most common: "
+            f"{failed} of the {processed} units the current version processed lately failed "
+            f"(threshold {alerts.failure_share:.0%}); the campaign's most common failures: "
             + ", ".join(f"{name or 'unclassified'} ({n})" for name, n in top)
             + ". The campaign page's Failures section says why, unit by unit.",
             share=round(share, 4),
             by_error=dict(top),
         )
-    if rental is not None and _not_exported(campaign, last["at"]):
+    if rental is not None and _not_exported(campaign, last["finished_at"]):
         left = (rental.ends_at - now).total_seconds()
         event(
             "rental_ending",
@@ -163,6 +210,21 @@ def campaign_events(
             ends_at=rental.ends_at.isoformat(),
         )
     return raised
+
+
+def _version_failures(version_id: int) -> tuple[int, int]:
+    """(failed, processed) over the version's last FAILURE_BATCHES finished
+    batches (each records its failures: campaigns/runs/recording.py): the unit
+    rows keep input errors across versions, a new version's share must not
+    start with them."""
+    recent = Batch.objects.filter(version_id=version_id, state=Batch.State.DONE).order_by(
+        "-finished_at"
+    )[:FAILURE_BATCHES]
+    failed = processed = 0
+    for size, metrics in recent.values_list("size", "metrics"):
+        processed += size
+        failed += int((metrics or {}).get("failed") or 0)
+    return failed, processed
 
 
 def _not_exported(campaign: Campaign, last_batch_at: dt.datetime | None) -> bool:

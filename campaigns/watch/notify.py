@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import http.client
 import ipaddress
 import json
 import logging
 import socket
+import ssl
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 
 from django.conf import settings
 from django.core.mail import send_mail
@@ -190,59 +190,98 @@ def signature(secret: str, timestamp: str, body: bytes) -> str:
 def url_problem(url: str) -> str | None:
     """Why the server must not call `url`, or None: http(s) only, and, unless
     WEBHOOK_ALLOW_PRIVATE, no address of its own or its network."""
+    return _resolve(url)[1]
+
+
+def _resolve(url: str) -> tuple[str | None, str | None]:
+    """(the address to connect to, None) or (None, why not)."""
     parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return "the webhook URL must be an http:// or https:// URL with a host"
-    if settings.WEBHOOK_ALLOW_PRIVATE:
-        return None
     try:
-        infos = socket.getaddrinfo(parts.hostname, parts.port or 443, proto=socket.IPPROTO_TCP)
-    except (OSError, UnicodeError) as exc:
-        return f"the webhook's host does not resolve: {exc}"
-    for info in infos:
-        address = ipaddress.ip_address(str(info[4][0]).split("%")[0])
-        if not address.is_global:
-            return (
-                f"the webhook's host resolves to {address}, a private, loopback or "
-                "link-local address (WEBHOOK_ALLOW_PRIVATE allows them)"
-            )
-    return None
+        port = parts.port
+    except ValueError:
+        return None, "the webhook URL's port is not a port number"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None, "the webhook URL must be an http:// or https:// URL with a host"
+    default = 443 if parts.scheme == "https" else 80
+    try:
+        infos = socket.getaddrinfo(parts.hostname, port or default, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return None, "the webhook's host does not resolve"
+    addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
+    if not settings.WEBHOOK_ALLOW_PRIVATE:
+        for address in addresses:
+            if not address.is_global:
+                return None, (
+                    f"the webhook's host resolves to {address}, a private, loopback or "
+                    "link-local address (WEBHOOK_ALLOW_PRIVATE allows them)"
+                )
+    return str(addresses[0]), None
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    # A redirect could lead the server to an address url_problem refused.
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        return None
+class _Pinned(http.client.HTTPConnection):
+    """Connects to the address that was checked, not to whatever the host
+    name resolves to a moment later (DNS rebinding); the Host header keeps
+    the name."""
+
+    def __init__(self, host: str, port: int | None, *, address: str, timeout: float):
+        super().__init__(host, port, timeout=timeout)
+        self.address = address
+
+    def connect(self) -> None:
+        self.sock = socket.create_connection((self.address, self.port), self.timeout)
+
+
+class _PinnedTLS(http.client.HTTPSConnection):
+    """The same over TLS: the certificate is checked against the host name."""
+
+    def __init__(self, host: str, port: int | None, *, address: str, timeout: float):
+        super().__init__(host, port, timeout=timeout, context=ssl.create_default_context())
+        self.address = address
+
+    def connect(self) -> None:
+        sock = socket.create_connection((self.address, self.port), self.timeout)
+        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)  # type: ignore[attr-defined]
 
 
 def post_webhook(*, alerts: ProjectAlerts, notification: Notification) -> int:
-    """POST the signed body; the HTTP status when 2xx, else WebhookError."""
-    problem = url_problem(alerts.webhook_url)
-    if problem:
-        raise WebhookError(problem, final=True)
+    """POST the signed body; the HTTP status when 2xx, else WebhookError.
+    Redirects are not followed: they could lead to an address refused here.
+    A failure says what kind it was, not the network's own words (a member
+    must not map the server's network from the panel)."""
+    address, problem = _resolve(alerts.webhook_url)
+    if problem or address is None:
+        raise WebhookError(problem or "no address", final=True)
     body = webhook_body(notification)
     timestamp = str(int(time.time()))
-    request = urllib.request.Request(
-        alerts.webhook_url,
-        data=body,
-        method="POST",
-        headers={
-            "Content-Type": "application/json",
-            "User-Agent": "BriefGPU-webhook/1",
-            "X-BriefGPU-Event": notification.event,
-            "X-BriefGPU-Delivery": str(notification.pk),
-            "X-BriefGPU-Timestamp": timestamp,
-            "X-BriefGPU-Signature": signature(alerts.webhook_secret, timestamp, body),
-        },
+    parts = urllib.parse.urlsplit(alerts.webhook_url)
+    kind = _PinnedTLS if parts.scheme == "https" else _Pinned
+    connection = kind(
+        parts.hostname or "", parts.port, address=address, timeout=settings.WEBHOOK_TIMEOUT
     )
-    opener = urllib.request.build_opener(_NoRedirect)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     try:
-        with opener.open(request, timeout=settings.WEBHOOK_TIMEOUT) as response:
-            status = response.status
-    except urllib.error.HTTPError as exc:
-        raise WebhookError(f"HTTP {exc.code}", status=exc.code) from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise WebhookError(str(getattr(exc, "reason", exc))) from None
+        connection.request(
+            "POST",
+            path,
+            body=body,
+            headers={
+                "Content-Type": "application/json",
+                "User-Agent": "BriefGPU-webhook/1",
+                "X-BriefGPU-Event": notification.event,
+                "X-BriefGPU-Delivery": str(notification.pk),
+                "X-BriefGPU-Timestamp": timestamp,
+                "X-BriefGPU-Signature": signature(alerts.webhook_secret, timestamp, body),
+            },
+        )
+        status = connection.getresponse().status
+    except TimeoutError:
+        raise WebhookError("no answer within WEBHOOK_TIMEOUT") from None
+    except ssl.SSLError:
+        raise WebhookError("the TLS handshake failed (certificate?)") from None
+    except (OSError, http.client.HTTPException):
+        raise WebhookError("could not connect, or the answer was not HTTP") from None
+    finally:
+        connection.close()
     if not 200 <= status < 300:
         raise WebhookError(f"HTTP {status}", status=status)
     return status

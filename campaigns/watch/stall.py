@@ -1,11 +1,17 @@
 """Whether a run is stalled, and the likely cause: a pure function of what the
-database says (batches, worker heartbeats) and of whether the broker answers,
-so that it is tested on recorded situations with a fake clock.
+database says (batches, worker heartbeats) and of what the broker holds, so
+that it is tested on recorded situations with a fake clock.
 
 A run is stalled when work is queued or running and no batch finished for
 `factor` times the recent median batch time (never less than a floor: a
 run's first batch loads its model). A stalled run and a slow one look the
-same on a counts page; the cause is what tells them apart.
+same on a counts page; the cause is what tells them apart. A run that only
+waits is not stalled: its batches queued behind another campaign's on busy
+workers, or its next slice being planned.
+
+A stall the sweeper mends by itself (a dead worker's batch while a live one
+serves the queue) is shown, not notified: a worker process killed for memory
+and replaced should not wake anybody at 2 a.m.
 """
 
 from __future__ import annotations
@@ -24,15 +30,18 @@ class Worker:
     beat_at: dt.datetime
     queues: str
     stopped: bool = False
+    started_at: dt.datetime | None = None  # when this process registered
+    busy: bool = False  # holds work of any campaign (a batch, a training, a profile)
 
 
 @dataclass(frozen=True)
 class Held:
-    """A running batch: who holds it and until when."""
+    """A running batch: who holds it, since when, and until when."""
 
     batch_id: int
     worker: str
     lease_expires_at: dt.datetime | None
+    started_at: dt.datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -42,7 +51,7 @@ class Situation:
     running: Sequence[Held]
     planning: bool  # a planner stamped planning_at recently
     planner_died: bool  # a stale planning stamp, units pending and nothing queued
-    last_progress_at: dt.datetime | None  # the last batch finished, or the run's start
+    last_progress_at: dt.datetime | None  # the last batch finished, planned or started
     batch_seconds: Sequence[float]  # recent finished batches' durations
     workers: Sequence[Worker]
     queue: str = "gpu"
@@ -58,12 +67,18 @@ class Rules:
 
 @dataclass(frozen=True)
 class Stall:
-    cause: str  # no_worker, broker, dead_holders, sweeper, planner, hung
+    cause: str  # no_worker, broker, lost, dead_holders, sweeper, planner, hung
     since: dt.datetime
     waited: float  # seconds without progress
     limit: float  # seconds allowed
     title: str
     advice: str
+    notify: bool = True  # False: the sweeper mends it; the banner only
+
+
+#: What the broker holds for the queue: the messages waiting (None: it does
+#: not answer; -1: not asked). Asked only when the database proves no cause.
+BrokerWaiting = Callable[[], "int | None"]
 
 
 def limit(batch_seconds: Sequence[float], rules: Rules) -> float:
@@ -82,40 +97,67 @@ def consumes(worker: Worker, queue: str) -> bool:
     return queue in {q.strip() for q in worker.queues.split(",")}
 
 
+def _holds(worker: Worker, held: Held) -> bool:
+    """Whether this live process is the one that holds the batch: the same
+    host:pid, and not a later process that reused the pid (a container
+    restarted under the same host name)."""
+    if worker.name != held.worker:
+        return False
+    return not (worker.started_at and held.started_at and held.started_at < worker.started_at)
+
+
+def _not_asked() -> int:
+    return -1  # the broker was not asked: neither down nor empty
+
+
 def verdict(
-    situation: Situation, rules: Rules, broker_answers: Callable[[], bool | None] = lambda: None
+    situation: Situation, rules: Rules, broker_waiting: BrokerWaiting = _not_asked
 ) -> Stall | None:
-    """The stall, or None while the run makes progress (or has nothing to do).
+    """The stall, or None while the run makes progress, waits its turn, or has
+    nothing to do.
 
     A cause the database proves (no live worker for the queue, every running
     batch held by a dead one, a sweeper that does not run, a planner gone) is
     a stall as soon as a worker would have beaten three times without
-    progress; otherwise (live workers, a broker that answers) only after the
-    limit. `broker_answers` is asked only then: it may take seconds."""
+    progress; otherwise only after the limit. `broker_waiting` is asked only
+    then: it may take seconds."""
     s = situation
-    busy = s.queued or s.running or s.planning or s.planner_died
-    if not busy or s.last_progress_at is None:
+    if not (s.queued or s.running or s.planning or s.planner_died) or s.last_progress_at is None:
         return None
     allowed = limit(s.batch_seconds, rules)
     waited = (s.now - s.last_progress_at).total_seconds()
     if waited <= min(allowed, 3 * rules.beat_seconds):
         return None
 
-    def stall(cause: str, title: str, advice: str) -> Stall:
+    def stall(cause: str, title: str, advice: str, notify: bool = True) -> Stall:
         assert s.last_progress_at is not None
-        return Stall(cause, s.last_progress_at, waited, allowed, title, advice)
+        return Stall(cause, s.last_progress_at, waited, allowed, title, advice, notify)
 
     found = _proven(s, rules, stall)
     if found is not None:
         return found
+    alive = [w for w in s.workers if live(w, now=s.now, rules=rules) and consumes(w, s.queue)]
     if waited <= allowed:
         return None
-    if broker_answers() is False:
+    if s.planning and not s.queued and not s.running:
+        return None  # the next slice is being weighed: a recent stamp says so
+    if s.queued and not s.running and alive and all(w.busy for w in alive):
+        return None  # its batches wait behind other work the workers are doing
+    waiting = broker_waiting()
+    if waiting is None:
         return stall(
             "broker",
             "The broker does not answer",
             "Workers receive no batches while the broker (Redis or RabbitMQ) is down: "
             "restart it; the queued batches are sent again by themselves once it answers.",
+        )
+    if s.queued and not s.running and waiting == 0:
+        return stall(
+            "lost",
+            "The queued batches have no message in the broker",
+            f"{s.queued} batch(es) are queued in the database but the broker holds no message "
+            "for them (a broker restarted without persistence, a queue purged): the sweeper "
+            "sends them again within a lease; Resume sends them now.",
         )
     return stall(
         "hung",
@@ -126,12 +168,11 @@ def verdict(
     )
 
 
-def _proven(s: Situation, rules: Rules, stall: Callable[[str, str, str], Stall]) -> Stall | None:
+def _proven(s: Situation, rules: Rules, stall: Callable[..., Stall]) -> Stall | None:
     """A cause the heartbeats and leases prove, or None."""
     alive = [w for w in s.workers if live(w, now=s.now, rules=rules)]
     serving = [w for w in alive if consumes(w, s.queue)]
-    holders = {w.name for w in alive}
-    if s.running and all(h.worker not in holders for h in s.running):
+    if s.running and not any(_holds(w, h) for h in s.running for w in alive):
         expired = [
             h
             for h in s.running
@@ -160,6 +201,7 @@ def _proven(s: Situation, rules: Rules, stall: Callable[[str, str, str], Stall])
             "Every running batch is held by a dead worker",
             "The workers that held them stopped beating; the sweeper puts the batches back "
             "in the queue when their lease runs out, and a live worker takes them then.",
+            notify=False,
         )
     if not serving and (s.queued or s.running):
         return stall(

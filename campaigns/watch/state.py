@@ -13,11 +13,19 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db.models import Count, Min, Sum
+from django.db.models import Sum
 from django.utils import timezone
 
 from campaigns.db import run_timeline
-from campaigns.models import Batch, Campaign, ParameterVersion, Unit, UnitState, WorkerBeat
+from campaigns.models import (
+    Batch,
+    Campaign,
+    ParameterVersion,
+    Training,
+    Unit,
+    UnitState,
+    WorkerBeat,
+)
 from campaigns.selectors import Counts
 from campaigns.specs.processors import cost_unit
 from campaigns.watch import charts, eta, stall, summary
@@ -75,7 +83,7 @@ _LEFT_STATES = (UnitState.PENDING, UnitState.QUEUED, UnitState.RUNNING)
 def _mean_costs(*, campaign: Campaign, counts: Counts) -> dict[str, tuple[float | None, bool]]:
     """Per state left: (the mean weighed cost of its units or of a sample of
     them, None when none is weighed; whether that covered them all)."""
-    found = {}
+    found: dict[str, tuple[float | None, bool]] = {}
     for unit_state in _LEFT_STATES:
         n = getattr(counts, unit_state)
         if not n:
@@ -100,19 +108,28 @@ def work_left(*, campaign: Campaign, counts: Counts) -> dict[int | None, Left]:
     units: dict[int | None, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     if counts.pending:
         units[campaign.current_version_id][UnitState.PENDING] += counts.pending
-    for row in (
-        Batch.objects.filter(campaign=campaign, state__in=[Batch.State.QUEUED, Batch.State.RUNNING])
-        .values("version_id", "state")
-        .annotate(n=Sum("size"))
-    ):
-        units[row["version_id"]][row["state"]] += row["n"] or 0
+    if campaign.versions.count() < 2:
+        # One version runs everything: the counters say how much is in flight.
+        for unit_state in (UnitState.QUEUED, UnitState.RUNNING):
+            if n := getattr(counts, unit_state):
+                units[campaign.current_version_id][unit_state] += n
+    else:
+        # Batches of an older version may still be in flight: by their size.
+        for row in (
+            Batch.objects.filter(
+                campaign=campaign, state__in=[Batch.State.QUEUED, Batch.State.RUNNING]
+            )
+            .values("version_id", "state")
+            .annotate(n=Sum("size"))
+        ):
+            units[row["version_id"]][row["state"]] += row["n"] or 0
     result = {}
     for version_id, by_state in units.items():
         total = sum(by_state.values())
         cost: float | None = 0.0
         exact = True
-        for unit_state, n in by_state.items():
-            mean, whole = means.get(unit_state, (None, True))
+        for state_name, n in by_state.items():
+            mean, whole = means.get(state_name, (None, True))
             if mean is None or cost is None:
                 cost = None
                 continue
@@ -125,6 +142,7 @@ def work_left(*, campaign: Campaign, counts: Counts) -> dict[int | None, Left]:
 @dataclass(frozen=True)
 class VersionWatch:
     version: ParameterVersion
+    current: bool
     left: Left
     rate: Rate | None
     eta: Eta | None
@@ -181,7 +199,12 @@ def campaign_eta(
 
 
 def campaign_watch(
-    *, campaign: Campaign, counts: Counts, broker_check=None, now: dt.datetime | None = None
+    *,
+    campaign: Campaign,
+    counts: Counts,
+    broker_check=None,
+    now: dt.datetime | None = None,
+    visible: set[int] | None = None,
 ) -> Watch:
     now = now or timezone.now()
     left, estimate, rate, by_version = campaign_eta(campaign=campaign, counts=counts, now=now)
@@ -196,6 +219,7 @@ def campaign_watch(
         versions.append(
             VersionWatch(
                 version,
+                version.pk == campaign.current_version_id,
                 version_left,
                 eta.measure(recent),
                 eta.estimate(
@@ -208,7 +232,13 @@ def campaign_watch(
         )
     rental = rental_of(campaign.pk)
     fit = (
-        eta.rental_fit(starts_at=rental.starts_at, ends_at=rental.ends_at, eta=estimate, now=now)
+        eta.rental_fit(
+            starts_at=rental.starts_at,
+            ends_at=rental.ends_at,
+            # A run that does not run has no end to set against the rental's.
+            eta=estimate if counts.active else None,
+            now=now,
+        )
         if rental is not None
         else None
     )
@@ -223,35 +253,68 @@ def campaign_watch(
         fit=fit,
         stall=campaign_stall(campaign=campaign, counts=counts, now=now, broker_check=broker_check),
         active=counts.active,
-        workers=workers(now=now),
+        workers=workers(now=now, visible=visible),
     )
+
+
+#: Worker rows older than this are no longer shown, and the watch sweep removes them.
+BEATS_KEPT = dt.timedelta(days=1)
+
+
+def _beats(now: dt.datetime) -> list[WorkerBeat]:
+    return list(WorkerBeat.objects.filter(beat_at__gte=now - BEATS_KEPT))
+
+
+def _busy_workers() -> dict[str, list[tuple[int, int, dt.datetime | None]]]:
+    """Worker name -> (batch id, campaign id, started) of every running batch,
+    and the trainings running (batch id 0): the partial index of running
+    batches, as many rows as there are workers at work."""
+    holding: dict[str, list[tuple[int, int, dt.datetime | None]]] = defaultdict(list)
+    for pk, worker, campaign_id, started in Batch.objects.filter(
+        state=Batch.State.RUNNING
+    ).values_list("pk", "worker", "campaign_id", "started_at"):
+        holding[worker].append((pk, campaign_id, started))
+    for worker, campaign_id in Training.objects.filter(state=Training.State.RUNNING).values_list(
+        "worker", "campaign_id"
+    ):
+        holding[worker].append((0, campaign_id, None))
+    return holding
 
 
 def situation(*, campaign: Campaign, counts: Counts, now: dt.datetime) -> stall.Situation:
-    batches = Batch.objects.filter(campaign=campaign)
+    """The campaign's run as the stall rules see it: a handful of bounded reads
+    (the running batches, the newest queued one, the last finished ones)."""
+    busy = _busy_workers()
     running = [
-        stall.Held(pk, worker, expires)
-        for pk, worker, expires in batches.filter(state=Batch.State.RUNNING).values_list(
-            "pk", "worker", "lease_expires_at"
-        )
+        stall.Held(pk, worker, None, started)
+        for worker, held in busy.items()
+        for pk, campaign_id, started in held
+        if campaign_id == campaign.pk and pk
     ]
-    queued = batches.filter(state=Batch.State.QUEUED).aggregate(
-        n=Count("id"), since=Min("created_at")
+    expiries = dict(
+        Batch.objects.filter(pk__in=[h.batch_id for h in running]).values_list(
+            "pk", "lease_expires_at"
+        )
     )
-    recent = timings(campaign_id=campaign.pk)
-    last_done = recent[-1].finished_at if recent else None
-    # Progress: the last batch finished, or the run's start when none has
-    # (the first queued or running batch's creation, a run's first plan).
-    started = [
-        t
-        for t in (
-            queued["since"],
-            batches.filter(state=Batch.State.RUNNING).aggregate(m=Min("created_at"))["m"],
-        )
-        if t is not None
+    running = [
+        stall.Held(h.batch_id, h.worker, expiries.get(h.batch_id), h.started_at) for h in running
     ]
-    first = min(started) if started else None
-    progress = max(t for t in (last_done, first) if t is not None) if (last_done or first) else None
+    recent = timings(campaign_id=campaign.pk)
+    # Progress: the last batch finished, the newest one planned (by id, the
+    # order they are made) or the last one a worker started.
+    newest_queued = (
+        Batch.objects.filter(campaign=campaign, state=Batch.State.QUEUED)
+        .order_by("-pk")
+        .values_list("created_at", flat=True)
+        .first()
+    )
+    moments = [
+        recent[-1].finished_at if recent else None,
+        newest_queued,
+        *(h.started_at for h in running),
+    ]
+    known = [t for t in moments if t is not None]
+    progress = max(known) if known else None
     planning_at = campaign.planning_at
     stale_planner = (
         planning_at is not None
@@ -263,12 +326,19 @@ def situation(*, campaign: Campaign, counts: Counts, now: dt.datetime) -> stall.
     if stale_planner and progress is None:
         progress = planning_at
     beats = [
-        stall.Worker(w.name, w.beat_at, w.queues, w.stopped_at is not None)
-        for w in WorkerBeat.objects.all()
+        stall.Worker(
+            w.name,
+            w.beat_at,
+            w.queues,
+            w.stopped_at is not None,
+            w.started_at,
+            busy=bool(busy.get(w.name)),
+        )
+        for w in _beats(now)
     ]
     return stall.Situation(
         now=now,
-        queued=queued["n"],
+        queued=counts.queued,
         running=running,
         planning=counts.planning,
         planner_died=stale_planner,
@@ -281,29 +351,29 @@ def situation(*, campaign: Campaign, counts: Counts, now: dt.datetime) -> stall.
 def campaign_stall(
     *, campaign: Campaign, counts: Counts, now: dt.datetime, broker_check=None
 ) -> stall.Stall | None:
-    """The campaign's stall, or None. `broker_check()`: whether the broker
-    answers (asked only when the database proves no other cause)."""
+    """The campaign's stall, or None. `broker_check()`: the messages the
+    broker holds for the batch queue, None when it does not answer (asked
+    only when the database proves no other cause)."""
     if not (counts.active or (campaign.planning_at and counts.pending)):
         return None
     return stall.verdict(
         situation(campaign=campaign, counts=counts, now=now),
         rules(),
-        broker_check or (lambda: None),
+        broker_check or (lambda: -1),
     )
 
 
-def workers(*, now: dt.datetime) -> list[WorkerRow]:
+def workers(*, now: dt.datetime, visible: set[int] | None = None) -> list[WorkerRow]:
     """Every worker process that beat within the last day, live ones first,
-    with the batches each holds now."""
+    with the batches each holds now. `visible`: the campaigns the reader may
+    see (None: all); another project's batch is shown without its name."""
     rules_ = rules()
-    since = now - dt.timedelta(days=1)
-    holding: dict[str, list[tuple[int, str]]] = defaultdict(list)
-    for pk, worker, name in Batch.objects.filter(state=Batch.State.RUNNING).values_list(
-        "pk", "worker", "campaign__name"
-    ):
-        holding[worker].append((pk, name))
+    names = dict(Campaign.objects.values_list("pk", "name")) if visible is None else {}
+    if visible is not None:
+        names = dict(Campaign.objects.filter(pk__in=visible).values_list("pk", "name"))
+    holding = _busy_workers()
     rows = []
-    for beat in WorkerBeat.objects.filter(beat_at__gte=since):
+    for beat in _beats(now):
         as_seen = stall.Worker(beat.name, beat.beat_at, beat.queues, beat.stopped_at is not None)
         rows.append(
             WorkerRow(
@@ -317,7 +387,10 @@ def workers(*, now: dt.datetime) -> list[WorkerRow]:
                 batches_done=beat.batches_done,
                 live=stall.live(as_seen, now=now, rules=rules_),
                 stopped=beat.stopped_at is not None,
-                current=holding.get(beat.name, []),
+                current=[
+                    (pk, names.get(campaign_id, "another project's campaign"))
+                    for pk, campaign_id, _ in holding.get(beat.name, [])
+                ],
             )
         )
     rows.sort(key=lambda r: (not r.live, r.host, r.pid))
@@ -336,7 +409,7 @@ def run_charts(*, campaign_id: int, cost_unit: str) -> list:
         found = run_timeline.timeline(campaign_id=campaign_id, slices=charts.BUCKETS)
         return charts.rate_charts(found, cost_unit=cost_unit) + charts.worker_charts(found)
 
-    return cache.get_or_set(f"watch:charts:{campaign_id}", draw, CHARTS_SECONDS)
+    return cache.get_or_set(f"watch:charts:{campaign_id}", draw, CHARTS_SECONDS) or []
 
 
 #: The campaign list keeps each campaign's ETA text this long (the process's
@@ -354,29 +427,13 @@ def list_etas(*, campaigns: list[Campaign], counts: dict[int, Counts]) -> dict[i
             left, estimate, _, _ = campaign_eta(campaign=campaign, counts=counts[campaign.pk])
             return summary.eta_short(estimate, left_units=left.units)
 
-        found[campaign.pk] = cache.get_or_set(
-            f"watch:list-eta:{campaign.pk}", text, LIST_ETA_SECONDS
+        found[campaign.pk] = (
+            cache.get_or_set(f"watch:list-eta:{campaign.pk}", text, LIST_ETA_SECONDS) or ""
         )
     return found
 
 
 def watch_json(*, campaign: Campaign, counts: Counts, broker_check=None) -> dict:
-    """`campaign status --json`'s "watch": the ETA, rate, rental and stall."""
-    now = timezone.now()
-    left, estimate, rate, _ = campaign_eta(campaign=campaign, counts=counts, now=now)
-    rental = rental_of(campaign.pk)
-    fit = (
-        eta.rental_fit(starts_at=rental.starts_at, ends_at=rental.ends_at, eta=estimate, now=now)
-        if rental is not None
-        else None
-    )
-    return summary.eta_json(
-        eta=estimate,
-        rate=rate,
-        left_units=left.units,
-        left_cost=left.cost,
-        cost_unit=cost_unit(campaign.processor),
-        fit=fit,
-        rental=rental,
-        stall=campaign_stall(campaign=campaign, counts=counts, now=now, broker_check=broker_check),
-    )
+    """`campaign status --json`'s "watch": the ETA, rate, rental, stall and versions."""
+    watch = campaign_watch(campaign=campaign, counts=counts, broker_check=broker_check)
+    return summary.watch_json(watch)

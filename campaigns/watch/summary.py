@@ -7,7 +7,6 @@ import datetime as dt
 
 from campaigns.watch.eta import Eta, Rate, RentalFit, duration
 from campaigns.watch.rentals import Rental
-from campaigns.watch.stall import Stall
 
 
 def rate_text(rate: Rate | None, cost_unit: str) -> str:
@@ -19,11 +18,17 @@ def rate_text(rate: Rate | None, cost_unit: str) -> str:
     return text + f" over the last {rate.batches} batches"
 
 
-def eta_text(eta: Eta | None, *, left_units: int) -> str:
+def eta_text(eta: Eta | None, *, left_units: int, running: bool = True) -> str:
     if not left_units:
         return "nothing left to run"
     if eta is None:
         return "measuring: an estimate follows the first batches"
+    if not running:
+        # Paused, at a checkpoint, idle: no end to promise, only the work left.
+        return (
+            f"not running: about {duration(eta.seconds)} of work left at the recent rate, "
+            "from when it runs again"
+        )
     text = f"~{eta.finishes_at:%Y-%m-%d %H:%M} UTC, in {duration(eta.seconds)}"
     low, high = duration(eta.low_seconds), duration(eta.high_seconds)
     if low != high:
@@ -42,12 +47,16 @@ def eta_short(eta: Eta | None, *, left_units: int) -> str:
     return f"ETA ~{eta.finishes_at:%m-%d %H:%M} UTC (in {duration(eta.seconds)})"
 
 
-def fit_text(fit: RentalFit | None, rental: Rental | None) -> str:
+def fit_text(fit: RentalFit | None, rental: Rental | None, *, now: dt.datetime) -> str:
     if fit is None or rental is None:
         return ""
     used = f"{fit.used_share:.0%} of the rental used"
     if fit.margin_seconds is None:
-        return f"{rental.label} ends {rental.ends_at:%Y-%m-%d %H:%M} UTC; {used}"
+        left = max(0.0, (rental.ends_at - now).total_seconds())
+        return (
+            f"{rental.label} ends {rental.ends_at:%Y-%m-%d %H:%M} UTC, in {duration(left)}; "
+            f"{used}, its clock running whether the run does or not"
+        )
     when = "before" if fit.margin_seconds >= 0 else "after"
     return (
         f"done ~{duration(fit.margin_seconds)} {when} {rental.label} ends "
@@ -59,37 +68,44 @@ def _iso(at: dt.datetime | None) -> str | None:
     return at.isoformat() if at is not None else None
 
 
-def eta_json(
-    *,
-    eta: Eta | None,
-    rate: Rate | None,
-    left_units: int,
-    left_cost: int | None,
-    cost_unit: str,
-    fit: RentalFit | None = None,
-    rental: Rental | None = None,
-    stall: Stall | None = None,
-) -> dict:
+def _rate_json(rate: Rate | None) -> dict | None:
+    if rate is None:
+        return None
     return {
-        "left": {"units": left_units, "cost": left_cost, "cost_unit": cost_unit},
-        "rate": None
-        if rate is None
-        else {
-            "units_per_s": round(rate.units_per_s, 3),
-            "cost_per_s": round(rate.cost_per_s, 3) if rate.cost_per_s is not None else None,
-            "batches": rate.batches,
+        "units_per_s": round(rate.units_per_s, 3),
+        "cost_per_s": round(rate.cost_per_s, 3) if rate.cost_per_s is not None else None,
+        "batches": rate.batches,
+    }
+
+
+def _eta_json(eta: Eta | None, *, running: bool) -> dict | None:
+    """None while measuring; without times to finish while it does not run."""
+    if eta is None:
+        return None
+    return {
+        "seconds": round(eta.seconds),
+        "low_seconds": round(eta.low_seconds),
+        "high_seconds": round(eta.high_seconds),
+        "finishes_at": _iso(eta.finishes_at) if running else None,
+        "earliest": _iso(eta.earliest) if running else None,
+        "latest": _iso(eta.latest) if running else None,
+        "by_cost": eta.by_cost,
+    }
+
+
+def watch_json(watch) -> dict:
+    """`campaign status --json`'s "watch" from state.campaign_watch's Watch."""
+    fit, rental, stall = watch.fit, watch.rental, watch.stall
+    return {
+        "running": watch.active,
+        "left": {
+            "units": watch.left.units,
+            "cost": watch.left.cost,
+            "cost_exact": watch.left.exact,
+            "cost_unit": watch.cost_unit,
         },
-        "eta": None
-        if eta is None
-        else {
-            "seconds": round(eta.seconds),
-            "low_seconds": round(eta.low_seconds),
-            "high_seconds": round(eta.high_seconds),
-            "finishes_at": _iso(eta.finishes_at),
-            "earliest": _iso(eta.earliest),
-            "latest": _iso(eta.latest),
-            "by_cost": eta.by_cost,
-        },
+        "rate": _rate_json(watch.rate),
+        "eta": _eta_json(watch.eta, running=watch.active),
         "rental": None
         if rental is None or fit is None
         else {
@@ -107,6 +123,16 @@ def eta_json(
             "since": _iso(stall.since),
             "waited_seconds": round(stall.waited),
         },
+        "versions": [
+            {
+                "version": v.version.label,
+                "current": v.current,
+                "left": {"units": v.left.units, "cost": v.left.cost},
+                "rate": _rate_json(v.rate),
+                "eta": _eta_json(v.eta, running=watch.active),
+            }
+            for v in watch.versions
+        ],
     }
 
 
@@ -126,11 +152,13 @@ def status_lines(watch: dict) -> list[str]:
         lines.append(
             f"rate: {rate['units_per_s']:,.1f} units/s{cost} (last {rate['batches']} batches)"
         )
-    if found:
+    if found and found["finishes_at"]:
         lines.append(
             f"ETA: {found['finishes_at']} (in {duration(found['seconds'])}, between "
             f"{duration(found['low_seconds'])} and {duration(found['high_seconds'])})"
         )
+    elif found:
+        lines.append(f"not running: about {duration(found['seconds'])} of work left")
     if watch["rental"]:
         rental = watch["rental"]
         margin = rental["margin_seconds"]

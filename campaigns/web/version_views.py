@@ -81,8 +81,8 @@ def version_download(
     version = _version(campaign, str(number))
     if filename not in DOWNLOADS[matrices.kind_of(campaign)]:
         raise Http404("No such download for this campaign.")
-    if filename != "rows.csv":  # the outputs themselves, not only their names
-        inventory.mark_exported(campaign)
+    if filename != "rows.csv" and version.pk == campaign.current_version_id:
+        inventory.mark_exported(campaign)  # the current outputs, not only their names
     if filename.endswith(".npy"):
         matrix = matrices.matrix_stream(campaign=campaign, version=version)
         if matrix is None:

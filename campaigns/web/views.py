@@ -243,6 +243,8 @@ def campaign_export(request: HttpRequest, name: str, filename: str) -> HttpRespo
     generate = inventory.files_for(campaign).get(filename)
     if generate is None:
         raise Http404("No such export file.")
+    if filename in inventory.PROCESSOR_FILES.get(campaign.processor, {}):
+        inventory.mark_exported(campaign)  # a classifier's predictions: its outputs
     response = StreamingHttpResponse(
         generate(campaign), content_type=inventory.CONTENT_TYPES[Path(filename).suffix]
     )

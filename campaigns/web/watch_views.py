@@ -29,21 +29,25 @@ def campaign_watch(request: HttpRequest, name: str) -> HttpResponse:
     watch = state.campaign_watch(
         campaign=campaign,
         counts=counts,
-        broker_check=lambda: broker_queue_waiting(BATCH_QUEUE) is not None,
+        broker_check=lambda: broker_queue_waiting(BATCH_QUEUE),
+        # The workers are shared: another project's batch is shown unnamed.
+        visible=None
+        if sees_every_project(request.user)
+        else set(selectors.campaigns_for_user(request.user).values_list("pk", flat=True)),
     )
     context = {
         "campaign": campaign,
         "watch": watch,
         "rate_text": summary.rate_text(watch.rate, watch.cost_unit),
-        "eta_text": summary.eta_text(watch.eta, left_units=watch.left.units),
-        "fit_text": summary.fit_text(watch.fit, watch.rental),
+        "eta_text": summary.eta_text(watch.eta, left_units=watch.left.units, running=watch.active),
+        "fit_text": summary.fit_text(watch.fit, watch.rental, now=watch.now),
         "versions": [
             {
                 "label": v.version.label,
                 "current": v.version.pk == campaign.current_version_id,
                 "left": v.left,
                 "rate": summary.rate_text(v.rate, watch.cost_unit),
-                "eta": summary.eta_text(v.eta, left_units=v.left.units),
+                "eta": summary.eta_text(v.eta, left_units=v.left.units, running=watch.active),
             }
             for v in watch.versions
         ],

@@ -54,6 +54,7 @@ class BatchRun:
         self.seconds = 0.0
         self.processor: Processor | None = None
         self.parts: list[Part] = []
+        self.claimed_at = time.time()
 
     def compute(self, *, prefetch_next: bool = False) -> None:
         """Read the inputs and run the model (the part that needs the device);
@@ -76,8 +77,8 @@ class BatchRun:
                 self.metrics["oom_splits"] = splits
             if alone:
                 self.metrics["oom_alone"] = alone
-            util = nvml.utilization()
-            if util is not None:  # the device's busy share as the model ends
+            util = nvml.utilization(since=self.claimed_at)
+            if util is not None:  # the device's busy share since the batch was claimed
                 self.metrics["gpu_util"] = util
         except Exception as exc:  # the model itself failed: every unfinished unit says why
             self._failed(exc)

@@ -58,11 +58,21 @@ def test_create_then_status_as_json(corpus):
         },
         # Not weighed before its first run: no cost yet, no rate, no estimate.
         "watch": {
-            "left": {"units": 38, "cost": None, "cost_unit": "tokens"},
+            "running": False,
+            "left": {"units": 38, "cost": None, "cost_exact": True, "cost_unit": "tokens"},
             "rate": None,
             "eta": None,
             "rental": None,
             "stall": None,
+            "versions": [
+                {
+                    "version": campaign.current_version.label,
+                    "current": True,
+                    "left": {"units": 38, "cost": None},
+                    "rate": None,
+                    "eta": None,
+                }
+            ],
         },
     }
 

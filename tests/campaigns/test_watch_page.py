@@ -135,7 +135,15 @@ def test_the_panel_against_the_rental(client, owner, campaign, make_order):
     assert watch["rental"]["used_share"] == pytest.approx(0.5, abs=0.01)
     assert watch["rental"]["margin_seconds"] > 0
     assert watch["eta"]["by_cost"] is True
-    assert watch["left"] == {"units": 39, "cost": 3900, "cost_unit": "tokens"}
+    assert watch["left"] == {
+        "units": 39,
+        "cost": 3900,
+        "cost_exact": True,
+        "cost_unit": "tokens",
+    }
+    assert watch["running"] is True
+    assert [v["version"] for v in watch["versions"]] == [campaign.current_version.label]
+    assert watch["versions"][0]["eta"]["seconds"] == watch["eta"]["seconds"]
 
 
 def test_a_dead_worker_holding_a_batch_raises_the_banner(client, owner, campaign, settings):

@@ -152,8 +152,8 @@ def test_the_rental_fit_says_before_or_after_the_end():
 RULES = stall.Rules(factor=5, floor=120, beat_seconds=15, lease_seconds=60)
 
 
-def worker(name="gpu1:10", beat=0.0, queues="gpu", stopped=False):
-    return stall.Worker(name, at(beat), queues, stopped)
+def worker(name="gpu1:10", beat=0.0, queues="gpu", stopped=False, busy=False):
+    return stall.Worker(name, at(beat), queues, stopped, busy=busy)
 
 
 def situation(now, **kw):
@@ -178,8 +178,8 @@ def test_a_run_making_progress_is_not_stalled():
 
 
 def test_live_workers_and_no_progress_past_the_limit_is_a_hung_batch():
-    found = stall.verdict(situation(121), RULES, broker_answers=lambda: True)
-    assert found.cause == "hung" and found.limit == 120
+    found = stall.verdict(situation(121), RULES, broker_waiting=lambda: 3)
+    assert found.cause == "hung" and found.limit == 120 and found.notify
     slow = situation(400, batch_seconds=[60.0] * 10)  # limit 5 x 60 s = 300 s
     assert stall.verdict(slow, RULES).cause == "hung"
     assert stall.verdict(situation(290, batch_seconds=[60.0] * 10), RULES) is None
@@ -190,7 +190,7 @@ def test_a_broker_that_does_not_answer_is_named_and_asked_only_past_the_limit():
 
     def broker():
         asked.append(1)
-        return False
+        return None  # does not answer
 
     assert stall.verdict(situation(100), RULES, broker) is None
     assert not asked
@@ -239,21 +239,81 @@ def test_nothing_to_do_is_never_a_stall():
     assert stall.verdict(idle, RULES) is None
 
 
-def test_the_recorded_run_never_looks_stalled_while_it_runs():
-    """At every batch end, and halfway to the next, the recorded run is not stalled."""
+def test_on_the_recorded_run_the_limit_follows_its_own_batch_times():
+    """With no floor, the limit is five times the run's median batch time (1.2 s
+    here): at every batch end, and halfway to the next, the run is not
+    stalled; the same run silent for six median batch times is."""
+    fast = stall.Rules(factor=5, floor=0, beat_seconds=0.05, lease_seconds=60)
     timings = recorded_timings()
-    for i, t in enumerate(timings[:-1]):
+
+    def at_moment(i: int, now: dt.datetime) -> stall.Stall | None:
         durations = [(x.finished_at - x.started_at).total_seconds() for x in timings[: i + 1]]
-        nxt = timings[i + 1].finished_at
-        for now in (t.finished_at, t.finished_at + (nxt - t.finished_at) / 2):
-            s = stall.Situation(
+        return stall.verdict(
+            stall.Situation(
                 now=now,
                 queued=1,
                 running=[stall.Held(1, "w:1", now + dt.timedelta(seconds=60))],
                 planning=False,
                 planner_died=False,
-                last_progress_at=t.finished_at,
+                last_progress_at=timings[i].finished_at,
                 batch_seconds=durations[-20:],
                 workers=[stall.Worker("w:1", now, "gpu")],
-            )
-            assert stall.verdict(s, RULES) is None
+            ),
+            fast,
+            lambda: 1,
+        )
+
+    for i, t in enumerate(timings[:-1]):
+        nxt = timings[i + 1].finished_at
+        assert at_moment(i, t.finished_at) is None
+        assert at_moment(i, t.finished_at + (nxt - t.finished_at) / 2) is None
+    median = sorted((t.finished_at - t.started_at).total_seconds() for t in timings[:10])[5]
+    silent = at_moment(9, timings[9].finished_at + dt.timedelta(seconds=6 * median))
+    assert silent is not None and silent.cause == "hung"
+
+
+def test_batches_queued_behind_another_campaigns_work_are_not_stalled():
+    """Shared workers busy with another campaign: this one waits its turn."""
+    busy = [worker(beat=395, busy=True)]
+    waiting = situation(400, running=[], workers=busy)
+    assert stall.verdict(waiting, RULES, lambda: 40) is None
+    idle = situation(400, running=[], workers=[worker(beat=395)])
+    assert stall.verdict(idle, RULES, lambda: 40).cause == "hung"
+
+
+def test_a_planner_at_work_is_not_a_stall():
+    planning = situation(400, queued=0, running=[], planning=True, workers=[worker(beat=395)])
+    assert stall.verdict(planning, RULES) is None
+
+
+def test_queued_batches_the_broker_holds_no_message_for():
+    lost = situation(400, running=[], workers=[worker(beat=395)])
+    found = stall.verdict(lost, RULES, lambda: 0)
+    assert found.cause == "lost" and "Resume" in found.advice
+
+
+def test_a_dead_holder_that_a_live_worker_will_replace_is_shown_not_notified():
+    other = situation(
+        50, workers=[worker(beat=-10), worker("gpu2:11", beat=45)], last_progress_at=at(0)
+    )
+    found = stall.verdict(other, RULES)
+    assert found.cause == "dead_holders" and not found.notify
+
+
+def test_a_new_process_that_reused_the_pid_does_not_hold_the_old_batch():
+    """A container restarted under the same host name: gpu1:10 beats again,
+    but registered after the batch started, so the batch's holder is dead."""
+    held = [stall.Held(7, "gpu1:10", at(100), started_at=at(-30))]
+    reborn = worker(beat=48)
+    reborn = stall.Worker(reborn.name, reborn.beat_at, reborn.queues, started_at=at(20))
+    found = stall.verdict(situation(50, running=held, workers=[reborn]), RULES)
+    assert found is not None and found.cause == "dead_holders"
+    same = stall.Worker(reborn.name, reborn.beat_at, reborn.queues, started_at=at(-60))
+    assert stall.verdict(situation(50, running=held, workers=[same]), RULES) is None
+
+
+def test_batches_that_report_no_cost_are_counted_in_units():
+    zero = steady(10, cost=0)
+    found = eta.estimate(zero, remaining_units=300, remaining_cost=1000, now=at(100))
+    assert found is not None and not found.by_cost
+    assert found.seconds == pytest.approx(30)  # 10 units/s

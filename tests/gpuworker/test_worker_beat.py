@@ -19,12 +19,16 @@ from tests.worker import wait_until
         (["celery", "worker", "--queues=gpu"], "gpu"),
         (["celery", "worker", "-Qportal"], "portal"),
         (["celery", "worker", "--queues", "gpu"], "gpu"),
-        (["celery", "worker"], "celery"),
     ],
 )
 def test_the_queues_come_from_the_command_line(monkeypatch, argv, queues):
     monkeypatch.setattr("sys.argv", argv)
     assert beat.queues() == queues
+
+
+def test_without_q_the_queues_are_those_celery_consumes(monkeypatch):
+    monkeypatch.setattr("sys.argv", ["celery", "worker"])
+    assert "celery" in beat.queues().split(",")  # the default queue
 
 
 def test_a_worker_process_registers_beats_and_says_when_it_stops(
@@ -37,7 +41,7 @@ def test_a_worker_process_registers_beats_and_says_when_it_stops(
     try:
         wait_until(lambda: WorkerBeat.objects.filter(name=beat.name()).exists(), timeout=20)
         row = WorkerBeat.objects.get()
-        assert (row.queues, row.device, row.stopped_at) == ("gpu", row.device, None)
+        assert (row.queues, row.stopped_at, row.host) == ("gpu", None, beat.name().split(":")[0])
         assert row.device.startswith("cpu (")
         first = row.beat_at
         keeper.batches_done = 3
@@ -62,7 +66,7 @@ def test_a_worker_process_registers_beats_and_says_when_it_stops(
 def test_a_batch_records_the_gpu_utilisation_nvml_gives(
     make_campaign, run_here, output_root, monkeypatch
 ):
-    monkeypatch.setattr(nvml, "utilization", lambda: 73)
+    monkeypatch.setattr(nvml, "utilization", lambda since=None: 73)
     campaign = make_campaign("texts")
     campaign.checkpoint_after = 0
     campaign.save(update_fields=["checkpoint_after"])

@@ -486,7 +486,7 @@ class Command(
         watch = watch_state.watch_json(
             campaign=campaign,
             counts=counts,
-            broker_check=lambda: broker_queue_waiting(BATCH_QUEUE) is not None,
+            broker_check=lambda: broker_queue_waiting(BATCH_QUEUE),
         )
         if json:
             self.stdout.write(

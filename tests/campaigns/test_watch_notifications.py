@@ -164,6 +164,28 @@ def test_a_failing_webhook_is_retried_then_given_up(campaign, receiver, settings
     assert len(down.received) == 3
 
 
+def test_the_webhook_connects_to_the_address_it_checked(campaign, receiver):
+    """The URL's name is resolved once, checked, and connected to; the Host
+    header keeps the name (a name that resolved elsewhere a moment later,
+    DNS rebinding, is not asked again)."""
+    hook = receiver()
+    _hook(campaign, hook.url.replace("127.0.0.1", "localhost"))
+    waiting_at_checkpoint(campaign)
+    events.watch_runs()
+    assert len(hook.received) == 1
+    assert hook.received[0]["headers"]["Host"] == f"localhost:{hook.server.server_port}"
+
+
+def test_a_webhook_that_does_not_answer_is_said_without_the_networks_words(campaign, settings):
+    settings.WEBHOOK_ALLOW_PRIVATE = True
+    _hook(campaign, "http://127.0.0.1:9/hook", email=False)  # nothing listens there
+    waiting_at_checkpoint(campaign)
+    events.watch_runs()
+    failed = Notification.objects.get()
+    assert failed.webhook == "pending" and failed.webhook_status is None
+    assert failed.error == "webhook: could not connect, or the answer was not HTTP"
+
+
 def test_a_webhook_to_a_private_address_is_refused(campaign, settings):
     settings.WEBHOOK_ALLOW_PRIVATE = False
     _hook(campaign, "http://127.0.0.1:9/hook")
@@ -175,31 +197,44 @@ def test_a_webhook_to_a_private_address_is_refused(campaign, settings):
     assert refused.email == "sent"  # the e-mail goes anyway
     assert notify.url_problem("ftp://example.org/") is not None
     assert notify.url_problem("http://169.254.169.254/latest/") is not None
+    assert "port" in notify.url_problem("http://example.org:99999/")
 
 
-def test_done_and_failures_are_raised_once(campaign, run_here):
+def test_done_and_failures_are_raised_once(campaign, run_here, settings):
     Unit.objects.filter(campaign=campaign).update(state=UnitState.PENDING)
     campaign.checkpoint_after = 0
     campaign.save(update_fields=["checkpoint_after"])
-    run_here(campaign)
+    run_here(campaign)  # the demo corpus: 4 of its 39 inputs are invalid
     assert events.watch_runs() == [
         f"done:{Batch.objects.filter(campaign=campaign).latest('pk').pk}"
     ]
     assert events.watch_runs() == []
     assert "The campaign is done" in mail.outbox[0].subject
 
+    # 4 of 39 is 10.3%: above a 10% threshold once 30 units count.
+    settings.WATCH_FAILURE_MIN_UNITS = 30
     ProjectAlerts.objects.create(project=campaign.project, failure_share=0.1)
-    bad = list(Unit.objects.filter(campaign=campaign).values_list("pk", flat=True)[:10])
-    Unit.objects.filter(pk__in=bad).update(state=UnitState.FAILED, error_class="input_unreadable")
-    settings_min = 5
-    from django.conf import settings
-
-    settings.WATCH_FAILURE_MIN_UNITS = settings_min
     raised = events.watch_runs()
     assert raised == [f"failures:v{campaign.current_version_id}"]
     note = Notification.objects.get(event="failures")
-    assert "input_unreadable (10)" in note.message
+    assert "4 of the 39 units" in note.message and "input_invalid (4)" in note.message
     assert events.watch_runs() == []
+
+
+def test_a_new_version_does_not_inherit_the_old_ones_failures(campaign, run_here, settings):
+    """Input errors stay failed across versions (the unit rows keep them): a
+    new version's share starts from its own batches, not at 100%."""
+    from campaigns.runs import setup
+
+    settings.WATCH_FAILURE_MIN_UNITS = 1
+    ProjectAlerts.objects.create(project=campaign.project, failure_share=0.5)
+    campaign.checkpoint_after = 0
+    campaign.save(update_fields=["checkpoint_after"])
+    run_here(campaign)
+    setup.version_create(campaign=campaign, params={"max_tokens": 128})
+    campaign.refresh_from_db()
+    assert Unit.objects.filter(campaign=campaign, state=UnitState.FAILED).count() == 4
+    assert not [r for r in events.watch_runs() if r.startswith("failures")]
 
 
 def test_a_rental_ending_with_outputs_not_exported(campaign, run_here, make_order, tmp_path):
@@ -241,6 +276,14 @@ def test_a_download_of_the_outputs_counts_as_exported(client, owner, campaign, r
     b"".join(client.get(url).streaming_content)
     assert campaign.__class__.objects.get(pk=campaign.pk).exported_at is not None
 
+    # An older version's matrix is not the current outputs.
+    from campaigns.runs import setup
+
+    setup.version_create(campaign=campaign, params={"max_tokens": 128})
+    campaign.__class__.objects.filter(pk=campaign.pk).update(exported_at=None)
+    b"".join(client.get(url).streaming_content)
+    assert campaign.__class__.objects.get(pk=campaign.pk).exported_at is None
+
 
 def test_the_alerts_page_is_the_members_own(client, owner, outsider, campaign, settings):
     url = reverse("project_alerts", args=[campaign.project_id])
@@ -264,6 +307,11 @@ def test_the_alerts_page_is_the_members_own(client, owner, outsider, campaign, s
     assert b"private, loopback or link-local" in refused.content
     assert ProjectAlerts.objects.get(project=campaign.project).webhook_url == ""
     settings.WEBHOOK_ALLOW_PRIVATE = True
+    bad_port = client.post(
+        url,
+        {"events": ["stall"], "webhook_url": "http://example.org:99999/", "failure_share": "0.2"},
+    )
+    assert bad_port.status_code == 200 and b"not a port number" in bad_port.content
     saved = client.post(
         url,
         {"events": ["stall", "done"], "webhook_url": "http://10.0.0.5/", "failure_share": "0.2"},
@@ -274,3 +322,31 @@ def test_the_alerts_page_is_the_members_own(client, owner, outsider, campaign, s
     old = alerts.webhook_secret
     client.post(url, {"new_secret": "1"})
     assert ProjectAlerts.objects.get(pk=alerts.pk).webhook_secret != old
+
+
+def test_a_stall_is_notified_once_a_lease_has_passed_and_only_once(campaign, settings):
+    """The banner shows a proven cause at once; the notification waits a
+    lease (a worker restarting for a deploy registers again within it), then
+    goes once for the whole stall, however many sweeps see it."""
+    from campaigns import selectors
+    from campaigns.watch import state
+    from tests.campaigns.test_watch_page import _beat, _history, _running
+
+    settings.WORKER_BEAT_SECONDS = 15
+    settings.BATCH_LEASE_SECONDS = 60
+    _history(campaign)
+    _running(campaign)
+    _beat(ago=0)
+    Batch.objects.filter(state="running").update(
+        lease_expires_at=timezone.now() + dt.timedelta(minutes=10)
+    )
+    # The worker dies now; 50 s later its three beats are missed.
+    later = timezone.now() + dt.timedelta(seconds=50)
+    counts = selectors.campaign_counts(campaign=campaign)
+    shown = state.campaign_stall(campaign=campaign, counts=counts, now=later)
+    assert shown is not None and shown.cause == "no_worker"
+    assert events.watch_runs(now=later) == []
+    for seconds in (65, 125, 600):
+        events.watch_runs(now=timezone.now() + dt.timedelta(seconds=seconds))
+    assert list(Notification.objects.values_list("event", flat=True)) == ["stall"]
+    assert len(mail.outbox) == 1 and "no worker is running" in mail.outbox[0].subject

@@ -291,3 +291,66 @@ def test_the_timeline_sums_every_finished_batch_by_slice_and_worker(campaign):
     assert {r.gpu_util for r in found.rows if r.worker == "gpu1:100"} == {None}
     assert found.start == made[0].finished_at and found.end == made[-1].finished_at
     assert run_timeline.timeline(campaign_id=campaign.pk + 1000, slices=9) is None
+
+
+def test_the_workers_panel_names_only_the_readers_campaigns(
+    client, owner, outsider, campaign, make_campaign
+):
+    """Workers are shared by every project of the installation: a member of
+    one sees that a worker is busy, not the name of another project's campaign."""
+    from campaigns.models import Project
+
+    other_project = Project.objects.create(name="other")
+    other_project.members.add(outsider)
+    secret = make_campaign("secret-merger-plan")
+    Campaign.objects.filter(pk=secret.pk).update(project=other_project)
+    _running(secret, worker="gpu1:100")
+    _beat()
+    client.force_login(owner)
+    html = client.get(reverse("campaign_watch", args=[campaign.name])).content.decode()
+    assert "secret-merger-plan" not in html
+    assert "another project&#x27;s campaign" in html or "another project's campaign" in html
+    client.force_login(outsider)
+    html = client.get(reverse("campaign_watch", args=[secret.name])).content.decode()
+    assert "of secret-merger-plan" in html
+
+
+def test_a_run_that_does_not_run_promises_no_end(client, owner, campaign, make_order):
+    """Paused (or waiting at its checkpoint): the work left at the measured
+    rate, no finishing time, and the rental's clock said to run on."""
+    from portal.models import Order
+    from portal.order_states import Status
+
+    Unit.objects.filter(campaign=campaign).update(cost=100)
+    _history(campaign)  # it ran, then stopped: nothing queued or running now
+    now = timezone.now()
+    order = make_order(days=3)
+    Order.objects.filter(pk=order.pk).update(
+        status=Status.ACTIVE,
+        starts_at=now - dt.timedelta(days=1),
+        ends_at=now + dt.timedelta(days=2),
+        campaign=campaign,
+    )
+    client.force_login(owner)
+    html = client.get(reverse("campaign_watch", args=[campaign.name])).content.decode()
+    assert "not running: about" in html and "of work left at the recent rate" in html
+    assert "UTC, in" not in html.split('id="eta-done"')[1].split("</dd>")[0]
+    assert 'data-fits="unknown"' in html and "its clock running" in html
+    out = io.StringIO()
+    call_command("campaign", "status", campaign.name, "--json", stdout=out)
+    watch = json.loads(out.getvalue())["watch"]
+    assert watch["running"] is False
+    assert watch["eta"]["finishes_at"] is None and watch["eta"]["seconds"] > 0
+    assert watch["rental"]["margin_seconds"] is None
+
+
+def test_a_training_a_worker_runs_is_shown(client, owner, campaign):
+    from campaigns.models import Training
+
+    _beat()
+    Training.objects.create(
+        campaign=campaign, version=campaign.current_version, state="running", worker="gpu1:100"
+    )
+    client.force_login(owner)
+    html = client.get(reverse("campaign_watch", args=[campaign.name])).content.decode()
+    assert "a training of texts" in html

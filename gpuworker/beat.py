@@ -36,11 +36,16 @@ class _Beat:
         self.thread: threading.Thread | None = None
         self.stop = threading.Event()
         self.pid = 0
+        self.started_at = timezone.now()
 
     def start(self) -> None:
         if self.thread is not None and self.pid == os.getpid():
             return
         self.pid, self.batches_done = os.getpid(), 0
+        # Once: a row registered again (removed by an operator, a database
+        # that was down) keeps the process's start, which says which batches
+        # it may hold (campaigns/watch/stall.py).
+        self.started_at = timezone.now()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="worker-beat", daemon=True)
         self.thread.start()
@@ -66,8 +71,8 @@ class _Beat:
                     "pid": os.getpid(),
                     "device": device(),
                     "queues": queues(),
-                    "batches_done": 0,
-                    "started_at": now,
+                    "batches_done": self.batches_done,
+                    "started_at": self.started_at,
                     "beat_at": now,
                     "stopped_at": None,
                 },

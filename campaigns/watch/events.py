@@ -78,7 +78,11 @@ def watch_runs(
     WorkerBeat.objects.filter(beat_at__lt=now - state.BEATS_KEPT).delete()
     if deliver == "thread":
         if _delivering.acquire(blocking=False):  # one delivery thread at a time
-            threading.Thread(target=_deliver_then_release, name="watch-deliver").start()
+            try:
+                threading.Thread(target=_deliver_then_release, name="watch-deliver").start()
+            except RuntimeError:  # no thread to be had: the next sweep tries again
+                _delivering.release()
+                log.exception("watch: cannot start the delivery thread")
     else:
         notify.deliver_pending()
     return raised
@@ -224,6 +228,15 @@ def _version_failures(version_id: int) -> tuple[int, int]:
     for size, metrics in recent.values_list("size", "metrics"):
         processed += size
         failed += int((metrics or {}).get("failed") or 0)
+    # A batch whose workers kept dying (BATCH_MAX_DELIVERIES) failed whole:
+    # its units failed, and no recording counted them.
+    for size in (
+        Batch.objects.filter(version_id=version_id, state=Batch.State.FAILED)
+        .order_by("-pk")
+        .values_list("size", flat=True)[:FAILURE_BATCHES]
+    ):
+        processed += size
+        failed += size
     return failed, processed
 
 

@@ -115,7 +115,10 @@ def deliver(notification: Notification) -> None:
             try:
                 status = post_webhook(alerts=alerts, notification=notification)
                 changes.update(webhook=Delivery.SENT, webhook_at=now, webhook_status=status)
-            except WebhookError as exc:
+            except Exception as exc:  # one bad URL must not hold up the others' deliveries
+                if not isinstance(exc, WebhookError):
+                    log.exception("notification %s: webhook", notification.pk)
+                    exc = WebhookError("the POST could not be made")
                 errors.append(f"webhook: {exc}")
                 changes["webhook_status"] = exc.status
                 if give_up or exc.final:
@@ -255,10 +258,13 @@ def post_webhook(*, alerts: ProjectAlerts, notification: Notification) -> int:
     timestamp = str(int(time.time()))
     parts = urllib.parse.urlsplit(alerts.webhook_url)
     kind = _PinnedTLS if parts.scheme == "https" else _Pinned
-    connection = kind(
-        parts.hostname or "", parts.port, address=address, timeout=settings.WEBHOOK_TIMEOUT
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    connection = kind(parts.hostname or "", port, address=address, timeout=settings.WEBHOOK_TIMEOUT)
+    # A path or query with characters HTTP does not carry as they are (é) is
+    # sent percent-encoded, as a browser would.
+    path = urllib.parse.quote(parts.path or "/", safe="/%:@!$&'()*+,;=-._~") + (
+        f"?{urllib.parse.quote(parts.query, safe='=&%:@!$()*+,;/?-._~')}" if parts.query else ""
     )
-    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     try:
         connection.request(
             "POST",
@@ -278,7 +284,7 @@ def post_webhook(*, alerts: ProjectAlerts, notification: Notification) -> int:
         raise WebhookError("no answer within WEBHOOK_TIMEOUT") from None
     except ssl.SSLError:
         raise WebhookError("the TLS handshake failed (certificate?)") from None
-    except (OSError, http.client.HTTPException):
+    except (OSError, http.client.HTTPException, ValueError):
         raise WebhookError("could not connect, or the answer was not HTTP") from None
     finally:
         connection.close()

@@ -47,7 +47,7 @@ class Held:
 @dataclass(frozen=True)
 class Situation:
     now: dt.datetime
-    queued: int  # batches queued
+    queued: int  # units queued
     running: Sequence[Held]
     planning: bool  # a planner stamped planning_at recently
     planner_died: bool  # a stale planning stamp, units pending and nothing queued
@@ -155,9 +155,9 @@ def verdict(
         return stall(
             "lost",
             "The queued batches have no message in the broker",
-            f"{s.queued} batch(es) are queued in the database but the broker holds no message "
-            "for them (a broker restarted without persistence, a queue purged): the sweeper "
-            "sends them again within a lease; Resume sends them now.",
+            f"{s.queued} units are queued in the database but the broker holds no message "
+            "for their batches (a broker restarted without persistence, a queue purged): "
+            "the sweeper sends them again within a lease; Resume sends them now.",
         )
     return stall(
         "hung",
@@ -207,7 +207,7 @@ def _proven(s: Situation, rules: Rules, stall: Callable[..., Stall]) -> Stall | 
         return stall(
             "no_worker",
             "No worker is running",
-            f"{s.queued} batch(es) are queued but no live worker consumes the '{s.queue}' "
+            f"{s.queued} units are queued but no live worker consumes the '{s.queue}' "
             f"queue: start one (`celery -A portal worker -Q {s.queue}`); nothing is lost.",
         )
     if s.planner_died and not s.queued and not s.running:

@@ -35,7 +35,7 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers["Content-Length"]))
-                receiver.received.append({"headers": self.headers, "body": body})
+                receiver.received.append({"headers": self.headers, "body": body, "path": self.path})
                 status = (
                     receiver.statuses.pop(0) if len(receiver.statuses) > 1 else receiver.statuses[0]
                 )
@@ -350,3 +350,29 @@ def test_a_stall_is_notified_once_a_lease_has_passed_and_only_once(campaign, set
         events.watch_runs(now=timezone.now() + dt.timedelta(seconds=seconds))
     assert list(Notification.objects.values_list("event", flat=True)) == ["stall"]
     assert len(mail.outbox) == 1 and "no worker is running" in mail.outbox[0].subject
+
+
+def test_a_webhook_path_with_accents_is_sent_percent_encoded(campaign, receiver):
+    hook = receiver()
+    _hook(campaign, hook.url + "/été?to=équipe")
+    waiting_at_checkpoint(campaign)
+    events.watch_runs()
+    assert Notification.objects.get().webhook == "sent"
+    assert hook.received[0]["path"] == "/hook/%C3%A9t%C3%A9?to=%C3%A9quipe"
+
+
+def test_batches_failed_by_dying_workers_count_as_failures(campaign, settings):
+    """A batch whose workers kept dying fails whole, unrecorded: its units
+    count as the version's failures."""
+    settings.WATCH_FAILURE_MIN_UNITS = 10
+    version = campaign.current_version
+    for state, size, failed in (("done", 20, 0), ("failed", 16, None)):
+        Batch.objects.create(
+            campaign=campaign,
+            version=version,
+            size=size,
+            state=state,
+            finished_at=timezone.now(),
+            metrics={} if failed is None else {"failed": failed},
+        )
+    assert events._version_failures(version.pk) == (16, 36)

@@ -23,3 +23,25 @@ since setup
 DEBUG=0 timeout "${T1:-360}" $PY bench/path_goals.py --limit "$LIMIT" --corpus $CORPUS \
   --max-batch "${MAX_BATCH:-4096}" $GOALS_FLAGS 2>&1 | grep --line-buffered -v Loading | tee "$OUT/path_goals.log"
 since path_goals
+
+# Issue 34: the GPU utilisation a batch records (gpuworker/nvml.py), the mean of
+# the driver's samples since a moment: near 100 over a busy stretch of matmuls,
+# near 0 over an idle one.
+timeout 90 $PY - <<'NVML' 2>&1 | tee "$OUT/nvml.txt"
+import time
+
+import torch
+
+from gpuworker import nvml
+
+x = torch.randn(8192, 8192, device="cuda")
+busy_since = time.time()
+for _ in range(300):
+    x = torch.nn.functional.normalize(x @ x, dim=1)
+torch.cuda.synchronize()
+busy = nvml.utilization(since=busy_since)
+idle_since = time.time()
+time.sleep(3)
+print(f"NVML utilisation: busy {busy} %, idle {nvml.utilization(since=idle_since)} %")
+NVML
+since nvml

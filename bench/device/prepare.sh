@@ -17,7 +17,7 @@ rm -rf .gpu && mkdir -p .gpu/whl .gpu/pkg
 names="Django asgiref sqlparse celery kombu billiard vine amqp click-didyoumean
   click-plugins click-repl prompt_toolkit wcwidth tzdata tzlocal django-environ
   django-htmx django-template-partials factory_boy Faker pytest-django
-  django-csp django-ratelimit segno python-json-logger"
+  django-csp django-ratelimit segno python-json-logger nvidia-ml-py"
 pins=$($PY - $names <<'PY'
 import sys
 from importlib.metadata import PackageNotFoundError, version

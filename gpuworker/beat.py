@@ -127,12 +127,13 @@ def device() -> str:
 
 
 def _device() -> str:
-    from gpuworker.memory import work_device
+    # Named, not taken: work_device() takes the process's share (torch's
+    # threads, the memory fraction) and is cached, and torch.set_num_threads
+    # called from this thread would set this thread's count only, leaving the
+    # process's batches on all the cores.
+    import torch
 
-    where = work_device()
-    if where.type == "cuda":
-        import torch
-
+    if torch.cuda.is_available():
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
         return f"cuda{':' + visible if visible else ''} {torch.cuda.get_device_name(0)}"
     return f"cpu ({os.cpu_count()} cores)"

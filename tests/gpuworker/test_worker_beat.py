@@ -3,12 +3,16 @@ the GPU utilisation a batch records where NVML answers."""
 
 from __future__ import annotations
 
+import os
+import threading
+
 import pytest
+import torch
 
 from campaigns.db import run_timeline
 from campaigns.models import Batch, WorkerBeat
 from campaigns.watch import charts, state
-from gpuworker import beat, nvml
+from gpuworker import beat, memory, nvml
 from tests.worker import wait_until
 
 
@@ -61,6 +65,27 @@ def test_a_worker_process_registers_beats_and_says_when_it_stops(
     assert WorkerBeat.objects.get().stopped_at is not None
     listed = state.workers(now=WorkerBeat.objects.get().beat_at)
     assert [w.stopped for w in listed] == [True] and not listed[0].live
+
+
+def test_naming_the_device_leaves_the_process_its_share_of_the_cores(settings):
+    # given: a process told it shares its device with another, whose beat
+    # thread names the device before the process's first batch
+    settings.WORKERS_PER_DEVICE = 2
+    before = torch.get_num_threads()
+    memory.work_device.cache_clear()
+    try:
+        named = []
+        thread = threading.Thread(target=lambda: named.append(beat.device()))
+        thread.start()
+        thread.join()
+        # when: the process takes its device for a batch
+        memory.work_device()
+        # then: its batches run on half the cores
+        assert named[0].startswith("cpu (")
+        assert torch.get_num_threads() == max(1, len(os.sched_getaffinity(0)) // 2)
+    finally:
+        memory.work_device.cache_clear()
+        torch.set_num_threads(before)
 
 
 def test_a_batch_records_the_gpu_utilisation_nvml_gives(

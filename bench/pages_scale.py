@@ -519,7 +519,6 @@ def _in_process(args, deep: int) -> None:
 def _explain(campaign, deep: int) -> None:
     """The hot queries' plans, for when a figure is off."""
     from django.db import connection
-    from django.test.utils import CaptureQueriesContext
 
     from campaigns import selectors
 
@@ -529,16 +528,22 @@ def _explain(campaign, deep: int) -> None:
         selectors.UnitFilter(category="cat-3", prefix="docs/0123"),
         selectors.UnitFilter(state="pending", category="cat-5"),
     ]
-    with CaptureQueriesContext(connection) as queries:
+    statements: list[tuple[str, object]] = []
+
+    def keep(execute, sql, params, many, context):
+        statements.append((sql, params))  # the server binds the parameters
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(keep):
         selectors.campaign_counts(campaign=campaign)
         for unit_filter in filters:
             selectors.unit_page(campaign=campaign, unit_filter=unit_filter)
             selectors.unit_page(campaign=campaign, unit_filter=unit_filter, after=deep)
         list(selectors.failure_reasons(campaign=campaign))
     with connection.cursor() as cursor:
-        for query in queries.captured_queries:
-            cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + query["sql"])
-            print(query["sql"][:300])
+        for sql, params in statements:
+            cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
+            print(sql[:300])
             print("\n".join(f"    {row[0]}" for row in cursor.fetchall()), "\n")
 
 

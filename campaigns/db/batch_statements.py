@@ -6,7 +6,8 @@ them (bench/RESULTS.md, "The worker's statements written out; arrays for
 PostgreSQL (2026-12-01)"). They are
 plain SQL here, tied to the models through sql_rows (column lists from the
 fields, values through the ORM's converters), on SQLite and PostgreSQL alike.
-What the worker does less often stays in the ORM.
+What the worker does less often stays in the ORM. Those of a fixed shape
+go through campaigns/db/prepared.py, so PostgreSQL keeps their plans.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from django.db import connection
 from django.db.models import CharField, Model, QuerySet
 
-from campaigns.db import sql_rows
+from campaigns.db import prepared, sql_rows
 from campaigns.models import (
     VECTOR_HASH,
     AsInIndex,
@@ -47,7 +48,7 @@ def _column(model: type[Model], name: str) -> str:
 def batch_to_run(batch_id: int) -> Batch | None:
     """The batch with its campaign and version, in one statement (the ORM's
     `select_related("campaign", "version")`)."""
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         cursor.execute(_batch_sql(connection.vendor), [batch_id])
         row = cursor.fetchone()
     if row is None:
@@ -106,7 +107,7 @@ def _update_batch(batch_id: int, values: dict, *, where: dict, also: str = "") -
     for name, value in where.items():
         conditions.append(f"{_column(Batch, name)} = %s")
         params.append(value)
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         cursor.execute(
             f"UPDATE {_table(Batch)} SET {', '.join(assignments)} WHERE {' AND '.join(conditions)}",
             params,
@@ -145,7 +146,7 @@ def claimed_units(
     in one of those states holds it (campaigns.review.queue.REVIEWED_OUT: the
     worker neither runs nor adopts such a unit under this version)."""
     set_running, select = _units_sql(connection.vendor, len(reviewed_out))
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         cursor.execute(set_running, [UnitState.RUNNING, batch_id, UnitState.QUEUED])
         cursor.execute(select, [version_id, *reviewed_out, batch_id, UnitState.RUNNING])
         rows = cursor.fetchall()
@@ -171,7 +172,7 @@ def _units_sql(vendor: str, states: int) -> tuple[str, str]:
 
 def checkpoint_of(campaign_id: int, version_id: int) -> Checkpoint | None:
     """The version's checkpoint (one at most: a unique constraint)."""
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         cursor.execute(_checkpoint_sql(connection.vendor), [campaign_id, version_id])
         row = cursor.fetchone()
     return None if row is None else sql_rows.instance(Checkpoint, iter(row))

@@ -21,7 +21,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.utils import timezone
 
-from campaigns.db import sql_rows
+from campaigns.db import prepared, sql_rows
 from campaigns.models import (
     Attempt,
     Batch,
@@ -36,6 +36,15 @@ from campaigns.models import (
     UnitState,
     sees_every_project,
 )
+
+# The partial indexes' conditions written as constants, not parameters: a
+# prepared statement's generic plan (campaigns/db/prepared.py) knows nothing
+# of a parameter's value, so it could not use an index that holds only the
+# failed units, or only the done batches. A LIMIT is written in too: a
+# generic plan prices an unknown LIMIT as a tenth of the rows, and PostgreSQL
+# would go on planning the statement for each call.
+_FAILED = f"state = '{UnitState.FAILED.value}'"
+_DONE = f"b.state = '{Batch.State.DONE.value}'"
 
 # --- unit counts ------------------------------------------------------------------
 
@@ -53,18 +62,22 @@ def unit_count_rows(*, campaign_ids: list[int]) -> list[tuple]:
     """(campaign id, state, error class, SUM(n), rows summed, planning) of these
     campaigns' unit counters, one row per key; a campaign without counter rows
     gives one row of NULLs but its id and planning."""
-    marks = ", ".join(f"%(c{i})s" for i in range(len(campaign_ids)))
-    with connection.cursor() as cursor:
+    ids: dict[str, Any]
+    if connection.vendor == "postgresql":
+        # One array, so the statement keeps its shape however many campaigns
+        # are listed, and stays prepared (campaigns/db/prepared.py).
+        within, ids = "= ANY(%(ids)s::bigint[])", {"ids": list(campaign_ids)}
+    else:
+        within = f"IN ({', '.join(f'%(c{i})s' for i in range(len(campaign_ids)))})"
+        ids = {f"c{i}": cid for i, cid in enumerate(campaign_ids)}
+    with prepared.cursor() as cursor:
         cursor.execute(
             f"SELECT c.id, u.state, u.error_class, SUM(u.n), COUNT(u.n), {_PLANNING} "  # noqa: S608 (marks only)
             "FROM campaigns_campaign c "
             "LEFT JOIN campaigns_unitcount u ON u.campaign_id = c.id "
-            f"WHERE c.id IN ({marks}) "
+            f"WHERE c.id {within} "
             "GROUP BY c.id, c.planning_at, u.state, u.error_class",
-            {
-                "planning_after": _planning_after(),
-                **{f"c{i}": cid for i, cid in enumerate(campaign_ids)},
-            },
+            {"planning_after": _planning_after(), **ids},
         )
         return cursor.fetchall()
 
@@ -95,7 +108,7 @@ def _access(user, name: str) -> dict:
 def unit_count_rows_for_user(*, user, name: str) -> list[tuple]:
     """unit_count_rows of the named campaign if the user may see it (no rows
     otherwise); a campaign without counter rows gives one row of NULLs."""
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         cursor.execute(
             _COUNTS_FOR_USER_SQL, {**_access(user, name), "planning_after": _planning_after()}
         )
@@ -114,7 +127,7 @@ def unit_counts_compact(*, campaign_id: int) -> None:
 
 def open_review_count(*, campaign_id: int) -> int:
     """The campaign's open review items, from the counters of migration 0016."""
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         cursor.execute(
             "SELECT COALESCE(SUM(n), 0) FROM campaigns_reviewcount WHERE campaign_id = %s",
             [campaign_id],
@@ -250,11 +263,11 @@ def failed_unit_rows(*, campaign_id: int, limit: int) -> list[tuple[str, str, st
     """(uid, error class, message) of the campaign's first failed units by
     (error_class, pk): the partial failed-units index's order, so an index read
     however many units failed."""
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         cursor.execute(
-            "SELECT uid, error_class, error_message FROM campaigns_unit "
-            "WHERE campaign_id = %s AND state = %s ORDER BY error_class, id LIMIT %s",
-            [campaign_id, UnitState.FAILED.value, limit],
+            "SELECT uid, error_class, error_message FROM campaigns_unit "  # noqa: S608 (a constant)
+            f"WHERE campaign_id = %s AND {_FAILED} ORDER BY error_class, id LIMIT {int(limit)}",
+            [campaign_id],
         )
         return cursor.fetchall()
 
@@ -264,13 +277,13 @@ _OOM_ATTEMPT_FIELDS = ("id", "unit", "version", "error_message", "metrics")
 
 
 @functools.cache
-def _memory_failure_sql() -> str:
+def _memory_failure_sql(limit: int) -> str:
     return f"""
 SELECT u.id, u.cost, {sql_rows.columns(Attempt, "a", _OOM_ATTEMPT_FIELDS)},
     {sql_rows.columns(ParameterVersion, "v", ("id", "params"))}
 FROM (SELECT id, cost FROM campaigns_unit
-      WHERE campaign_id = %(campaign)s AND state = %(failed)s AND error_class = %(oom)s
-      ORDER BY id LIMIT %(limit)s) u
+      WHERE campaign_id = %(campaign)s AND {_FAILED} AND error_class = %(oom)s
+      ORDER BY id LIMIT {int(limit)}) u
 LEFT JOIN campaigns_attempt a ON a.unit_id = u.id AND a.error_class = %(oom)s
 LEFT JOIN campaigns_parameterversion v ON v.id = a.version_id
 ORDER BY a.id
@@ -284,15 +297,10 @@ def memory_failure_rows(
     out_of_memory (the failed-units index's order) with each of their
     out_of_memory attempts in the order they were made, its version's params loaded (None:
     a unit without such an attempt): one statement."""
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         cursor.execute(
-            _memory_failure_sql(),
-            {
-                "campaign": campaign_id,
-                "failed": UnitState.FAILED.value,
-                "oom": ErrorClass.OUT_OF_MEMORY.value,
-                "limit": limit,
-            },
+            _memory_failure_sql(limit),
+            {"campaign": campaign_id, "oom": ErrorClass.OUT_OF_MEMORY.value},
         )
         rows = cursor.fetchall()
     attempt_of = sql_rows.reader(Attempt, _OOM_ATTEMPT_FIELDS)
@@ -313,11 +321,11 @@ def newest_finished_batch(*, campaign_id: int) -> object | None:
     gives it (a datetime, or text on SQLite), from one entry of the partial
     index batch_done_finished; None before any. On a cache hit of the batch
     panels this is all they cost."""
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         cursor.execute(
-            "SELECT finished_at FROM campaigns_batch WHERE campaign_id = %s AND state = %s "
+            f"SELECT finished_at FROM campaigns_batch b WHERE campaign_id = %s AND {_DONE} "  # noqa: S608 (a constant)
             "AND finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT 1",
-            [campaign_id, Batch.State.DONE.value],
+            [campaign_id],
         )
         row = cursor.fetchone()
     return row[0] if row else None
@@ -367,7 +375,7 @@ def _campaign_for_user_sql() -> str:
 def campaign_row_for_user(*, user, name: str) -> Campaign | None:
     """The named campaign if the user may see it, its project and current
     version loaded, in one statement."""
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         cursor.execute(_campaign_for_user_sql(), _access(user, name))
         row = cursor.fetchone()
     return None if row is None else _campaign_from(iter(row))
@@ -400,7 +408,7 @@ def campaign_list(*, user) -> list[tuple[Campaign, Checkpoint | None]]:
     """The campaigns the user may see, newest first (Campaign's ordering), with
     the columns the list shows, project and version set, each with its current
     version's checkpoint and who decided it: one statement for the whole list."""
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         cursor.execute(_campaign_list_sql(), _access(user, ""))
         rows = cursor.fetchall()
     campaign_of = sql_rows.reader(Campaign, _LIST_CAMPAIGN_FIELDS)
@@ -450,7 +458,7 @@ SELECT {_campaign_columns()},
     {sql_rows.columns(user_model, "d", _decider_fields())},
     (SELECT COALESCE(SUM(rc.n), 0) FROM campaigns_reviewcount rc WHERE rc.campaign_id = c.id),
     (SELECT b.finished_at FROM campaigns_batch b
-     WHERE b.campaign_id = c.id AND b.state = %(done)s AND b.finished_at IS NOT NULL
+     WHERE b.campaign_id = c.id AND {_DONE} AND b.finished_at IS NOT NULL
      ORDER BY b.finished_at DESC LIMIT 1)
 {_CAMPAIGN_JOINS}
 LEFT JOIN campaigns_reconciliation r
@@ -469,10 +477,8 @@ def campaign_page(*, user, name: str) -> CampaignPage | None:
     version, last verify, latest profile, the current version's checkpoint and
     who decided it, the open review count and the newest finished batch's
     time: one statement."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _campaign_page_sql(), {**_access(user, name), "done": Batch.State.DONE.value}
-        )
+    with prepared.cursor() as cursor:
+        cursor.execute(_campaign_page_sql(), _access(user, name))
         row = cursor.fetchone()
     if row is None:
         return None

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 from django.db import connection, models
 
+from campaigns.db import prepared
+
 #: Values a statement may carry: PostgreSQL takes 65,535 parameters, SQLite 32,766.
 MAX_PARAMS = 30000
 
@@ -72,23 +74,23 @@ def insert_rows(
         unnest = f"SELECT * FROM UNNEST({array_marks([*columns, *defaulted])})"
     per_chunk = max(1, MAX_PARAMS // width)
     ids: list[int] = []
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         for start in range(0, len(rows), per_chunk):
             chunk = rows[start : start + per_chunk]
-            prepared = []
+            converted_rows = []
             for row in chunk:
                 if converted:
                     row = list(row)
                     for i in converted:
                         row[i] = prepare[i](row[i])
-                prepared.append((*row, *defaults))
+                converted_rows.append((*row, *defaults))
             if arrays:
-                columns_of = [list(c) for c in zip(*prepared, strict=True)]
+                columns_of = [list(c) for c in zip(*converted_rows, strict=True)]
                 cursor.execute(f"{head}{unnest}{returning}", columns_of)
             else:
                 cursor.execute(
                     f"{head}VALUES {', '.join([row_marks] * len(chunk))}{returning}",
-                    [value for row in prepared for value in row],
+                    [value for row in converted_rows for value in row],
                 )
             # RETURNING rows come in the VALUES' (or the arrays') order on both
             # databases: bulk_create relies on it too.

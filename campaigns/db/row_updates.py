@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from django.db import connection, models
 
+from campaigns.db import prepared
 from campaigns.db.row_inserts import array_marks
 
 #: Rows per statement: PostgreSQL takes 65,535 parameters, SQLite 32,766.
@@ -45,7 +46,7 @@ def update_rows(
         assignments.append(f"{quote(field.column)} = %s")
         extra.append(field.get_db_prep_save(value, connection))
     update = f"UPDATE {table} SET {', '.join(assignments)}"
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         for start in range(0, len(rows), CHUNK_ROWS):
             chunk = rows[start : start + CHUNK_ROWS]
             if connection.vendor == "postgresql":

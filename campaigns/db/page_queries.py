@@ -141,14 +141,18 @@ def review_reason_counts(*, campaign_ids: list[int], state: str | None) -> dict[
     none left out, sorted by reason as the database sorts."""
     if not campaign_ids:
         return {}
-    marks = ", ".join(["%s"] * len(campaign_ids))
+    ids: list[Any]
+    if connection.vendor == "postgresql":  # one array: one shape, kept prepared
+        within, ids = "= ANY(%s::bigint[])", [list(campaign_ids)]
+    else:
+        within, ids = f"IN ({', '.join(['%s'] * len(campaign_ids))})", list(campaign_ids)
     in_state = " AND state = %s" if state is not None else ""
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         cursor.execute(
             f"SELECT reason, SUM(n) FROM campaigns_reviewreasoncount "  # noqa: S608 (marks only)
-            f"WHERE campaign_id IN ({marks}){in_state} "
+            f"WHERE campaign_id {within}{in_state} "
             "GROUP BY reason HAVING SUM(n) <> 0 ORDER BY reason",
-            [*campaign_ids, *([state] if state is not None else [])],
+            [*ids, *([state] if state is not None else [])],
         )
         return {reason: int(n) for reason, n in cursor.fetchall()}
 
@@ -252,7 +256,7 @@ SELECT category FROM found WHERE category IS NOT NULL
 def unit_categories(*, campaign_ids: list[int]) -> list[str]:
     """Every category the units of these campaigns have, sorted, without reading them all."""
     found: set[str] = set()
-    with connection.cursor() as cursor:
+    with prepared.cursor() as cursor:
         for campaign_id in campaign_ids:
             cursor.execute(_CATEGORIES_SQL, {"campaign": campaign_id})
             found.update(row[0] for row in cursor.fetchall())
@@ -402,6 +406,17 @@ LEFT JOIN {user_model._meta.db_table} d ON d.id = ck.decided_by_id
 WHERE {_MAY_SEE}
 ORDER BY c.created_at DESC, c.id
 """
+
+
+def campaign_names_for_user(*, user) -> list[tuple[int, str]]:
+    """(id, name) of the campaigns the user may see, by name: the review
+    queue's campaign filter, sent with every view of the queue."""
+    with prepared.cursor() as cursor:
+        cursor.execute(
+            f"SELECT c.id, c.name FROM campaigns_campaign c WHERE {_MAY_SEE} ORDER BY c.name",  # noqa: S608 (our rule)
+            _access(user, ""),
+        )
+        return cursor.fetchall()
 
 
 def campaign_list(*, user) -> list[tuple[Campaign, Checkpoint | None]]:

@@ -13,6 +13,7 @@ from campaigns.models import (
     Campaign,
     Checkpoint,
     Profile,
+    Project,
     Reconciliation,
     Unit,
     UnitState,
@@ -243,6 +244,25 @@ def test_each_sql_lookup_follows_the_access_rule_of_campaigns_for_user(
     assert lookup(user=staff, name=campaign.name) is None
     assert lookup(user=root, name=campaign.name) is not None
     assert lookup(user=root, name="no-such-campaign") is None
+
+
+def test_the_review_queues_campaign_names_follow_campaigns_for_user(
+    owner, outsider, staff, make_campaign
+):
+    """The queue's campaign filter in plain SQL: campaigns_for_user's campaigns
+    by name, for each kind of reader (another project's campaign left out)."""
+    for name in ("zeta", "alpha", "mid"):
+        make_campaign(name)
+    other_project = Project.objects.create(name="elsewhere")
+    other_project.members.add(outsider)
+    Campaign.objects.create(project=other_project, name="not-yours", processor="text-embedding")
+    root = UserFactory(username="root", is_staff=True, is_superuser=True)
+    for user in (owner, outsider, staff, root):
+        expected = list(
+            selectors.campaigns_for_user(user).values_list("pk", "name").order_by("name")
+        )
+        assert selectors.campaign_names_for_user(user=user) == expected, user
+    assert [n for _, n in selectors.campaign_names_for_user(user=owner)] == ["alpha", "mid", "zeta"]
 
 
 def test_the_sql_lookups_read_what_the_orm_reads(owner, campaign):

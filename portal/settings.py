@@ -149,16 +149,14 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
 else:
     _db.setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
     _db["CONN_HEALTH_CHECKS"] = True
-    # The statements campaigns/db/prepared.py sends are prepared on a
-    # connection once it has sent them this many times, so PostgreSQL keeps
-    # their plans; 0: never (a transaction-mode pooler that does not keep
-    # prepared statements: PgBouncer before 1.21, or max_prepared_statements 0).
-    # Django's own cursors bind in Python and are never prepared.
-    _prepare_after = env.int("DATABASE_PREPARE_AFTER", default=5)
-    _db["OPTIONS"] = {
-        "prepare_threshold": _prepare_after if _prepare_after > 0 else None,
-        **_db.get("OPTIONS", {}),
-    }
+
+# PostgreSQL: the statements campaigns/db/prepared.py sends are prepared on a
+# connection once it has sent them this many times, so PostgreSQL keeps
+# their plans; 0: never (a transaction-mode pooler that does not keep
+# prepared statements: PgBouncer before 1.22). The connection's own
+# threshold stays Django's (none): psycopg neither counts nor prepares
+# what Django's cursors send.
+DATABASE_PREPARE_AFTER = max(0, env.int("DATABASE_PREPARE_AFTER", default=5))
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -9,9 +9,17 @@ campaign page's header planned for ~0.7 ms and ran for 0.1 (bench/RESULTS.md,
 "Statements bound and prepared by the server (2026-12-04)"). Through this
 cursor the server binds their parameters, and once a connection has sent one
 `DATABASE_PREPARE_AFTER` times psycopg prepares it there, so PostgreSQL keeps
-its plan (portal/settings.py; 0 turns preparing off for a pooler that cannot
-keep prepared statements). A statement whose parameters grow with its input
-stays on Django's own cursor: the server takes at most 65,535 parameters.
+its plan (0 turns preparing off, for a pooler that cannot keep prepared
+statements). The connection counts statements only while this cursor is
+open: what Django's cursors send is neither counted nor prepared. A
+statement whose parameters grow with its input stays on Django's cursor: the
+server takes at most 65,535 parameters.
+
+A statement prepared before a migration changed a column it reads fails with
+"cached plan must not change result type", and PostgreSQL answers so until
+the prepared statement goes. Inside a transaction the rollback that follows
+drops psycopg's prepared statements; outside one, this cursor closes the
+connection, so the next request or batch opens a fresh one.
 
 On SQLite this is Django's cursor.
 """
@@ -21,8 +29,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from django.db import connection
+from django.conf import settings
+from django.db import NotSupportedError, connection
 from django.db.backends.utils import CursorWrapper
+
+#: PostgreSQL's words when a prepared statement's columns changed under it.
+CHANGED_RESULT = "cached plan must not change result type"
 
 
 @contextmanager
@@ -40,9 +52,18 @@ def cursor() -> Iterator[CursorWrapper]:
     # the queries log, execute_wrapper and the error wrapping all apply.
     connection.close_if_health_check_failed()
     connection.ensure_connection()
+    raw = connection.connection
     with connection.wrap_database_errors:
         wrapped = connection._prepare_cursor(  # type: ignore[attr-defined]
-            ServerBindingCursor(connection.connection)
+            ServerBindingCursor(raw)
         )
-    with wrapped as bound:
-        yield bound
+    raw.prepare_threshold = settings.DATABASE_PREPARE_AFTER or None
+    try:
+        with wrapped as bound:
+            yield bound
+    except NotSupportedError as exc:
+        if CHANGED_RESULT in str(exc) and not connection.in_atomic_block:
+            connection.close()
+        raise
+    finally:
+        raw.prepare_threshold = None

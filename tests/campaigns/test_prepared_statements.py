@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from django.db import connection
+from django.db import NotSupportedError, connection
 from django.test.utils import CaptureQueriesContext
 
-from campaigns.db import page_queries
+from campaigns.db import page_queries, prepared
 from campaigns.models import ErrorClass, Unit, UnitState
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,20 +86,55 @@ def test_a_generic_plan_still_reads_the_failed_units_and_done_batches_indexes(fa
 
 
 @postgresql
-def test_without_preparing_the_statements_still_answer(owner, failed):
-    raw = connection.connection
-    kept = raw.prepare_threshold
-    raw.prepare_threshold = None
+def test_without_preparing_the_statements_still_answer(owner, failed, settings):
+    settings.DATABASE_PREPARE_AFTER = 0
+    for _ in range(6):
+        rows = page_queries.failed_unit_rows(campaign_id=failed.pk, limit=10)
+    assert len(rows) == min(10, Unit.objects.filter(campaign=failed).count())
+    assert not _prepared("SELECT uid, error_class, error_message")
+
+
+@postgresql
+def test_what_djangos_own_cursors_send_is_neither_counted_nor_prepared(failed):
+    page_queries.failed_unit_rows(campaign_id=failed.pk, limit=10)
+    for _ in range(10):
+        list(Unit.objects.filter(campaign=failed).values_list("uid", flat=True))
+    assert connection.connection.prepare_threshold is None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+        assert cursor.fetchone()[0] == 0
+
+
+@postgresql
+def test_a_column_changed_under_a_prepared_statement_fails_one_request_only(
+    transactional_db, make_campaign, owner
+):
+    # given: the first failures' statement prepared on this connection, then
+    # another session (a migration) changes a column it reads
+    import psycopg
+
+    campaign = make_campaign("altered")
+    Unit.objects.filter(campaign=campaign).update(state=UnitState.FAILED, error_class="timeout")
+    for _ in range(6):
+        page_queries.failed_unit_rows(campaign_id=campaign.pk, limit=10)
+    assert _prepared("SELECT uid, error_class, error_message")
+    params = connection.get_connection_params()
+    with psycopg.connect(**params, autocommit=True) as other:
+        other.execute("ALTER TABLE campaigns_unit ALTER COLUMN uid TYPE varchar(1001)")
     try:
-        for _ in range(6):
-            rows = page_queries.failed_unit_rows(campaign_id=failed.pk, limit=10)
-        assert len(rows) == min(10, Unit.objects.filter(campaign=failed).count())
-        assert not _prepared("SELECT uid, error_class, error_message")
+        # when: the next request sends it, it fails once (PostgreSQL's words)
+        with pytest.raises(NotSupportedError, match=prepared.CHANGED_RESULT):
+            page_queries.failed_unit_rows(campaign_id=campaign.pk, limit=10)
+        # then: the request after it opens a fresh connection and is answered
+        rows = page_queries.failed_unit_rows(campaign_id=campaign.pk, limit=10)
+        assert rows and all(error == "timeout" for _, error, _ in rows)
     finally:
-        raw.prepare_threshold = kept
+        connection.close()
+        with psycopg.connect(**params, autocommit=True) as other:
+            other.execute("ALTER TABLE campaigns_unit ALTER COLUMN uid TYPE varchar(1000)")
 
 
-@pytest.mark.parametrize(("value", "threshold"), [("", 5), ("3", 3), ("0", None)])
+@pytest.mark.parametrize(("value", "threshold"), [("", 5), ("3", 3), ("0", 0)])
 def test_database_prepare_after_sets_when_postgresql_prepares(value, threshold):
     env = {
         **os.environ,
@@ -114,7 +149,8 @@ def test_database_prepare_after_sets_when_postgresql_prepares(value, threshold):
             sys.executable,
             "-c",
             "import json, django; django.setup(); from django.conf import settings; "
-            "print(json.dumps(settings.DATABASES['default']['OPTIONS']))",
+            "print(json.dumps([settings.DATABASE_PREPARE_AFTER, "
+            "settings.DATABASES['default'].get('OPTIONS', {})]))",
         ],
         cwd=ROOT,
         env=env,
@@ -123,7 +159,8 @@ def test_database_prepare_after_sets_when_postgresql_prepares(value, threshold):
         check=True,
         timeout=60,
     )
-    options = json.loads(out.stdout.strip().splitlines()[-1])
-    assert options["prepare_threshold"] == threshold
-    # Django's own cursors keep binding in Python: any number of parameters.
-    assert "server_side_binding" not in options
+    after, options = json.loads(out.stdout.strip().splitlines()[-1])
+    assert after == threshold
+    # The connection's own threshold stays Django's (none), and its cursors
+    # keep binding in Python: any number of parameters.
+    assert "prepare_threshold" not in options and "server_side_binding" not in options

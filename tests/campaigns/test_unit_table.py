@@ -269,8 +269,8 @@ def test_an_id_prefix_page_reads_the_id_index_in_order(owner, shuffled):
         statements.append((sql, params))
         return execute(sql, params, many, context)
 
-    # The statement as sent, with its parameters: the server binds them, so
-    # the logged text holds placeholders.
+    # The statement as sent, with its parameters, so that EXPLAIN plans what
+    # the page runs whichever way its parameters are bound.
     with connection.execute_wrapper(keep):
         selectors.unit_page(campaign=shuffled, unit_filter=unit_filter)
     ((page_sql, params),) = [(sql, p) for sql, p in statements if "LIMIT" in sql]

@@ -58,18 +58,21 @@ def _planning_after() -> Any:  # a datetime, or SQLite's text for one
     return connection.ops.adapt_datetimefield_value(Campaign.planning_after(timezone.now()))
 
 
+def _among(ids: list[int]) -> tuple[str, dict[str, Any]]:
+    """`= ANY(array)` on PostgreSQL, one parameter, so the statement keeps its
+    shape however many ids and stays prepared (campaigns/db/prepared.py);
+    `IN (…)` on SQLite. The condition's text and its named parameters."""
+    if connection.vendor == "postgresql":
+        return "= ANY(%(ids)s::bigint[])", {"ids": list(ids)}
+    marks = ", ".join(f"%(c{i})s" for i in range(len(ids)))
+    return f"IN ({marks})", {f"c{i}": value for i, value in enumerate(ids)}
+
+
 def unit_count_rows(*, campaign_ids: list[int]) -> list[tuple]:
     """(campaign id, state, error class, SUM(n), rows summed, planning) of these
     campaigns' unit counters, one row per key; a campaign without counter rows
     gives one row of NULLs but its id and planning."""
-    ids: dict[str, Any]
-    if connection.vendor == "postgresql":
-        # One array, so the statement keeps its shape however many campaigns
-        # are listed, and stays prepared (campaigns/db/prepared.py).
-        within, ids = "= ANY(%(ids)s::bigint[])", {"ids": list(campaign_ids)}
-    else:
-        within = f"IN ({', '.join(f'%(c{i})s' for i in range(len(campaign_ids)))})"
-        ids = {f"c{i}": cid for i, cid in enumerate(campaign_ids)}
+    within, ids = _among(campaign_ids)
     with prepared.cursor() as cursor:
         cursor.execute(
             f"SELECT c.id, u.state, u.error_class, SUM(u.n), COUNT(u.n), {_PLANNING} "  # noqa: S608 (marks only)
@@ -141,18 +144,14 @@ def review_reason_counts(*, campaign_ids: list[int], state: str | None) -> dict[
     none left out, sorted by reason as the database sorts."""
     if not campaign_ids:
         return {}
-    ids: list[Any]
-    if connection.vendor == "postgresql":  # one array: one shape, kept prepared
-        within, ids = "= ANY(%s::bigint[])", [list(campaign_ids)]
-    else:
-        within, ids = f"IN ({', '.join(['%s'] * len(campaign_ids))})", list(campaign_ids)
-    in_state = " AND state = %s" if state is not None else ""
+    within, ids = _among(campaign_ids)
+    in_state = " AND state = %(state)s" if state is not None else ""
     with prepared.cursor() as cursor:
         cursor.execute(
             f"SELECT reason, SUM(n) FROM campaigns_reviewreasoncount "  # noqa: S608 (marks only)
             f"WHERE campaign_id {within}{in_state} "
             "GROUP BY reason HAVING SUM(n) <> 0 ORDER BY reason",
-            [*ids, *([state] if state is not None else [])],
+            {**ids, "state": state},
         )
         return {reason: int(n) for reason, n in cursor.fetchall()}
 

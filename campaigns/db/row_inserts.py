@@ -1,7 +1,7 @@
 """Many new rows of one table in one statement per chunk, their ids returned.
 
-On PostgreSQL the values go as one array a column (`INSERT … SELECT * FROM
-UNNEST(…)`), on SQLite as VALUES rows.
+On PostgreSQL the rows go as one JSON document (`INSERT … SELECT … FROM
+jsonb_array_elements(…)`: json_rows says why), on SQLite as VALUES rows.
 
 `bulk_create` builds a model instance per row and prepares every value through
 its field (a fifth of the worker's host work per unit, bench/orchestration.py):
@@ -13,7 +13,12 @@ tuples, and only the fields whose values need a conversion for the database
 from __future__ import annotations
 
 import functools
+import json
+import math
 from collections.abc import Sequence
+from datetime import date, datetime, time
+from decimal import Decimal
+from uuid import UUID
 
 from django.db import connection, models
 
@@ -21,6 +26,8 @@ from campaigns.db import prepared
 
 #: Values a statement may carry: PostgreSQL takes 65,535 parameters, SQLite 32,766.
 MAX_PARAMS = 30000
+#: Rows a JSON document carries on PostgreSQL: any batch a worker records, in one statement.
+JSON_ROWS = 5000
 
 # Values of these fields go to the database as the caller gives them: strings,
 # numbers, ids or None (what their get_db_prep_save would return anyway).
@@ -69,11 +76,20 @@ def insert_rows(
     returning = f" RETURNING {quote(meta.pk.column)}"
     width = len(columns) + len(defaulted)
     row_marks = f"({', '.join(['%s'] * width)})"
-    arrays = connection.vendor == "postgresql"
-    if arrays:
-        unnest = f"SELECT * FROM UNNEST({array_marks([*columns, *defaulted])})"
+    if connection.vendor == "postgresql":
+        # The defaults go once, as values of the statement, not once a row.
+        source = json_rows_source(columns, [f"%s::{cast(f)}" for f in defaulted])
+        ids: list[int] = []
+        with prepared.cursor() as cursor:
+            for start in range(0, len(rows), JSON_ROWS):
+                chunk = rows[start : start + JSON_ROWS]
+                cursor.execute(f"{head}{source}{returning}", [*defaults, json_rows(columns, chunk)])
+                # RETURNING rows come in the document's order: jsonb_array_elements
+                # gives its elements in order, and bulk_create relies on the same.
+                ids.extend(pk for (pk,) in cursor.fetchall())
+        return ids
     per_chunk = max(1, MAX_PARAMS // width)
-    ids: list[int] = []
+    ids = []
     with prepared.cursor() as cursor:
         for start in range(0, len(rows), per_chunk):
             chunk = rows[start : start + per_chunk]
@@ -84,29 +100,96 @@ def insert_rows(
                     for i in converted:
                         row[i] = prepare[i](row[i])
                 converted_rows.append((*row, *defaults))
-            if arrays:
-                columns_of = [list(c) for c in zip(*converted_rows, strict=True)]
-                cursor.execute(f"{head}{unnest}{returning}", columns_of)
-            else:
-                cursor.execute(
-                    f"{head}VALUES {', '.join([row_marks] * len(chunk))}{returning}",
-                    [value for row in converted_rows for value in row],
-                )
-            # RETURNING rows come in the VALUES' (or the arrays') order on both
-            # databases: bulk_create relies on it too.
+            cursor.execute(
+                f"{head}VALUES {', '.join([row_marks] * len(chunk))}{returning}",
+                [value for row in converted_rows for value in row],
+            )
+            # RETURNING rows come in the VALUES' order: bulk_create relies on it too.
             ids.extend(pk for (pk,) in cursor.fetchall())
     return ids
 
 
-def array_marks(fields: Sequence[models.Field]) -> str:
-    """`(%s)::type[]` for each field: on PostgreSQL a column's values go as one
-    array, so a statement carries a value a column, not one a row and column.
+def cast(field: models.Field) -> str:
+    """The field's column type without its length: nothing is cut on the way."""
+    return field.db_type(connection).split("(")[0]
 
-    psycopg parses a statement's placeholders in Python, on every call for a
-    long one: a batch's attempts as VALUES (a row each, 16 columns) cost more
-    to parse than to run (bench/RESULTS.md, "The worker's
-    statements written out; arrays for PostgreSQL (2026-12-01)"). Django's
-    bulk_create does the same (its UNNEST insert), with the types' lengths dropped so that nothing
-    is cut to a varchar's length on the way.
+
+def json_rows_source(fields: Sequence[models.Field], extra: Sequence[str] = ()) -> str:
+    """`SELECT <a value a field>, *extra FROM <the rows of one JSON document>`
+    (PostgreSQL), in the document's order; its one parameter, after any of
+    `extra`'s, is json_rows(fields, rows).
+
+    A batch's rows as one document, not an array a column (as bulk_create's
+    UNNEST sends them): psycopg makes an array's text element by element in
+    Python, while json.dumps makes the whole document at once, and the
+    server reads it as fast (bench/RESULTS.md, "A batch's rows as one JSON
+    document (2026-12-04)"). The statement's text depends only on the
+    fields, so the server keeps its plan (campaigns/db/prepared.py).
     """
-    return ", ".join(f"(%s)::{f.db_type(connection).split('(')[0]}[]" for f in fields)
+    values = []
+    for i, field in enumerate(fields):
+        if isinstance(field, models.JSONField) and field.encoder is None:
+            # A JSON column takes its part of the document as it is; None is
+            # SQL NULL, as Django saves it.
+            values.append(f"NULLIF(r -> {i}, 'null'::jsonb)")
+        else:
+            values.append(f"(r ->> {i})::{cast(field)}")
+    return (
+        f"SELECT {', '.join([*values, *extra])} "
+        "FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS e(r, n) ORDER BY n"
+    )
+
+
+def json_rows(fields: Sequence[models.Field], rows: Sequence[Sequence]) -> str:
+    """The rows as one JSON document of arrays, for json_rows_source(fields):
+    datetimes (given aware) in ISO form, a JSON column's value as its field
+    encodes it, non-finite floats as PostgreSQL spells them."""
+    as_text = [i for i, f in enumerate(fields) if _needs_text(f)]
+    if as_text:
+        texts = [_text_of(fields[i]) for i in as_text]
+        rows = [list(row) for row in rows]
+        for row in rows:
+            for i, text in zip(as_text, texts, strict=True):
+                row[i] = text(row[i])
+    try:
+        return json.dumps(rows, allow_nan=False, separators=(",", ":"), default=_plain)
+    except ValueError:
+        # NaN or an infinity: PostgreSQL's float columns take them as text. In
+        # a JSON column they stay an error, as they are for Django's JSONField.
+        return json.dumps(
+            [[_float_text(v) for v in row] for row in rows],
+            allow_nan=False,
+            separators=(",", ":"),
+            default=_plain,
+        )
+
+
+def _needs_text(field: models.Field) -> bool:
+    return isinstance(field, models.DateTimeField) or (
+        isinstance(field, models.JSONField) and field.encoder is not None
+    )
+
+
+def _text_of(field: models.Field):
+    if isinstance(field, models.JSONField):
+        return lambda value: None if value is None else json.dumps(value, cls=field.encoder)
+    # A batch's rows share their few instants: each converted once.
+    return functools.lru_cache(maxsize=256)(
+        lambda value: None if value is None else value.isoformat()
+    )
+
+
+def _plain(value):
+    """What json.dumps cannot write itself: dates, times, UUIDs, decimals, as
+    text their column's type reads exactly."""
+    if isinstance(value, (datetime, date, time)):
+        return value.isoformat()
+    if isinstance(value, (UUID, Decimal)):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not a value for a column: {value!r}")
+
+
+def _float_text(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return value

@@ -5,8 +5,8 @@ small batch's time: bench/RESULTS.md, "Worker path against
 sentence-transformers — `bench/worker_path.py`"), and an UPDATE per row makes
 PostgreSQL run campaigns_unit's statement-level counter trigger once per row.
 `UPDATE … FROM` a set of rows does neither: on SQLite (3.33+) `WITH v(…) AS
-(VALUES …)`, on PostgreSQL `UNNEST` of one array a column (typed by its
-column, so a NULL in the first row does not make it text).
+(VALUES …)`, on PostgreSQL the rows of one JSON document, each value cast to
+its column's type (row_inserts.json_rows_source says why).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from django.db import connection, models
 
 from campaigns.db import prepared
-from campaigns.db.row_inserts import array_marks
+from campaigns.db.row_inserts import json_rows, json_rows_source
 
-#: Rows per statement: PostgreSQL takes 65,535 parameters, SQLite 32,766.
+#: Rows per statement: SQLite takes 32,766 parameters; on PostgreSQL, a document's size.
 CHUNK_ROWS = 1000
 
 
@@ -46,19 +46,20 @@ def update_rows(
         assignments.append(f"{quote(field.column)} = %s")
         extra.append(field.get_db_prep_save(value, connection))
     update = f"UPDATE {table} SET {', '.join(assignments)}"
+    if connection.vendor == "postgresql":
+        source = json_rows_source([meta.pk, *columns])
+        with prepared.cursor() as cursor:
+            for start in range(0, len(rows), CHUNK_ROWS):
+                cursor.execute(
+                    f"{update} FROM ({source}) AS v({names}) WHERE {table}.{pk} = v.id",
+                    [*extra, json_rows([meta.pk, *columns], rows[start : start + CHUNK_ROWS])],
+                )
+        return
     with prepared.cursor() as cursor:
         for start in range(0, len(rows), CHUNK_ROWS):
             chunk = rows[start : start + CHUNK_ROWS]
-            if connection.vendor == "postgresql":
-                # A column's values as one array (row_inserts.array_marks says why).
-                cursor.execute(
-                    f"{update} FROM UNNEST({array_marks([meta.pk, *columns])}) AS v({names}) "
-                    f"WHERE {table}.{pk} = v.id",
-                    [*extra, *(list(c) for c in zip(*chunk, strict=True))],
-                )
-            else:
-                cursor.execute(
-                    f"WITH v({names}) AS (VALUES {', '.join([row] * len(chunk))}) "
-                    f"{update} FROM v WHERE {table}.{pk} = v.id",
-                    [*(value for r in chunk for value in r), *extra],
-                )
+            cursor.execute(
+                f"WITH v({names}) AS (VALUES {', '.join([row] * len(chunk))}) "
+                f"{update} FROM v WHERE {table}.{pk} = v.id",
+                [*(value for r in chunk for value in r), *extra],
+            )

@@ -75,6 +75,7 @@ def test_more_rows_than_one_statement_takes_go_in_chunks(make_campaign, monkeypa
     campaign = make_campaign()
     columns = len(Attempt._meta.concrete_fields) - 1  # all but the id
     monkeypatch.setattr(row_inserts, "MAX_PARAMS", columns * 4)  # 4 rows a statement
+    monkeypatch.setattr(row_inserts, "JSON_ROWS", 4)  # the same on PostgreSQL
     rows = _rows(campaign, 10)
     with CaptureQueriesContext(connection) as queries:
         ids = row_inserts.insert_rows(Attempt, FIELDS, rows)

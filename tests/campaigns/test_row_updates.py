@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from campaigns.db import row_updates
-from campaigns.models import Unit, UnitState
+from campaigns.models import Batch, Unit, UnitState
 from campaigns.selectors import campaign_counts
 
 pytestmark = pytest.mark.django_db
@@ -54,3 +55,35 @@ def test_more_rows_than_one_statement_takes_go_in_chunks(make_campaign, monkeypa
     row_updates.update_rows(Unit, ["cost"], [(u.pk, 10 + i) for i, u in enumerate(units)])
     costs = Unit.objects.filter(campaign=campaign).order_by("pk").values_list("cost", flat=True)
     assert list(costs) == [10 + i for i in range(len(units))]
+
+
+def test_values_that_are_hard_to_carry_arrive_exactly(make_campaign):
+    """Text with quotes, backslashes, newlines and non-Latin letters, the
+    largest integers, floats to the last bit (and the ones that are not
+    numbers), microseconds and NULLs: on PostgreSQL the rows travel as one
+    JSON document and each value is cast back to its column's type."""
+    campaign = make_campaign()
+    Batch.objects.bulk_create(
+        Batch(campaign=campaign, version_id=campaign.current_version_id, size=1) for _ in range(5)
+    )
+    batches = list(Batch.objects.filter(campaign=campaign).order_by("pk"))
+    when = dt.datetime(2026, 12, 4, 23, 59, 59, 999999, tzinfo=dt.UTC)
+    texts = ['a "quoted" \\ back\\slash', "line\nbreak\ttab", "日本語 — ümlaut ✓", "", "{1,2}"]
+    floats = [0.1 + 0.2, 1e-308, float("nan"), float("inf"), -float("inf")]
+    rows = [
+        (b.pk, texts[i], floats[i], 2**62 + i if i % 2 else None, when - dt.timedelta(days=i))
+        for i, b in enumerate(batches)
+    ]
+    row_updates.update_rows(Batch, ["error", "compute_seconds", "real_tokens", "finished_at"], rows)
+    got = {
+        b.pk: (b.error, b.compute_seconds, b.real_tokens, b.finished_at)
+        for b in Batch.objects.filter(pk__in=[b.pk for b in batches])
+    }
+    for pk, text, number, tokens, finished in rows:
+        error, seconds, real_tokens, at = got[pk]
+        assert (error, real_tokens, at) == (text, tokens, finished)
+        if math.isnan(number):
+            # SQLite has no NaN: it stores NULL.
+            assert seconds is None if connection.vendor == "sqlite" else math.isnan(seconds)
+        else:
+            assert seconds == number

@@ -20,6 +20,7 @@ from django.db.models import CharField, Model, QuerySet
 
 from campaigns.db import prepared, sql_rows
 from campaigns.models import (
+    IN_FLIGHT,
     VECTOR_HASH,
     AsInIndex,
     Attempt,
@@ -85,15 +86,33 @@ def claim_batch(batch_id: int, **values) -> bool:
     )
 
 
-def record_batch(batch_id: int, token: str, values: dict) -> bool:
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """A batch's results written under its lease, and what its campaign's
+    current version was as they were written (None: it has none)."""
+
+    current_version_id: int | None
+
+
+def record_batch(batch_id: int, token: str, values: dict) -> Recorded | None:
     """The batch's results, while `token` still holds its lease (the lease
-    check and the write in one statement); False when the lease was lost."""
-    return bool(
-        _update_batch(batch_id, values, where={"state": Batch.State.RUNNING, "lease_token": token})
+    check and the write in one statement); None when the lease was lost."""
+    campaign = _table(Campaign)
+    rows = _update_batch(
+        batch_id,
+        values,
+        where={"state": Batch.State.RUNNING, "lease_token": token},
+        # Read in the same statement: whether the version changed while the batch ran.
+        returning=(
+            f"(SELECT c.{_column(Campaign, 'current_version')} FROM {campaign} c "
+            f"WHERE c.{_q('id')} = {_table(Batch)}.{_column(Batch, 'campaign')})"
+        ),
     )
+    return Recorded(rows[0][0]) if rows else None
 
 
-def _update_batch(batch_id: int, values: dict, *, where: dict, also: str = "") -> int:
+def _update_batch(batch_id: int, values: dict, *, where: dict, also: str = "", returning: str = ""):
+    """The UPDATE's row count, or with `returning` the rows it returned."""
     meta = Batch._meta
     assignments, params = [], []
     for name, value in values.items():
@@ -107,12 +126,15 @@ def _update_batch(batch_id: int, values: dict, *, where: dict, also: str = "") -
     for name, value in where.items():
         conditions.append(f"{_column(Batch, name)} = %s")
         params.append(value)
+    statement = (
+        f"UPDATE {_table(Batch)} SET {', '.join(assignments)} WHERE {' AND '.join(conditions)}"
+    )
     with prepared.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {_table(Batch)} SET {', '.join(assignments)} WHERE {' AND '.join(conditions)}",
-            params,
-        )
-        return cursor.rowcount
+        if not returning:
+            cursor.execute(statement, params)
+            return cursor.rowcount
+        cursor.execute(f"{statement} RETURNING {returning}", params)
+        return cursor.fetchall()
 
 
 @dataclass(slots=True)
@@ -141,33 +163,36 @@ class ClaimedUnit:
 def claimed_units(
     batch_id: int, version_id: int, reviewed_out: tuple[str, ...]
 ) -> list[ClaimedUnit]:
-    """The batch's queued units set running, then all its running units in id
-    order, each with `reviewed_out`: whether a review item of this version
-    in one of those states holds it (campaigns.review.queue.REVIEWED_OUT: the
-    worker neither runs nor adopts such a unit under this version)."""
-    set_running, select = _units_sql(connection.vendor, len(reviewed_out))
+    """The batch's queued units set running, with those it had running already
+    (a delivery again after its worker died), in id order, each with
+    `reviewed_out`: whether a review item of this version in one of those
+    states holds it (campaigns.review.queue.REVIEWED_OUT: the worker neither
+    runs nor adopts such a unit under this version). One statement: the
+    UPDATE returns the rows it set."""
     with prepared.cursor() as cursor:
-        cursor.execute(set_running, [UnitState.RUNNING, batch_id, UnitState.QUEUED])
-        cursor.execute(select, [version_id, *reviewed_out, batch_id, UnitState.RUNNING])
-        rows = cursor.fetchall()
+        cursor.execute(
+            _units_sql(connection.vendor, len(reviewed_out)),
+            [UnitState.RUNNING, batch_id, *IN_FLIGHT, version_id, *reviewed_out],
+        )
+        rows = sorted(cursor.fetchall())
     return [
         ClaimedUnit(pk, uid, path, sha, bool(held), size) for pk, uid, path, sha, size, held in rows
     ]
 
 
 @functools.cache
-def _units_sql(vendor: str, states: int) -> tuple[str, str]:
-    state, batch = _column(Unit, "state"), _column(Unit, "batch")
-    set_running = f"UPDATE {_table(Unit)} SET {state} = %s WHERE {batch} = %s AND {state} = %s"
-    read = sql_rows.columns(Unit, "u", ("id", "uid", "source_path", "sha256"))
-    select = (
-        f"SELECT {read}, u.{_column(Unit, 'size')}, EXISTS (SELECT 1 FROM {_table(ReviewItem)} r "
-        f"WHERE r.{_column(ReviewItem, 'unit')} = u.{_q('id')} "
-        f"AND r.{_column(ReviewItem, 'version')} = %s "
-        f"AND r.{_column(ReviewItem, 'state')} IN ({', '.join(['%s'] * states)})) "
-        f"FROM {_table(Unit)} u WHERE u.{batch} = %s AND u.{state} = %s ORDER BY u.{_q('id')}"
+def _units_sql(vendor: str, states: int) -> str:
+    state, batch, table = _column(Unit, "state"), _column(Unit, "batch"), _table(Unit)
+    read = ", ".join(
+        f"{table}.{_column(Unit, name)}" for name in ("id", "uid", "source_path", "sha256", "size")
     )
-    return set_running, select
+    return (
+        f"UPDATE {table} SET {state} = %s WHERE {batch} = %s AND {state} IN (%s, %s) "
+        f"RETURNING {read}, EXISTS (SELECT 1 FROM {_table(ReviewItem)} r "
+        f"WHERE r.{_column(ReviewItem, 'unit')} = {table}.{_q('id')} "
+        f"AND r.{_column(ReviewItem, 'version')} = %s "
+        f"AND r.{_column(ReviewItem, 'state')} IN ({', '.join(['%s'] * states)}))"
+    )
 
 
 def checkpoint_of(campaign_id: int, version_id: int) -> Checkpoint | None:

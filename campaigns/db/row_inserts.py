@@ -1,7 +1,7 @@
 """Many new rows of one table in one statement per chunk, their ids returned.
 
 On PostgreSQL the rows go as one JSON document (`INSERT … SELECT … FROM
-jsonb_array_elements(…)`: json_rows says why), on SQLite as VALUES rows.
+jsonb_array_elements(…)`: json_rows_source says why), on SQLite as VALUES rows.
 
 `bulk_create` builds a model instance per row and prepares every value through
 its field (a fifth of the worker's host work per unit, bench/orchestration.py):
@@ -50,6 +50,10 @@ def _preparer(field: models.Field):
         # gives aware datetimes. Each value converted once: a batch's rows
         # share their few instants.
         return functools.lru_cache(maxsize=256)(connection.ops.adapt_datetimefield_value)
+    if type(field) is models.JSONField:
+        # What get_db_prep_save ends in (adapt_json_value), without the calls on the way.
+        encoder = field.encoder
+        return lambda value: None if value is None else json.dumps(value, cls=encoder)
     return lambda value: field.get_db_prep_save(value, connection)
 
 
@@ -66,16 +70,12 @@ def insert_rows(
     meta = model._meta
     quote = connection.ops.quote_name
     columns = [meta.get_field(name) for name in fields]
-    prepare = [_preparer(f) for f in columns]
-    converted = [i for i, p in enumerate(prepare) if p is not None]
     given = {f.attname for f in columns}
     defaulted = [f for f in meta.concrete_fields if not f.primary_key and f.attname not in given]
     defaults = [f.get_db_prep_save(f.get_default(), connection) for f in defaulted]
     names = ", ".join(quote(f.column) for f in [*columns, *defaulted])
     head = f"INSERT INTO {quote(meta.db_table)} ({names}) "
     returning = f" RETURNING {quote(meta.pk.column)}"
-    width = len(columns) + len(defaulted)
-    row_marks = f"({', '.join(['%s'] * width)})"
     if connection.vendor == "postgresql":
         # The defaults go once, as values of the statement, not once a row.
         source = json_rows_source(columns, [f"%s::{cast(f)}" for f in defaulted])
@@ -88,6 +88,10 @@ def insert_rows(
                 # gives its elements in order, and bulk_create relies on the same.
                 ids.extend(pk for (pk,) in cursor.fetchall())
         return ids
+    prepare = [_preparer(f) for f in columns]
+    converted = [i for i, p in enumerate(prepare) if p is not None]
+    width = len(columns) + len(defaulted)
+    row_marks = f"({', '.join(['%s'] * width)})"
     per_chunk = max(1, MAX_PARAMS // width)
     ids = []
     with prepared.cursor() as cursor:

@@ -26,7 +26,6 @@ from campaigns.db.row_updates import update_rows
 from campaigns.models import (
     Attempt,
     Batch,
-    Campaign,
     Checkpoint,
     ErrorClass,
     ReviewItem,
@@ -199,7 +198,8 @@ def batch_record(
     results = _batch_results(metrics, error, now)
     with transaction.atomic():
         # The lease check and the batch's own results in one statement.
-        if not record_batch(batch.pk, token, results):
+        recorded = record_batch(batch.pk, token, results)
+        if recorded is None:
             log.warning("batch %s: lease lost before recording; results dropped", batch.pk)
             return False
         for name, value in results.items():
@@ -209,20 +209,15 @@ def batch_record(
         attempt_ids = insert_rows(Attempt, _ATTEMPT_FIELDS, attempts)
         attempt_of = {id(o): pk for o, pk in zip(outcomes, attempt_ids, strict=True)}
         _save_review_items(batch, to_review, attempt_of)
-        _outdated_to_pending(batch)
+        _outdated_to_pending(batch, recorded.current_version_id)
     _log_recorded(batch, outcomes, len(to_review), metrics)
     return True
 
 
-def _outdated_to_pending(batch: Batch) -> None:
+def _outdated_to_pending(batch: Batch, current: int | None) -> None:
     """A batch of a version that is no longer current (the parameters changed
     while it ran): its outputs stay that version's, and its units go back to
     pending under the current one (campaigns/runs/versions.py)."""
-    current = (
-        Campaign.objects.filter(pk=batch.campaign_id)
-        .values_list("current_version_id", flat=True)
-        .get()
-    )
     if current not in (None, batch.version_id):
         units_to_pending(campaign_id=batch.campaign_id, version_id=current, batch_id=batch.pk)
 

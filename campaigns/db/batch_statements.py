@@ -28,6 +28,7 @@ from campaigns.models import (
     Campaign,
     Checkpoint,
     ParameterVersion,
+    ProjectFolder,
     ReviewItem,
     Unit,
     UnitState,
@@ -209,6 +210,22 @@ def _checkpoint_sql(vendor: str) -> str:
         f"SELECT {sql_rows.columns(Checkpoint, 'k')} FROM {_table(Checkpoint)} k "
         f"WHERE k.{_column(Checkpoint, 'campaign')} = %s "
         f"AND k.{_column(Checkpoint, 'version')} = %s"
+    )
+
+
+def project_folder_paths(project_id: int) -> list[str]:
+    """The folders of a project (campaigns.intake.project_folders checks a
+    campaign's folder against them before every batch reads from it)."""
+    with prepared.cursor() as cursor:
+        cursor.execute(_folders_sql(connection.vendor), [project_id])
+        return [path for (path,) in cursor.fetchall()]
+
+
+@functools.cache
+def _folders_sql(vendor: str) -> str:
+    return (
+        f"SELECT {_column(ProjectFolder, 'path')} FROM {_table(ProjectFolder)} "
+        f"WHERE {_column(ProjectFolder, 'project')} = %s"
     )
 
 

@@ -78,7 +78,7 @@ def insert_rows(
     returning = f" RETURNING {quote(meta.pk.column)}"
     if connection.vendor == "postgresql":
         # The defaults go once, as values of the statement, not once a row.
-        source = json_rows_source(columns, [f"%s::{cast(f)}" for f in defaulted])
+        source = json_rows_source(tuple(columns), tuple(f"%s::{cast(f)}" for f in defaulted))
         ids: list[int] = []
         with prepared.cursor() as cursor:
             for start in range(0, len(rows), JSON_ROWS):
@@ -113,12 +113,14 @@ def insert_rows(
     return ids
 
 
+@functools.cache
 def cast(field: models.Field) -> str:
     """The field's column type without its length: nothing is cut on the way."""
     return field.db_type(connection).split("(")[0]
 
 
-def json_rows_source(fields: Sequence[models.Field], extra: Sequence[str] = ()) -> str:
+@functools.cache
+def json_rows_source(fields: tuple[models.Field, ...], extra: tuple[str, ...] = ()) -> str:
     """`SELECT <a value a field>, *extra FROM <the rows of one JSON document>`
     (PostgreSQL), in the document's order; its one parameter, after any of
     `extra`'s, is json_rows(fields, rows).
@@ -128,7 +130,8 @@ def json_rows_source(fields: Sequence[models.Field], extra: Sequence[str] = ()) 
     Python, while json.dumps makes the whole document at once, and the
     server reads it as fast (bench/RESULTS.md, "A batch's rows as one JSON
     document (2026-12-04)"). The statement's text depends only on the
-    fields, so the server keeps its plan (campaigns/db/prepared.py).
+    fields (made once a process), so the server keeps its plan
+    (campaigns/db/prepared.py).
     """
     values = []
     for i, field in enumerate(fields):

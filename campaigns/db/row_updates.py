@@ -47,7 +47,7 @@ def update_rows(
         extra.append(field.get_db_prep_save(value, connection))
     update = f"UPDATE {table} SET {', '.join(assignments)}"
     if connection.vendor == "postgresql":
-        source = json_rows_source([meta.pk, *columns])
+        source = json_rows_source((meta.pk, *columns))
         with prepared.cursor() as cursor:
             for start in range(0, len(rows), CHUNK_ROWS):
                 cursor.execute(

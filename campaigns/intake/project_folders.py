@@ -32,6 +32,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 
+from campaigns.db.batch_statements import project_folder_paths
 from campaigns.models import Campaign, Project, ProjectFolder, sees_every_project
 
 #: How far below a project folder the setup page offers sub-folders.
@@ -229,8 +230,8 @@ def campaign_folder_refusal(campaign: Campaign, *, real: str | None = None) -> s
     opened and then reads through), else resolved here."""
     if real is None:
         real = real_path(campaign.input_root)
-    folders = ProjectFolder.objects.filter(project_id=campaign.project_id)
-    if any(is_inside(real, path) for path in folders.values_list("path", flat=True)):
+    # Written out: the worker asks before every batch.
+    if any(is_inside(real, path) for path in project_folder_paths(campaign.project_id)):
         return None
     project = Project.objects.filter(pk=campaign.project_id).values_list("name", flat=True).first()
     if real != os.path.normpath(campaign.input_root):

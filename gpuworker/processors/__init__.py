@@ -8,6 +8,7 @@ on one is the `Processor` protocol (gpuworker/processors/base.py).
 from __future__ import annotations
 
 import functools
+import gc
 import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeGuard
@@ -53,7 +54,26 @@ def _load(processor: str, params_json: str, files_json: str) -> Processor:
     implementation: ProcessorClass = import_string(
         get_spec(processor).implementation.replace(":", ".")
     )
-    return implementation(json.loads(params_json))
+    loaded = implementation(json.loads(params_json))
+    settle_heap()
+    return loaded
+
+
+def settle_heap() -> None:
+    """What the process holds now (libraries, the model) kept out of Python's
+    cyclic garbage collections from here on.
+
+    A worker holds some 400,000 tracked objects once a model and its libraries
+    are loaded, and a full collection walks them all (~140 ms on these cores),
+    whenever enough batch objects have outlived the young generations: a pause
+    a few dozen batches apart, in the middle of a batch (bench/RESULTS.md, "A
+    batch's rows as one JSON document (2026-12-04)"). Frozen, they are not
+    walked. Unfrozen and collected first, so that a model the cache let go
+    is freed rather than kept frozen.
+    """
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
 
 
 def get_processor(processor: str, params: dict, files: dict | None = None) -> Processor:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import typing
 from collections.abc import Sequence
 from datetime import date, datetime, time
 from decimal import Decimal
@@ -69,7 +70,7 @@ def insert_rows(
         return []
     meta = model._meta
     quote = connection.ops.quote_name
-    columns = [meta.get_field(name) for name in fields]
+    columns = typing.cast(list[models.Field], [meta.get_field(name) for name in fields])
     given = {f.attname for f in columns}
     defaulted = [f for f in meta.concrete_fields if not f.primary_key and f.attname not in given]
     defaults = [f.get_db_prep_save(f.get_default(), connection) for f in defaulted]
@@ -78,7 +79,7 @@ def insert_rows(
     returning = f" RETURNING {quote(meta.pk.column)}"
     if connection.vendor == "postgresql":
         # The defaults go once, as values of the statement, not once a row.
-        source = json_rows_source(tuple(columns), tuple(f"%s::{cast(f)}" for f in defaulted))
+        source = json_rows_source(tuple(columns), tuple(f"%s::{column_type(f)}" for f in defaulted))
         ids: list[int] = []
         with prepared.cursor() as cursor:
             for start in range(0, len(rows), JSON_ROWS):
@@ -114,7 +115,7 @@ def insert_rows(
 
 
 @functools.cache
-def cast(field: models.Field) -> str:
+def column_type(field: models.Field) -> str:
     """The field's column type without its length: nothing is cut on the way."""
     return field.db_type(connection).split("(")[0]
 
@@ -140,7 +141,7 @@ def json_rows_source(fields: tuple[models.Field, ...], extra: tuple[str, ...] = 
             # SQL NULL, as Django saves it.
             values.append(f"NULLIF(r -> {i}, 'null'::jsonb)")
         else:
-            values.append(f"(r ->> {i})::{cast(field)}")
+            values.append(f"(r ->> {i})::{column_type(field)}")
     return (
         f"SELECT {', '.join([*values, *extra])} "
         "FROM jsonb_array_elements(%s::jsonb) WITH ORDINALITY AS e(r, n) ORDER BY n"
@@ -152,19 +153,21 @@ def json_rows(fields: Sequence[models.Field], rows: Sequence[Sequence]) -> str:
     datetimes (given aware) in ISO form, a JSON column's value as its field
     encodes it, non-finite floats as PostgreSQL spells them."""
     as_text = [i for i, f in enumerate(fields) if _needs_text(f)]
+    document: Sequence[Sequence] = rows
     if as_text:
         texts = [_text_of(fields[i]) for i in as_text]
-        rows = [list(row) for row in rows]
-        for row in rows:
+        converted = [list(row) for row in rows]
+        for row in converted:
             for i, text in zip(as_text, texts, strict=True):
                 row[i] = text(row[i])
+        document = converted
     try:
-        return json.dumps(rows, allow_nan=False, separators=(",", ":"), default=_plain)
+        return json.dumps(document, allow_nan=False, separators=(",", ":"), default=_plain)
     except ValueError:
         # NaN or an infinity: PostgreSQL's float columns take them as text. In
         # a JSON column they stay an error, as they are for Django's JSONField.
         return json.dumps(
-            [[_float_text(v) for v in row] for row in rows],
+            [[_float_text(v) for v in row] for row in document],
             allow_nan=False,
             separators=(",", ":"),
             default=_plain,

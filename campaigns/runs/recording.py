@@ -218,7 +218,7 @@ def _outdated_to_pending(batch: Batch, current: int | None) -> None:
     """A batch of a version that is no longer current (the parameters changed
     while it ran): its outputs stay that version's, and its units go back to
     pending under the current one (campaigns/runs/versions.py)."""
-    if current not in (None, batch.version_id):
+    if current is not None and current != batch.version_id:
         units_to_pending(campaign_id=batch.campaign_id, version_id=current, batch_id=batch.pk)
 
 

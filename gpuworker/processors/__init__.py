@@ -63,13 +63,12 @@ def settle_heap() -> None:
     """What the process holds now (libraries, the model) kept out of Python's
     cyclic garbage collections from here on.
 
-    A worker holds some 400,000 tracked objects once a model and its libraries
-    are loaded, and a full collection walks them all (~140 ms on these cores),
-    whenever enough batch objects have outlived the young generations: a pause
-    a few dozen batches apart, in the middle of a batch (bench/RESULTS.md, "A
-    batch's rows as one JSON document (2026-12-04)"). Frozen, they are not
-    walked. Unfrozen and collected first, so that a model the cache let go
-    is freed rather than kept frozen.
+    Once a model and its libraries are loaded, a full collection walks
+    hundreds of thousands of objects, a pause that falls into a batch
+    whenever enough batch objects have outlived the young generations
+    (bench/RESULTS.md, "A batch's rows as one JSON document (2026-12-04)").
+    Frozen, they are not walked. Unfrozen and collected first, so that a
+    model the cache let go is freed rather than kept frozen.
     """
     gc.unfreeze()
     gc.collect()

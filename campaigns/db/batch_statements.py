@@ -87,33 +87,33 @@ def claim_batch(batch_id: int, **values) -> bool:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Recorded:
-    """A batch's results written under its lease, and what its campaign's
-    current version was as they were written (None: it has none)."""
-
-    current_version_id: int | None
-
-
-def record_batch(batch_id: int, token: str, values: dict) -> Recorded | None:
+def record_batch(batch_id: int, token: str, values: dict) -> bool:
     """The batch's results, while `token` still holds its lease (the lease
-    check and the write in one statement); None when the lease was lost."""
-    campaign = _table(Campaign)
-    rows = _update_batch(
-        batch_id,
-        values,
-        where={"state": Batch.State.RUNNING, "lease_token": token},
-        # Read in the same statement: whether the version changed while the batch ran.
-        returning=(
-            f"(SELECT c.{_column(Campaign, 'current_version')} FROM {campaign} c "
-            f"WHERE c.{_q('id')} = {_table(Batch)}.{_column(Batch, 'campaign')})"
-        ),
+    check and the write in one statement); False when the lease was lost."""
+    return bool(
+        _update_batch(batch_id, values, where={"state": Batch.State.RUNNING, "lease_token": token})
     )
-    return Recorded(rows[0][0]) if rows else None
 
 
-def _update_batch(batch_id: int, values: dict, *, where: dict, also: str = "", returning: str = ""):
-    """The UPDATE's row count, or with `returning` the rows it returned."""
+def current_version_of(campaign_id: int) -> int | None:
+    """The campaign's current version, read at the end of a batch's recording
+    (campaigns/runs/recording.py: a batch of an older version sends its units
+    back to pending)."""
+    with prepared.cursor() as cursor:
+        cursor.execute(_current_version_sql(connection.vendor), [campaign_id])
+        row = cursor.fetchone()
+    return None if row is None else row[0]
+
+
+@functools.cache
+def _current_version_sql(vendor: str) -> str:
+    return (
+        f"SELECT {_column(Campaign, 'current_version')} FROM {_table(Campaign)} "
+        f"WHERE {_q('id')} = %s"
+    )
+
+
+def _update_batch(batch_id: int, values: dict, *, where: dict, also: str = "") -> int:
     meta = Batch._meta
     assignments, params = [], []
     for name, value in values.items():
@@ -127,15 +127,12 @@ def _update_batch(batch_id: int, values: dict, *, where: dict, also: str = "", r
     for name, value in where.items():
         conditions.append(f"{_column(Batch, name)} = %s")
         params.append(value)
-    statement = (
-        f"UPDATE {_table(Batch)} SET {', '.join(assignments)} WHERE {' AND '.join(conditions)}"
-    )
     with prepared.cursor() as cursor:
-        if not returning:
-            cursor.execute(statement, params)
-            return cursor.rowcount
-        cursor.execute(f"{statement} RETURNING {returning}", params)
-        return cursor.fetchall()
+        cursor.execute(
+            f"UPDATE {_table(Batch)} SET {', '.join(assignments)} WHERE {' AND '.join(conditions)}",
+            params,
+        )
+        return cursor.rowcount
 
 
 @dataclass(slots=True)

@@ -20,7 +20,12 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from campaigns.db.batch_statements import ClaimedUnit, earlier_outputs, record_batch
+from campaigns.db.batch_statements import (
+    ClaimedUnit,
+    current_version_of,
+    earlier_outputs,
+    record_batch,
+)
 from campaigns.db.row_inserts import insert_rows
 from campaigns.db.row_updates import update_rows
 from campaigns.models import (
@@ -198,8 +203,7 @@ def batch_record(
     results = _batch_results(metrics, error, now)
     with transaction.atomic():
         # The lease check and the batch's own results in one statement.
-        recorded = record_batch(batch.pk, token, results)
-        if recorded is None:
+        if not record_batch(batch.pk, token, results):
             log.warning("batch %s: lease lost before recording; results dropped", batch.pk)
             return False
         for name, value in results.items():
@@ -209,15 +213,16 @@ def batch_record(
         attempt_ids = insert_rows(Attempt, _ATTEMPT_FIELDS, attempts)
         attempt_of = {id(o): pk for o, pk in zip(outcomes, attempt_ids, strict=True)}
         _save_review_items(batch, to_review, attempt_of)
-        _outdated_to_pending(batch, recorded.current_version_id)
+        _outdated_to_pending(batch)
     _log_recorded(batch, outcomes, len(to_review), metrics)
     return True
 
 
-def _outdated_to_pending(batch: Batch, current: int | None) -> None:
+def _outdated_to_pending(batch: Batch) -> None:
     """A batch of a version that is no longer current (the parameters changed
     while it ran): its outputs stay that version's, and its units go back to
     pending under the current one (campaigns/runs/versions.py)."""
+    current = current_version_of(batch.campaign_id)
     if current is not None and current != batch.version_id:
         units_to_pending(campaign_id=batch.campaign_id, version_id=current, batch_id=batch.pk)
 

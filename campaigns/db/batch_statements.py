@@ -185,7 +185,8 @@ def _units_sql(vendor: str, states: int) -> str:
         f"{table}.{_column(Unit, name)}" for name in ("id", "uid", "source_path", "sha256", "size")
     )
     return (
-        f"UPDATE {table} SET {state} = %s WHERE {batch} = %s AND {state} IN (%s, %s) "
+        f"UPDATE {table} SET {state} = %s WHERE {batch} = %s "
+        f"AND {state} IN ({', '.join(['%s'] * len(IN_FLIGHT))}) "
         f"RETURNING {read}, EXISTS (SELECT 1 FROM {_table(ReviewItem)} r "
         f"WHERE r.{_column(ReviewItem, 'unit')} = {table}.{_q('id')} "
         f"AND r.{_column(ReviewItem, 'version')} = %s "

@@ -6,8 +6,9 @@ jsonb_array_elements(…)`: json_rows_source says why), on SQLite as VALUES rows
 `bulk_create` builds a model instance per row and prepares every value through
 its field (a fifth of the worker's host work per unit, bench/orchestration.py):
 for a batch's attempts that is the cost, not the database. Here the rows are
-tuples, and only the fields whose values need a conversion for the database
-(JSON, dates) go through their field.
+tuples: on SQLite only the fields whose values need a conversion for the
+database (JSON, dates) go through their field; on PostgreSQL json_rows makes
+each column's values JSON.
 """
 
 from __future__ import annotations
@@ -149,44 +150,70 @@ def json_rows_source(fields: tuple[models.Field, ...], extra: tuple[str, ...] = 
 
 
 def json_rows(fields: Sequence[models.Field], rows: Sequence[Sequence]) -> str:
-    """The rows as one JSON document of arrays, for json_rows_source(fields):
-    datetimes (given aware) in ISO form, a JSON column's value as its field
-    encodes it, non-finite floats as PostgreSQL spells them."""
-    as_text = [i for i, f in enumerate(fields) if _needs_text(f)]
+    """The rows as one JSON document of arrays, for json_rows_source(fields).
+
+    Each value as its field makes it for the database (`get_prep_value`:
+    an integer column's 12.0 is 12), datetimes (given aware) in ISO form,
+    dates, times, decimals and UUIDs as text their column reads exactly,
+    non-finite floats as PostgreSQL spells them. A JSON column's value goes
+    as json.dumps writes it, and what it cannot write (NaN, a datetime)
+    stays an error, as Django's JSONField makes it on PostgreSQL.
+    """
+    converters = [(i, c) for i, c in enumerate(map(_json_value, fields)) if c is not None]
     document: Sequence[Sequence] = rows
-    if as_text:
-        texts = [_text_of(fields[i]) for i in as_text]
+    if converters:
         converted = [list(row) for row in rows]
         for row in converted:
-            for i, text in zip(as_text, texts, strict=True):
-                row[i] = text(row[i])
+            for i, convert in converters:
+                row[i] = convert(row[i])
         document = converted
     try:
-        return json.dumps(document, allow_nan=False, separators=(",", ":"), default=_plain)
-    except ValueError:
-        # NaN or an infinity: PostgreSQL's float columns take them as text. In
-        # a JSON column they stay an error, as they are for Django's JSONField.
-        return json.dumps(
-            [[_float_text(v) for v in row] for row in document],
-            allow_nan=False,
-            separators=(",", ":"),
-            default=_plain,
-        )
-
-
-def _needs_text(field: models.Field) -> bool:
-    return isinstance(field, models.DateTimeField) or (
-        isinstance(field, models.JSONField) and field.encoder is not None
+        return json.dumps(document, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError):
+        pass  # a value json.dumps does not write as it is: column by column below
+    as_json = [i for i, f in enumerate(fields) if _as_json(f)]
+    for values in document:
+        for i in as_json:
+            json.dumps(values[i], allow_nan=False)  # raises for what the column cannot hold
+    return json.dumps(
+        [[v if i in as_json else _float_text(v) for i, v in enumerate(row)] for row in document],
+        allow_nan=False,
+        separators=(",", ":"),
+        default=_plain,
     )
 
 
-def _text_of(field: models.Field):
+def _as_json(field: models.Field) -> bool:
+    """A JSON column whose value goes into the document as it is."""
+    return isinstance(field, models.JSONField) and field.encoder is None
+
+
+# Columns whose values go into the document as the caller gives them: text,
+# and ids (a foreign key's values are its target's keys).
+_JSON_AS_GIVEN = (models.CharField, models.TextField, models.ForeignKey)
+
+
+def _json_value(field: models.Field):
+    """How a value of this field goes into the document (None: as given)."""
+    if isinstance(field, _JSON_AS_GIVEN) or _as_json(field):
+        return None
     if isinstance(field, models.JSONField):
-        return lambda value: None if value is None else json.dumps(value, cls=field.encoder)
-    # A batch's rows share their few instants: each converted once.
-    return functools.lru_cache(maxsize=256)(
-        lambda value: None if value is None else value.isoformat()
-    )
+        encoder = field.encoder  # its own encoder: the column reads the text as JSON
+        return lambda value: None if value is None else json.dumps(value, cls=encoder)
+    if isinstance(field, models.DateTimeField):
+        # A batch's rows share their few instants: each converted once.
+        return functools.lru_cache(maxsize=256)(
+            lambda value: value.isoformat() if isinstance(value, datetime) else value
+        )
+    exact = {models.IntegerField: int, models.FloatField: float}
+    for kind, python_type in exact.items():
+        if isinstance(field, kind):
+            # The common case costs a type check; anything else (a numpy
+            # scalar, a float in an integer column) goes through the field.
+            return lambda value, t=python_type: (
+                value if value is None or type(value) is t else field.get_prep_value(value)
+            )
+    return field.get_prep_value
 
 
 def _plain(value):

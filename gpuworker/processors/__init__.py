@@ -54,21 +54,21 @@ def _load(processor: str, params_json: str, files_json: str) -> Processor:
     implementation: ProcessorClass = import_string(
         get_spec(processor).implementation.replace(":", ".")
     )
-    loaded = implementation(json.loads(params_json))
-    settle_heap()
-    return loaded
+    return implementation(json.loads(params_json))
 
 
 def settle_heap() -> None:
-    """What the process holds now (libraries, the model) kept out of Python's
-    cyclic garbage collections from here on.
+    """What the process holds now (libraries, the loaded models) kept out of
+    Python's cyclic garbage collections from here on.
 
     Once a model and its libraries are loaded, a full collection walks
     hundreds of thousands of objects, a pause that falls into a batch
     whenever enough batch objects have outlived the young generations
     (bench/RESULTS.md, "A batch's rows as one JSON document (2026-12-04)").
     Frozen, they are not walked. Unfrozen and collected first, so that a
-    model the cache let go is freed rather than kept frozen.
+    model the cache let go (an image classifier's hook makes it a cycle) is
+    freed rather than kept frozen. Whatever else is alive at that moment (a
+    batch in flight) is frozen with them, until the next load.
     """
     gc.unfreeze()
     gc.collect()
@@ -82,9 +82,14 @@ def get_processor(processor: str, params: dict, files: dict | None = None) -> Pr
     campaigns/specs/model_files.py): the model is not loaded if one is not what it
     was, so a version's outputs all come from the model it names.
     """
-    return _load(
+    misses = _load.cache_info().misses
+    loaded = _load(
         processor, json.dumps(params, sort_keys=True), json.dumps(files or {}, sort_keys=True)
     )
+    if _load.cache_info().misses != misses:
+        # After the cache let its oldest go, not inside _load while it still holds it.
+        settle_heap()
+    return loaded
 
 
 def sharded(processor: Processor) -> TypeGuard[ShardedProcessor]:
@@ -107,3 +112,6 @@ def forget_loaded() -> None:
     _load.cache_clear()
     load_encoder.cache_clear()
     load_classifier.cache_clear()
+    # Frozen, a model in a cycle would outlive the caches.
+    gc.unfreeze()
+    gc.collect()

@@ -89,3 +89,14 @@ def test_no_rows_no_statement():
     with CaptureQueriesContext(connection) as queries:
         assert row_inserts.insert_rows(Attempt, FIELDS, []) == []
     assert queries.captured_queries == []
+
+
+def test_what_a_json_column_cannot_hold_is_refused_on_both_databases(make_campaign):
+    """A datetime inside an attempt's metrics is an error, as Django's
+    JSONField makes it, not text on one database and an error on the other."""
+    campaign = make_campaign()
+    row = list(_rows(campaign, 1)[0])
+    row[-1] = {"at": dt.datetime(2026, 12, 4, tzinfo=dt.UTC)}
+    with pytest.raises(TypeError):
+        row_inserts.insert_rows(Attempt, FIELDS, [tuple(row)])
+    assert not Attempt.objects.exists()

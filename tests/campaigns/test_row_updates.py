@@ -87,3 +87,13 @@ def test_values_that_are_hard_to_carry_arrive_exactly(make_campaign):
             assert seconds is None if connection.vendor == "sqlite" else math.isnan(seconds)
         else:
             assert seconds == number
+
+
+def test_a_value_is_made_as_its_field_makes_it(make_campaign):
+    """A weight of 12.0 from a user's cost function lands in the integer
+    column as 12, as the ORM would save it."""
+    campaign = make_campaign()
+    unit = Unit.objects.filter(campaign=campaign).order_by("pk").first()
+    row_updates.update_rows(Unit, ["cost"], [(unit.pk, 12.0)])
+    unit.refresh_from_db()
+    assert unit.cost == 12 and isinstance(unit.cost, int)

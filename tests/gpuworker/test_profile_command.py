@@ -121,8 +121,8 @@ def test_the_profile_prints_prepare_compute_and_write_seconds_per_step(paced, ou
     count2 = next(line for line in text.splitlines() if line.split()[:2] == ["count", "2"])
     prepare, compute, write = (float(v) for v in count2.split()[2:5])
     assert prepare >= 0 and compute >= 0 and write >= 0
-    # Measured, not left out: the saved report holds the write's seconds
-    # (two rows write in under a millisecond, which the table rounds to 0.000).
+    # Measured, not left out: the saved report holds the write's seconds (the
+    # table rounds a short write of two rows to 0.000).
     steps = Profile.objects.get().steps
     step = next(s for s in steps if s["phase"] == "count" and s["batch_size"] == 2)
     assert step["write_s_per_item"] > 0

@@ -1,6 +1,7 @@
 """A worker's loaded model and libraries are kept out of Python's full
 garbage collections (gpuworker.processors.settle_heap): a full collection
-over them is a pause of ~0.1 s in the middle of a batch."""
+over them is a pause in the middle of a batch (bench/RESULTS.md, "A batch's
+rows as one JSON document (2026-12-04)")."""
 
 from __future__ import annotations
 
@@ -41,4 +42,30 @@ def test_what_was_frozen_and_let_go_is_freed_at_the_next_settling():
         settle_heap()  # … until the next model loads
         assert gone() is None
     finally:
+        gc.unfreeze()
+
+
+def test_a_model_the_cache_lets_go_is_freed_though_it_holds_itself(settings):
+    """The loaded-processor cache keeps four: the fifth load lets the first
+    go. A model that refers to itself (a hook that is its own method, as the
+    image classifier's) is freed then, not kept frozen with the heap."""
+    from campaigns.specs import processors as processor_specs
+    from gpuworker import processors
+
+    settings.BRIEFGPU_PROCESSORS = ["tests.plugins.paced_text.SPEC"]
+    processor_specs._registry.cache_clear()
+    forget_loaded()
+    spec = processor_specs.get_spec("paced-text")
+    try:
+        first = get_processor("paced-text", spec.clean({"ms_per_batch": 0}))
+        first.me = first  # a cycle: only the collector frees it
+        gone = weakref.ref(first)
+        del first
+        for ms in range(1, 5):
+            get_processor("paced-text", spec.clean({"ms_per_batch": ms}))
+        assert processors._load.cache_info().currsize == 4
+        assert gone() is None
+    finally:
+        forget_loaded()
+        processor_specs._registry.cache_clear()
         gc.unfreeze()

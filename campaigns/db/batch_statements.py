@@ -98,7 +98,15 @@ def record_batch(batch_id: int, token: str, values: dict) -> bool:
 def current_version_of(campaign_id: int) -> int | None:
     """The campaign's current version, read at the end of a batch's recording
     (campaigns/runs/recording.py: a batch of an older version sends its units
-    back to pending)."""
+    back to pending).
+
+    On PostgreSQL the row stays share-locked until the recording commits
+    (FOR KEY SHARE: only a FOR UPDATE waits on it, as setup.version_create
+    takes). A parameter change then either committed before this read, and
+    the read sees it, or waits for the recording, and its own switch finds
+    the batch's units done; otherwise one committed between the read and the
+    commit would skip those units, still running to it, and they would stay
+    done under the old version. SQLite runs one writing transaction at a time."""
     with prepared.cursor() as cursor:
         cursor.execute(_current_version_sql(connection.vendor), [campaign_id])
         row = cursor.fetchone()
@@ -107,9 +115,10 @@ def current_version_of(campaign_id: int) -> int | None:
 
 @functools.cache
 def _current_version_sql(vendor: str) -> str:
+    lock = " FOR KEY SHARE" if vendor == "postgresql" else ""
     return (
         f"SELECT {_column(Campaign, 'current_version')} FROM {_table(Campaign)} "
-        f"WHERE {_q('id')} = %s"
+        f"WHERE {_q('id')} = %s{lock}"
     )
 
 

@@ -170,7 +170,14 @@ def json_rows(fields: Sequence[models.Field], rows: Sequence[Sequence]) -> str:
     try:
         return json.dumps(document, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError):
-        pass  # a value json.dumps does not write as it is: column by column below
+        # A value json.dumps does not write as it is: column by column.
+        return _json_rows_by_column(fields, document)
+
+
+def _json_rows_by_column(fields: Sequence[models.Field], document: Sequence[Sequence]) -> str:
+    """json_rows's document when a value needs more than json.dumps: text for
+    non-finite floats, dates and decimals outside JSON columns; inside them
+    an error, as Django's JSONField makes it."""
     as_json = [i for i, f in enumerate(fields) if _as_json(f)]
     for values in document:
         for i in as_json:

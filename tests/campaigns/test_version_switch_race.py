@@ -12,7 +12,8 @@ import pytest
 from django.db import connection, connections
 
 from campaigns.models import Attempt, Batch, Unit, UnitState
-from campaigns.runs import recording, setup, start
+from campaigns.runs import recording, setup
+from tests.campaigns.test_versions import started_without_checkpoint
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -34,12 +35,8 @@ def _waiting_on_a_lock() -> bool:
 def test_a_switch_committed_during_the_recording_sends_the_batchs_units_back(
     make_campaign, output_root
 ):
-    campaign = make_campaign("race", batch_size=4)
-    campaign.checkpoint_after = 0
-    campaign.save(update_fields=["checkpoint_after"])
+    campaign = started_without_checkpoint(make_campaign("race", batch_size=4))
     first = campaign.current_version
-    with mock.patch.object(start.celery_app, "send_task"):
-        start.campaign_run(campaign=campaign)
     from gpuworker.runner.batch import run_batch
 
     running = Batch.objects.filter(campaign=campaign).order_by("pk").first()

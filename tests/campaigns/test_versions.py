@@ -26,6 +26,15 @@ from tests.gpuworker.test_image_classification import (  # noqa: F401 (fixtures)
 )
 
 
+def started_without_checkpoint(campaign):
+    """The campaign started with no checkpoint to stop at, its batches queued, none sent."""
+    campaign.checkpoint_after = 0
+    campaign.save(update_fields=["checkpoint_after"])
+    with mock.patch.object(start.celery_app, "send_task"):
+        start.campaign_run(campaign=campaign)
+    return campaign
+
+
 def _finish(campaign, run_here, owner):
     """Run the current version to the end, passing its checkpoint."""
     run_here(campaign)
@@ -106,12 +115,8 @@ def test_a_new_version_processes_the_whole_corpus_through_its_own_checkpoint(
 def test_a_batch_of_the_old_version_finishing_after_the_switch_is_kept_and_redone(
     make_campaign, output_root, run_here
 ):
-    campaign = make_campaign("switch", batch_size=4)
-    campaign.checkpoint_after = 0
-    campaign.save(update_fields=["checkpoint_after"])
+    campaign = started_without_checkpoint(make_campaign("switch", batch_size=4))
     first = campaign.current_version
-    with mock.patch.object(start.celery_app, "send_task"):
-        start.campaign_run(campaign=campaign)
     from gpuworker.runner import pipeline
     from gpuworker.runner.batch import run_batch
 

@@ -82,7 +82,7 @@ def claim_batch(batch_id: int, **values) -> bool:
             batch_id,
             {"state": Batch.State.RUNNING, **values},
             where={"state": Batch.State.QUEUED},
-            also=f"{_column(Batch, 'deliveries')} = {_column(Batch, 'deliveries')} + 1",
+            plus_one="deliveries",
         )
     )
 
@@ -122,26 +122,36 @@ def _current_version_sql(vendor: str) -> str:
     )
 
 
-def _update_batch(batch_id: int, values: dict, *, where: dict, also: str = "") -> int:
-    meta = Batch._meta
-    assignments, params = [], []
-    for name, value in values.items():
-        field = meta.get_field(name)
-        assignments.append(f"{_q(field.column)} = %s")
-        params.append(field.get_db_prep_save(value, connection))
-    if also:
-        assignments.append(also)
-    conditions = [f"{_q('id')} = %s"]
+def _update_batch(batch_id: int, values: dict, *, where: dict, plus_one: str = "") -> int:
+    """UPDATE the batch's `values` where it is as `where` says, adding one to
+    the field `plus_one`; the rows it changed (0 or 1)."""
+    names = tuple(values)
+    params = [
+        field.get_db_prep_save(value, connection)
+        for field, value in zip(_batch_fields(names), values.values(), strict=True)
+    ]
     params.append(batch_id)
-    for name, value in where.items():
-        conditions.append(f"{_column(Batch, name)} = %s")
-        params.append(value)
+    params.extend(where.values())
     with prepared.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {_table(Batch)} SET {', '.join(assignments)} WHERE {' AND '.join(conditions)}",
-            params,
-        )
+        cursor.execute(_update_batch_sql(connection.vendor, names, tuple(where), plus_one), params)
         return cursor.rowcount
+
+
+@functools.cache
+def _batch_fields(names: tuple[str, ...]) -> tuple:
+    return tuple(Batch._meta.get_field(name) for name in names)
+
+
+@functools.cache
+def _update_batch_sql(
+    vendor: str, names: tuple[str, ...], where: tuple[str, ...], plus_one: str
+) -> str:
+    """Made once a process for each shape (the claim's, the recording's)."""
+    assignments = [f"{_q(field.column)} = %s" for field in _batch_fields(names)]
+    if plus_one:
+        assignments.append(f"{_column(Batch, plus_one)} = {_column(Batch, plus_one)} + 1")
+    conditions = [f"{_q('id')} = %s", *(f"{_column(Batch, name)} = %s" for name in where)]
+    return f"UPDATE {_table(Batch)} SET {', '.join(assignments)} WHERE {' AND '.join(conditions)}"
 
 
 @dataclass(slots=True)

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from django.conf import settings
-from django.db import NotSupportedError, connection
+from django.db import DEFAULT_DB_ALIAS, NotSupportedError, connections
 from django.db.backends.utils import CursorWrapper
 
 #: PostgreSQL's words when a prepared statement's columns changed under it.
@@ -39,8 +39,12 @@ CHANGED_RESULT = "cached plan must not change result type"
 
 @contextmanager
 def cursor() -> Iterator[CursorWrapper]:
-    if connection.vendor != "postgresql":
-        with connection.cursor() as plain:
+    # The connection looked up once: each read of `django.db.connection`
+    # goes through a thread-local lookup, and a batch opens this cursor
+    # about ten times.
+    conn = connections[DEFAULT_DB_ALIAS]
+    if conn.vendor != "postgresql":
+        with conn.cursor() as plain:
             yield plain
         return
     from django.db.backends.postgresql.base import (  # type: ignore[attr-defined]
@@ -50,11 +54,11 @@ def cursor() -> Iterator[CursorWrapper]:
     # What connection.cursor() does (BaseDatabaseWrapper._cursor), with the
     # server-binding cursor class Django uses under OPTIONS server_side_binding:
     # the queries log, execute_wrapper and the error wrapping all apply.
-    connection.close_if_health_check_failed()
-    connection.ensure_connection()
-    raw = connection.connection
-    with connection.wrap_database_errors:
-        wrapped = connection._prepare_cursor(  # type: ignore[attr-defined]
+    conn.close_if_health_check_failed()
+    conn.ensure_connection()
+    raw = conn.connection
+    with conn.wrap_database_errors:
+        wrapped = conn._prepare_cursor(  # type: ignore[attr-defined]
             ServerBindingCursor(raw)
         )
     raw.prepare_threshold = settings.DATABASE_PREPARE_AFTER or None
@@ -62,8 +66,8 @@ def cursor() -> Iterator[CursorWrapper]:
         with wrapped as bound:
             yield bound
     except NotSupportedError as exc:
-        if CHANGED_RESULT in str(exc) and not connection.in_atomic_block:
-            connection.close()
+        if CHANGED_RESULT in str(exc) and not conn.in_atomic_block:
+            conn.close()
         raise
     finally:
         raw.prepare_threshold = None

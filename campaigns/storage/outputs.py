@@ -55,6 +55,18 @@ def write_atomic(path: Path, data: bytes | Iterable[bytes]) -> WrittenFile:
     return WrittenFile(size=size, sha256=digest.hexdigest())
 
 
+def check_read_back(path: Path, data: bytes) -> None:
+    """The file at `path` holds exactly `data`, else OSError: the storage lost
+    or changed what was written (an output write error, never a valid output)."""
+    with open(path, "rb") as fh:
+        back = fh.read(len(data) + 1)
+    if back != data:
+        raise OSError(
+            f"{path.name} read back is not what was written ({len(back)} bytes of {len(data)}"
+            + (", its bytes differ)" if len(back) == len(data) else ")")
+        )
+
+
 class HashingWriter:
     """A file being written, its size and sha256 taken as its bytes go by.
 

@@ -49,20 +49,6 @@ def split_member(rel: str) -> tuple[str, int | None]:
     return rel, None
 
 
-def shard_bytes(ids: list[str], vectors: np.ndarray, inputs: list[str] | None = None) -> bytes:
-    """The shard of these rows; `inputs`, each row's input sha256 (hex)."""
-    buf = io.BytesIO()
-    rows = np.ascontiguousarray(vectors, dtype="<f4")
-    names = np.array(ids, dtype=str)
-    if inputs is None:
-        np.savez(buf, vectors=rows, ids=names)
-    else:
-        digests = b"".join(bytes.fromhex(sha) for sha in inputs)
-        made_from = np.frombuffer(digests, dtype=np.uint8).reshape(len(inputs), 32)
-        np.savez(buf, vectors=rows, ids=names, inputs=made_from)
-    return buf.getvalue()
-
-
 def row_sha256(vector: np.ndarray) -> str:
     """What a unit's output_sha256 holds for a row: the hash of its float32 bytes."""
     return _row_digest(vector).hex()
@@ -84,6 +70,29 @@ class Shard:
     def input_sha256(self, row: int) -> str:
         """The sha256 of the input a row was made from; "" where the shard does not say."""
         return "" if self.inputs is None else bytes(self.inputs[row]).hex()
+
+
+def make_shard(
+    ids: list[str], vectors: np.ndarray, inputs: list[str] | None = None
+) -> tuple[bytes, Shard]:
+    """The shard of these rows as the bytes to write, and as the arrays those
+    bytes hold; `inputs`, each row's input sha256 (hex)."""
+    rows = np.ascontiguousarray(vectors, dtype="<f4")
+    names = np.array(ids, dtype=str)
+    made_from = None
+    buf = io.BytesIO()
+    if inputs is None:
+        np.savez(buf, vectors=rows, ids=names)
+    else:
+        digests = b"".join(bytes.fromhex(sha) for sha in inputs)
+        made_from = np.frombuffer(digests, dtype=np.uint8).reshape(len(inputs), 32)
+        np.savez(buf, vectors=rows, ids=names, inputs=made_from)
+    return buf.getvalue(), Shard(ids=names, vectors=rows, inputs=made_from)
+
+
+def shard_bytes(ids: list[str], vectors: np.ndarray, inputs: list[str] | None = None) -> bytes:
+    """The shard of these rows; `inputs`, each row's input sha256 (hex)."""
+    return make_shard(ids, vectors, inputs)[0]
 
 
 def load_shard(path: Path | str, *, dimension: int | None = None) -> Shard:

@@ -23,16 +23,16 @@ from campaigns.storage.outputs import (
     InvalidOutput,
     Streamed,
     WrittenFile,
+    check_read_back,
     write_atomic,
     write_atomic_group,
 )
 from campaigns.storage.paths import lease_folder, lease_record_relpath, shard_relpath
 from campaigns.storage.vector_shards import (
     ROW_BYTES_PER_VALUE,
-    load_shard,
+    make_shard,
     member_path,
     row_sha256,
-    shard_bytes,
 )
 from gpuworker.processors import review_flags, sharded
 from gpuworker.processors.base import Processor, ShardedProcessor
@@ -135,7 +135,8 @@ def write_shard(
     batch: Batch, processor: ShardedProcessor, jobs: list[tuple[Outcome, Any]], token: str
 ) -> None:
     """The batch's vectors in one shard file, read back and checked row by row:
-    a unit counts once its row loads back whole and passes the processor's check."""
+    a unit counts once the file holds its row as it was made (every byte read
+    back) and the row passes the processor's check."""
     rel = str(
         shard_relpath(
             campaign=batch.campaign.name,
@@ -151,16 +152,19 @@ def write_shard(
         # Each row with the input it was made from: a later claim of the
         # batch adopts a row only for the input its unit reads then.
         inputs = [o.input_sha256 for o in outcomes]
-        data = shard_bytes([o.unit.uid for o in outcomes], vectors, inputs if all(inputs) else None)
+        data, shard = make_shard(
+            [o.unit.uid for o in outcomes], vectors, inputs if all(inputs) else None
+        )
         write_atomic(path, data)
-        shard = load_shard(path, dimension=vectors.shape[1])
-    except InvalidOutput as exc:
-        for outcome in outcomes:
-            refuse(outcome, exc)
-        return
+        # Read back whole and compared byte for byte: the file holds the
+        # arrays `shard` holds, so the rows checked below are the file's
+        # (parsing the file again cost more than the rest of the shard's
+        # work: bench/RESULTS.md, "A shard read back as bytes (2026-12-04)").
+        check_read_back(path, data)
     except OSError as exc:
-        # Disk full, permissions, a storage outage: write_atomic left no partial
-        # file, and resume puts the units back once the storage is fixed.
+        # Disk full, permissions, a storage outage or one that lost the write:
+        # write_atomic left no partial file, and resume puts the units back
+        # once the storage is fixed.
         for outcome in outcomes:
             outcome.fail(ErrorClass.OUTPUT_WRITE_ERROR, f"cannot write output: {exc}")
         return

@@ -302,3 +302,44 @@ def test_a_text_of_only_zero_width_characters_or_marks_fails_like_a_whitespace_o
         assert not units[uid].output_path
     assert "U+0301" in units["marks.txt"].error_message
     assert "U+FE0F" in units["selector.txt"].error_message
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda data: data[: len(data) // 2], id="cut short"),
+        pytest.param(lambda data: data[:-40] + bytes(40), id="bytes changed in place"),
+    ],
+)
+def test_a_shard_the_storage_does_not_keep_as_written_fails_its_units_to_be_redone(
+    queued, output_root, damage
+):
+    """A storage that acknowledges the write and then gives back other bytes:
+    no unit counts, none goes to a person's review (the output was never
+    wrong, the storage was), and each may be redone once the storage is fixed."""
+    from gpuworker.runner import write
+
+    batch = Batch.objects.filter(campaign=queued).order_by("pk").first()
+    real_write = write.write_atomic
+
+    def losing_storage(path, data):
+        written = real_write(path, data)
+        path.write_bytes(damage(data))
+        return written
+
+    with mock.patch.object(write, "write_atomic", losing_storage):
+        assert run_batch(batch.pk) == "done"
+    units = Unit.objects.filter(batch=batch)
+    ran = units.exclude(error_class__in=["input_invalid", "input_too_large", "input_empty"])
+    assert ran.exists()
+    for unit in ran:
+        assert (unit.state, unit.error_class) == (UnitState.FAILED, "output_write_error")
+        assert "read back is not what was written" in unit.error_message
+    assert not ReviewItem.objects.filter(unit__batch=batch).exists()
+
+    # Once the storage keeps what it is given, resume's retry makes them.
+    Batch.objects.filter(pk=batch.pk).update(state=Batch.State.QUEUED)
+    units.filter(error_class="output_write_error").update(state=UnitState.QUEUED)
+    assert run_batch(batch.pk) == "done"
+    assert not units.filter(error_class="output_write_error").exists()
+    assert units.filter(state=UnitState.SUCCEEDED).count() == ran.count()

@@ -57,8 +57,9 @@ def batch_to_run(batch_id: int) -> Batch | None:
         return None
     values = iter(row)
     batch = sql_rows.instance(Batch, values)
-    batch.campaign = sql_rows.instance(Campaign, values)
-    batch.version = sql_rows.instance(ParameterVersion, values)
+    assert batch is not None  # a row: the batch
+    sql_rows.attach(batch, "campaign", sql_rows.instance(Campaign, values))
+    sql_rows.attach(batch, "version", sql_rows.instance(ParameterVersion, values))
     return batch
 
 

@@ -363,8 +363,9 @@ def _campaign_columns() -> str:
 def _campaign_from(values) -> Campaign:
     """The campaign whose _campaign_columns() lead `values`, project and version set."""
     campaign = sql_rows.instance(Campaign, values)
-    campaign.project = sql_rows.instance(Project, values)
-    campaign.current_version = sql_rows.instance(ParameterVersion, values)
+    assert campaign is not None  # a row: a campaign
+    sql_rows.attach(campaign, "project", sql_rows.instance(Project, values))
+    sql_rows.attach(campaign, "current_version", sql_rows.instance(ParameterVersion, values))
     return campaign
 
 
@@ -435,13 +436,13 @@ def campaign_list(*, user) -> list[tuple[Campaign, Checkpoint | None]]:
         values = iter(row)
         campaign, project = campaign_of(values), project_of(values)
         assert campaign is not None and project is not None  # a row: a campaign, its project
-        campaign.project = project
-        campaign.current_version = version_of(values)
+        sql_rows.attach(campaign, "project", project)
+        sql_rows.attach(campaign, "current_version", version_of(values))
         checkpoint = checkpoint_of(values)
         decider = decider_of(values)
         if checkpoint is not None:
-            checkpoint.campaign = campaign
-            checkpoint.decided_by = decider
+            sql_rows.attach(checkpoint, "campaign", campaign)
+            sql_rows.attach(checkpoint, "decided_by", decider)
         result.append((campaign, checkpoint))
     return result
 
@@ -504,8 +505,8 @@ def campaign_page(*, user, name: str) -> CampaignPage | None:
     decider = sql_rows.instance(get_user_model(), values, _decider_fields())
     open_review_items, newest_finished_batch = values
     if checkpoint is not None:
-        checkpoint.campaign = campaign
-        checkpoint.decided_by = decider
+        sql_rows.attach(checkpoint, "campaign", campaign)
+        sql_rows.attach(checkpoint, "decided_by", decider)
     return CampaignPage(
         campaign=campaign,
         reconciliation=reconciliation,

@@ -10,11 +10,12 @@ converters the ORM applies (JSON text, SQLite's datetimes and booleans).
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Iterator, Sequence
 from typing import Generic, TypeVar
 
 from django.db import connection
-from django.db.models import Model, signals
+from django.db.models import ForeignKey, Model, signals
 from django.db.models.base import ModelState
 
 M = TypeVar("M", bound=Model)
@@ -58,35 +59,41 @@ class Reader(Generic[M]):
         self.model, self.alias = model, alias
         fields = _fields(model, names) if names else model._meta.concrete_fields
         self.attnames = [f.attname for f in fields]
-        self.converters = []
-        for f in fields:
+        self.width = len(fields)
+        # (position, its converters) of the fields that have any: the others'
+        # values are taken as the database gives them.
+        self.converting = []
+        for i, f in enumerate(fields):
             column = f.get_col(model._meta.db_table)
-            self.converters.append(
-                [
-                    (converter, column)
-                    for converter in connection.ops.get_db_converters(column)
-                    + f.get_db_converters(connection)
-                ]
-            )
+            converters = [
+                (converter, column)
+                for converter in connection.ops.get_db_converters(column)
+                + f.get_db_converters(connection)
+            ]
+            if converters:
+                self.converting.append((i, converters))
         self.pk_index = next((i for i, f in enumerate(fields) if f is model._meta.pk), None)
         if signals.pre_init.has_listeners(model) or signals.post_init.has_listeners(model):
             raise TypeError(f"{model.__name__} has init signal receivers: read it with the ORM")
 
     def convert(self, values: Iterator) -> list:
         """The values of these fields from `values`, through the ORM's converters."""
-        converted = []
-        for converters in self.converters:
-            value = next(values)
+        return self._converted(list(itertools.islice(values, self.width)))
+
+    def _converted(self, converted: list) -> list:
+        for i, converters in self.converting:
+            value = converted[i]
             if value is not None:
                 for converter, column in converters:
                     value = converter(value, column, connection)
-            converted.append(value)
+                converted[i] = value
         return converted
 
     def __call__(self, values: Iterator) -> M | None:
-        converted = self.convert(values)
-        if self.pk_index is not None and converted[self.pk_index] is None:
-            return None
+        raw = list(itertools.islice(values, self.width))
+        if self.pk_index is not None and raw[self.pk_index] is None:
+            return None  # a LEFT JOIN that found nothing: nothing to convert
+        converted = self._converted(raw)
         # What Model.from_db makes, without Model.__init__'s walk over every
         # field of the model and its signals (no model read here has a
         # pre_init or post_init receiver; tests/campaigns/test_sql_rows.py
@@ -99,3 +106,20 @@ class Reader(Generic[M]):
         state = instance._state = ModelState()
         state.adding, state.db = False, self.alias
         return instance
+
+
+def attach(instance: Model, name: str, related: Model | None) -> None:
+    """`instance.<name> = related` for a forward foreign key whose row was read
+    beside the instance's, without the descriptor's checks (its database
+    router and type checks, the reverse side's cache): what the ORM's
+    select_related leaves. The key's id is set from `related`, as the
+    descriptor sets it."""
+    instance.__dict__[_attname(type(instance), name)] = None if related is None else related.pk
+    instance._state.fields_cache[name] = related
+
+
+@functools.cache
+def _attname(model: type[Model], name: str) -> str:
+    field = model._meta.get_field(name)
+    assert isinstance(field, ForeignKey)  # a forward foreign key, as `attach` says
+    return field.attname

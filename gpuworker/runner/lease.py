@@ -25,7 +25,7 @@ def lease_deadline() -> dt.datetime:
 
 def renewal_interval() -> float:
     """A quarter lease: three quarters are left when a renewal is missed."""
-    return max(0.2, settings.BATCH_LEASE_SECONDS / 4)
+    return max(0.2, float(settings.BATCH_LEASE_SECONDS) / 4)
 
 
 class LeaseKeeper:

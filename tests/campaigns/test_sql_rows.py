@@ -88,3 +88,24 @@ def test_a_model_with_an_init_receiver_is_refused(campaign):
             sql_rows.reader(Watched)
     finally:
         post_init.disconnect(receiver, sender=Watched)
+
+
+def test_a_related_row_attached_is_read_without_a_query_as_select_related_leaves_it(
+    campaign, django_assert_num_queries
+):
+    found = _read(Campaign, campaign.pk, ("id", "name"))
+    project = _read(Project, campaign.project_id)
+    version = _read(ParameterVersion, campaign.current_version_id)
+    sql_rows.attach(found, "project", project)
+    sql_rows.attach(found, "current_version", version)
+    orm = Campaign.objects.select_related("project", "current_version").get(pk=campaign.pk)
+    with django_assert_num_queries(0):
+        assert found.project is project and found.current_version is version
+        assert (found.project_id, found.current_version_id) == (
+            orm.project_id,
+            orm.current_version_id,
+        )
+        assert _fields(found.project) == _fields(orm.project)
+    sql_rows.attach(found, "current_version", None)
+    with django_assert_num_queries(0):
+        assert found.current_version is None and found.current_version_id is None

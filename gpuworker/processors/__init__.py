@@ -17,6 +17,7 @@ from django.utils.module_loading import import_string
 
 from campaigns.specs import model_files
 from campaigns.specs.processors import get_spec
+from common.heap import settle_heap
 from gpuworker.processors.base import (
     FlaggingProcessor,
     Processor,
@@ -57,24 +58,6 @@ def _load(processor: str, params_json: str, files_json: str) -> Processor:
     return implementation(json.loads(params_json))
 
 
-def settle_heap() -> None:
-    """What the process holds now (libraries, the loaded models) kept out of
-    Python's cyclic garbage collections from here on.
-
-    Once a model and its libraries are loaded, a full collection walks
-    hundreds of thousands of objects, a pause that falls into a batch
-    whenever enough batch objects have outlived the young generations
-    (bench/RESULTS.md, "A batch's rows as one JSON document (2026-12-04)").
-    Frozen, they are not walked. Unfrozen and collected first, so that a
-    model the cache let go (an image classifier's hook makes it a cycle) is
-    freed rather than kept frozen. Whatever else is alive at that moment (a
-    batch in flight) is frozen with them, until the next load.
-    """
-    gc.unfreeze()
-    gc.collect()
-    gc.freeze()
-
-
 def get_processor(processor: str, params: dict, files: dict | None = None) -> Processor:
     """The loaded processor for these parameters; the model loads on first use only.
 
@@ -87,7 +70,9 @@ def get_processor(processor: str, params: dict, files: dict | None = None) -> Pr
         processor, json.dumps(params, sort_keys=True), json.dumps(files or {}, sort_keys=True)
     )
     if _load.cache_info().misses != misses:
-        # After the cache let its oldest go, not inside _load while it still holds it.
+        # A model and its libraries loaded: kept out of the collections
+        # (common/heap.py). After the cache let its oldest go, not inside
+        # _load while it still holds it.
         settle_heap()
     return loaded
 

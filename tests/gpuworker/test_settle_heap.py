@@ -1,5 +1,5 @@
 """A worker's loaded model and libraries are kept out of Python's full
-garbage collections (gpuworker.processors.settle_heap): a full collection
+garbage collections (common.heap.settle_heap): a full collection
 over them is a pause in the middle of a batch (bench/RESULTS.md, "A batch's
 rows as one JSON document (2026-12-04)")."""
 
@@ -9,7 +9,8 @@ import gc
 import weakref
 
 from campaigns.specs.builtin import TEXT_EMBEDDING
-from gpuworker.processors import forget_loaded, get_processor, settle_heap
+from common.heap import settle_heap
+from gpuworker.processors import forget_loaded, get_processor
 
 
 def test_a_loaded_model_is_not_walked_by_a_full_collection():

@@ -275,12 +275,19 @@ def test_a_passed_checkpoint_lets_the_campaign_finish(
         holdout=False, state__in=(UnitState.SUCCEEDED, UnitState.NEEDS_REVIEW)
     )
     assert group.count() > len(checkpoint.sample) == 4
-    sizes = sorted(group.values_list("size", flat=True))
-    quartiles = [sizes[len(sizes) * q // 4] for q in (1, 2, 3)]
+    # The quartiles as the rule cuts them (NTILE over size, then id): units
+    # of the same size on either side of a cut are in different quartiles.
+    ordered = list(group.order_by("size", "pk").values_list("pk", flat=True))
+    base, larger = divmod(len(ordered), 4)
+    quartile_of, at = {}, 0
+    for quartile in range(4):
+        width = base + (quartile < larger)
+        quartile_of.update((pk, quartile) for pk in ordered[at : at + width])
+        at += width
     sampled = Unit.objects.filter(pk__in=checkpoint.sample)
     assert not sampled.filter(holdout=True).exists()
-    buckets = sorted(sum(u.size > q for q in quartiles) for u in sampled)
-    assert buckets == [0, 1, 2, 3], (quartiles, [u.size for u in sampled])
+    buckets = sorted(quartile_of[pk] for pk in checkpoint.sample)
+    assert buckets == [0, 1, 2, 3], [(u.pk, u.size) for u in sampled]
     assert start.campaign_run(campaign=campaign) == 0  # nothing beyond the first group
     assert campaign.units.filter(state=UnitState.PENDING).exists()
 

@@ -288,8 +288,14 @@ def earlier_outputs_statement(version_id: int, digests: list[str]) -> tuple[str,
     head, tail, template = _probe_template(connection.vendor)
     at = template.index(_DIGEST_MARK)
     params = [version_id if p == _VERSION_MARK else p for p in template]
-    params[at : at + 1] = digests
-    return f"{head}IN ({', '.join(['%s'] * len(digests))}){tail}", params
+    # As many hashes as the next power of two, the last one repeated (a
+    # value twice in an IN list finds what it finds once): a few texts,
+    # which SQLite compiles once each (row_inserts.statement_slices).
+    listed = list(digests)
+    if listed:
+        listed += [listed[-1]] * ((1 << (len(listed) - 1).bit_length()) - len(listed))
+    params[at : at + 1] = listed
+    return f"{head}IN ({', '.join(['%s'] * len(listed))}){tail}", params
 
 
 def earlier_outputs(version_id: int, digests: list[str]) -> list[tuple[str, str, str]]:

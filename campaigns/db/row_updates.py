@@ -5,8 +5,9 @@ small batch's time: bench/RESULTS.md, "Worker path against
 sentence-transformers — `bench/worker_path.py`"), and an UPDATE per row makes
 PostgreSQL run campaigns_unit's statement-level counter trigger once per row.
 `UPDATE … FROM` a set of rows does neither: on SQLite (3.33+) `WITH v(…) AS
-(VALUES …)`, on PostgreSQL the rows of one JSON document, each value cast to
-its column's type (row_inserts.json_rows_source says why).
+(VALUES …)` in statements of a few sizes (row_inserts.statement_slices says
+why), on PostgreSQL the rows of one JSON document, each value cast to its
+column's type (row_inserts.json_rows_source says why).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 from django.db import connection, models
 
 from campaigns.db import prepared
-from campaigns.db.row_inserts import json_rows, json_rows_source
+from campaigns.db.row_inserts import json_rows, json_rows_source, statement_slices
 
 #: Rows per statement: SQLite takes 32,766 parameters; on PostgreSQL, a document's size.
 CHUNK_ROWS = 1000
@@ -56,8 +57,8 @@ def update_rows(
                 )
         return
     with prepared.cursor() as cursor:
-        for start in range(0, len(rows), CHUNK_ROWS):
-            chunk = rows[start : start + CHUNK_ROWS]
+        for start, stop in statement_slices(len(rows), CHUNK_ROWS):
+            chunk = rows[start:stop]
             cursor.execute(
                 f"WITH v({names}) AS (VALUES {', '.join([row] * len(chunk))}) "
                 f"{update} FROM v WHERE {table}.{pk} = v.id",

@@ -243,14 +243,16 @@ def run_state(*, campaign: Campaign, counts: Counts, checkpoint: Checkpoint | No
 
 
 def output_write_errors(counts: Counts) -> int:
-    """Units whose output could not be written (disk full, not writable)."""
+    """Units whose output could not be written (disk full, not writable, or a
+    storage that did not give back the bytes written)."""
     return counts.by_error.get(ErrorClass.OUTPUT_WRITE_ERROR, 0)
 
 
 def write_failed_detail(unwritten: int) -> str:
     return (
         f"{_units(unwritten)} failed to write {'its' if unwritten == 1 else 'their'} output "
-        "(disk full or not writable): free space or fix the output folder's permissions, "
+        "(disk full, not writable, or not kept as written): free space, fix the output "
+        "folder's permissions or its storage, "
         "then Resume redoes them"
     )
 

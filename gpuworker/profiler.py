@@ -42,8 +42,8 @@ from campaigns.profiles.corpus import cost_bucket, padded_cost, policy_compariso
 from campaigns.profiles.sample import RUN_FAILURES, SHAPE_KINDS, sample_build, unusual_units
 from campaigns.profiles.tiers import HARD_PHASES
 from campaigns.specs.processors import get_spec
-from campaigns.storage.outputs import write_atomic, write_atomic_group
-from campaigns.storage.vector_shards import load_shard, shard_bytes
+from campaigns.storage.outputs import check_read_back, write_atomic, write_atomic_group
+from campaigns.storage.vector_shards import make_shard
 from gpuworker import training_profile
 from gpuworker.heartbeat import Heartbeat
 from gpuworker.memory import (
@@ -277,8 +277,10 @@ class _Stepper:
         started = time.perf_counter()
         path = self.workdir / f"{phase}-{len(costs)}.npz"
         vectors = np.stack([self.processor.output(result, i) for i in range(count)])
-        written = write_atomic(path, shard_bytes([str(i) for i in range(count)], vectors))
-        problems = self.processor.check_rows(load_shard(path).vectors)
+        data, shard = make_shard([str(i) for i in range(count)], vectors)
+        written = write_atomic(path, data)
+        check_read_back(path, data)
+        problems = self.processor.check_rows(shard.vectors)
         bad = next((p for p in problems if p is not None), None)
         if bad is not None:
             raise bad

@@ -19,6 +19,7 @@ from django.db import connection
 from django.db.models import CharField, Model, QuerySet
 
 from campaigns.db import prepared, sql_rows
+from campaigns.db.row_inserts import MAX_PARAMS
 from campaigns.models import (
     IN_FLIGHT,
     VECTOR_HASH,
@@ -292,8 +293,9 @@ def earlier_outputs_statement(version_id: int, digests: list[str]) -> tuple[str,
     # value twice in an IN list finds what it finds once): a few texts,
     # which SQLite compiles once each (row_inserts.statement_slices).
     listed = list(digests)
-    if listed:
-        listed += [listed[-1]] * ((1 << (len(listed) - 1).bit_length()) - len(listed))
+    padded = 1 << max(0, len(listed) - 1).bit_length()
+    if listed and padded + len(template) <= MAX_PARAMS:  # SQLite takes 32,766 values
+        listed += [listed[-1]] * (padded - len(listed))
     params[at : at + 1] = listed
     return f"{head}IN ({', '.join(['%s'] * len(listed))}){tail}", params
 

@@ -114,12 +114,16 @@ def attach(instance: Model, name: str, related: Model | None) -> None:
     router and type checks, the reverse side's cache): what the ORM's
     select_related leaves. The key's id is set from `related`, as the
     descriptor sets it."""
-    instance.__dict__[_attname(type(instance), name)] = None if related is None else related.pk
+    attname, target = _key_of(type(instance), name)
+    instance.__dict__[attname] = None if related is None else getattr(related, target)
     instance._state.fields_cache[name] = related
 
 
 @functools.cache
-def _attname(model: type[Model], name: str) -> str:
+def _key_of(model: type[Model], name: str) -> tuple[str, str]:
+    """(the key's attname here, the attname it refers to there)."""
     field = model._meta.get_field(name)
-    assert isinstance(field, ForeignKey)  # a forward foreign key, as `attach` says
-    return field.attname
+    # A forward many-to-one key, as `attach` says: a one-to-one's reverse
+    # side would want its cache set too.
+    assert isinstance(field, ForeignKey) and not field.one_to_one
+    return field.attname, field.target_field.attname

@@ -53,7 +53,10 @@ class LeaseKeeper:
 
 class _Renewals:
     """The process's thread that renews the leases its batches hold, each a
-    quarter lease after it was taken or last renewed."""
+    quarter lease after it was taken or last renewed. Renewals run one after
+    another: one that waits on a row lock (at most heartbeat.LOCK_WAIT, 5 s
+    on PostgreSQL) holds up the next by as much, well inside the three
+    quarters of a lease (45 s by default) left when a renewal is due."""
 
     def __init__(self) -> None:
         self._forget()
@@ -73,7 +76,9 @@ class _Renewals:
         due = time.monotonic() + renewal_interval()
         with self._changed:
             self._due[batch_id, token] = due
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():
+                # The first lease, or one after the thread died: a lease
+                # never renewed would be swept from under its batch.
                 self._thread = threading.Thread(
                     target=self._run, name="lease-renewals", daemon=True
                 )
@@ -96,6 +101,18 @@ class _Renewals:
             return [batch_id for batch_id, _ in self._due]
 
     def _run(self) -> None:
+        try:
+            self._renew_while_held()
+        except BaseException:
+            log.exception("lease renewals stopped; the next lease taken starts them again")
+            raise
+        finally:
+            with self._changed:
+                # A release waiting on a renewal this thread will not finish.
+                self._renewing = None
+                self._changed.notify_all()
+
+    def _renew_while_held(self) -> None:
         while True:
             with self._changed:
                 idle = not self._due
@@ -104,7 +121,7 @@ class _Renewals:
                     close, self._connected = self._connected, False
             if idle:
                 if close:  # no connection held between one lease and the next
-                    with contextlib.suppress(DatabaseError):
+                    with contextlib.suppress(Exception):
                         connection.close()
                 with self._changed:
                     while not self._due:
@@ -121,6 +138,7 @@ class _Renewals:
                 key = min(self._due, key=self._due.__getitem__)
                 self._due[key] = time.monotonic() + renewal_interval()
                 self._renewing, self._connected = key, True
+            kept = True
             try:
                 kept = self._renew(*key)
             finally:
@@ -145,7 +163,7 @@ class _Renewals:
             # Three quarters of the lease are left: if the database is back
             # before they run out, the batch keeps its worker.
             log.warning("batch %s: cannot renew the lease: %s", batch_id, exc)
-            with contextlib.suppress(DatabaseError):
+            with contextlib.suppress(Exception):
                 connection.close()  # the next try connects anew
             return True
         except Exception:  # the thread renews the other leases all the same

@@ -160,11 +160,18 @@ def write_shard(
         # arrays `shard` holds, so the rows checked below are the file's
         # (parsing the file again cost more than the rest of the shard's
         # work: bench/RESULTS.md, "A shard read back as bytes (2026-12-04)").
-        check_read_back(path, data)
+        try:
+            check_read_back(path, data)
+        except OSError:
+            # Not what was written: no later claim may find it (adoption
+            # would refuse it as not whole, and log so every time).
+            path.unlink(missing_ok=True)
+            raise
     except OSError as exc:
         # Disk full, permissions, a storage outage or one that lost the write:
-        # write_atomic left no partial file, and resume puts the units back
-        # once the storage is fixed.
+        # no partial file is left (write_atomic leaves none, and one that does
+        # not read back is removed), and resume puts the units back once the
+        # storage is fixed.
         for outcome in outcomes:
             outcome.fail(ErrorClass.OUTPUT_WRITE_ERROR, f"cannot write output: {exc}")
         return

@@ -187,7 +187,10 @@ def test_after_a_full_disk_the_page_says_outputs_were_not_written_and_resume_red
     html = client.get(_detail(campaign)).content.decode()
     assert 'data-state="write_failed"' in _element(html, "run-state")
     status = _element(html, "run-status")
-    assert "3 units failed to write their output (disk full or not writable)" in status
+    assert (
+        "3 units failed to write their output (disk full, not writable, or not kept as written)"
+        in status
+    )
     assert "Resume redoes them" in status
     assert "nothing left to run" not in status
     assert "Outputs not written" in _status(campaign.name)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from django.core.exceptions import ValidationError
 from django.db import connection
+from django.db.models.functions import Coalesce
 from PIL import Image, ImageDraw
 
 from campaigns import selectors
@@ -277,7 +278,7 @@ def test_a_passed_checkpoint_lets_the_campaign_finish(
     assert group.count() > len(checkpoint.sample) == 4
     # The quartiles as the rule cuts them (NTILE over size, then id): units
     # of the same size on either side of a cut are in different quartiles.
-    ordered = list(group.order_by("size", "pk").values_list("pk", flat=True))
+    ordered = list(group.order_by(Coalesce("size", 0), "pk").values_list("pk", flat=True))
     base, larger = divmod(len(ordered), 4)
     quartile_of, at = {}, 0
     for quartile in range(4):
@@ -518,3 +519,21 @@ def test_a_text_changed_to_one_that_embeds_the_same_is_not_its_own_duplicate(
     flagged = ReviewItem.objects.filter(campaign=campaign, reason="duplicate_vector")
     assert list(flagged.values_list("unit__uid", "detail")) == []
     assert unit.state == UnitState.SUCCEEDED
+
+
+def test_the_probe_finds_each_earlier_output_once_whatever_its_place_in_the_list(
+    make_campaign, run_here
+):
+    """The probe's list of hashes is padded to a power of two with its last
+    hash repeated (SQLite compiles a few texts): a hash found is found once."""
+    campaign = make_campaign("probe")
+    run_here(campaign)
+    found = Attempt.objects.filter(
+        version_id=campaign.current_version_id, outcome="succeeded"
+    ).values_list("metrics__vector_hash", "unit__uid")[:2]
+    (digest, uid), (other, other_uid) = found
+    missing = ["f" * 16, "e" * 16]
+    for digests in ([digest, *missing], [*missing, digest], [other, *missing, digest]):
+        rows = earlier_outputs(campaign.current_version_id, digests)
+        expected = {(digest, uid)} | ({(other, other_uid)} if other in digests else set())
+        assert sorted((h, u) for h, u, _ in rows) == sorted(expected)

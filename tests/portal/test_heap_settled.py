@@ -21,17 +21,49 @@ def test_the_heap_is_frozen_after_the_first_request_and_only_then(entry):
     # A process of its own: the server's, not the test run's heap.
     script = textwrap.dedent(
         f"""
-        import asyncio, gc, json
+        import asyncio, gc, io, json
         import {entry} as served
-        from django.test import Client, AsyncClient
+
+        def wsgi():  # a request through the server's own callable, its response closed
+            environ = {{
+                "REQUEST_METHOD": "GET", "PATH_INFO": "/no-such-page/", "QUERY_STRING": "",
+                "SERVER_NAME": "localhost", "SERVER_PORT": "80", "HTTP_HOST": "localhost",
+                "wsgi.input": io.BytesIO(), "wsgi.url_scheme": "http", "wsgi.errors": io.StringIO(),
+            }}
+            body = served.application(environ, lambda status, headers: None)
+            b"".join(body)
+            body.close()
+
+        def asgi():
+            scope = {{
+                "type": "http", "method": "GET", "path": "/no-such-page/", "query_string": b"",
+                "headers": [(b"host", b"localhost")], "server": ("localhost", 80),
+                "scheme": "http", "http_version": "1.1", "asgi": {{"version": "3.0"}},
+            }}
+            async def run():
+                asked, done = [], asyncio.Event()
+
+                async def receive():  # the request, then a disconnect once answered
+                    asked.append(1)
+                    if len(asked) == 1:
+                        return {{"type": "http.request", "body": b"", "more_body": False}}
+                    await done.wait()
+                    return {{"type": "http.disconnect"}}
+
+                async def send(message):
+                    if message["type"] == "http.response.body" and not message.get("more_body"):
+                        done.set()
+
+                await served.application(scope, receive, send)
+
+            asyncio.run(run())
+
+        request = wsgi if "{entry}" == "portal.wsgi" else asgi
         before = gc.get_freeze_count()
-        if "{entry}" == "portal.wsgi":
-            Client().get("/no-such-page/")
-        else:
-            asyncio.run(AsyncClient().get("/no-such-page/"))
+        request()
         first = gc.get_freeze_count()
         gc.unfreeze()
-        Client().get("/no-such-page/")
+        request()
         print(json.dumps([before, first, gc.get_freeze_count()]))
         """
     )

@@ -4,11 +4,9 @@ A full collection walks every object the process tracks. Once a process has
 loaded what it keeps for its whole life (Django's apps, URLconf and
 templates in a web process; a model and its libraries in a worker) that is
 a hundred thousand objects or more, and the pause falls into whichever
-request or batch happens to trigger it: 45 ms for the web process serving
-the campaign list, every ~190 views; 139–149 ms in a worker with the default
-model loaded (bench/RESULTS.md, "A batch's rows as one JSON document
-(2026-12-04)" and "The web process's heap settled after its first request
-(2026-12-04)"). Frozen (`gc.freeze`), they are not walked again.
+request or batch happens to trigger it (bench/RESULTS.md, "A batch's rows as
+one JSON document (2026-12-04)" and "The web process's heap settled after its
+first request (2026-12-04)"). Frozen (`gc.freeze`), they are not walked again.
 """
 
 from __future__ import annotations

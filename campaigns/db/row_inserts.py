@@ -121,10 +121,10 @@ def statement_slices(count: int, most: int) -> Iterator[tuple[int, int]]:
     SQLite compiles a statement's text once and keeps it in the connection's
     cache; a text of VALUES rows is a new text for every row count, and a
     batch's row count changes from batch to batch, so each was compiled anew
-    (its counter triggers with it): 0.0093 ms a row against 0.0040 when its
-    text was met before (bench/RESULTS.md, "Rows in statements of a few
-    sizes on SQLite (2026-12-04)"). A few sizes are a few texts, each
-    compiled once a connection.
+    (its counter triggers with it), at twice the cost a row of a text met
+    before (bench/RESULTS.md, "Rows in statements of a few sizes on SQLite
+    (2026-12-04)"). A few sizes are a few texts, each compiled once a
+    connection.
     """
     largest = 1 << max(0, most.bit_length() - 1)  # the largest power of two <= most
     start = 0

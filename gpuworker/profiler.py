@@ -173,6 +173,12 @@ class _Stepper:
         self.padding = get_spec(profile.campaign.processor).padding
         self.steps: list[dict] = []
 
+    def _run(self, items: list):
+        # A processor whose memory depends on how its batch ends (a text
+        # generation that may stop early) measures its longest run instead.
+        longest = getattr(self.processor, "run_longest", None)
+        return longest(items) if longest is not None else self.processor.run(items)
+
     def run(
         self,
         rows: list,
@@ -197,7 +203,7 @@ class _Stepper:
         started = time.perf_counter()
         with StepMemory(self.device) as memory:
             try:
-                result = self.processor.run([item for _, item, _, _ in batch])
+                result = self._run([item for _, item, _, _ in batch])
             except torch.OutOfMemoryError:
                 oom = True
             except Exception as exc:

@@ -18,7 +18,7 @@ import numpy as np
 from django.utils import timezone
 from numpy.lib import format as npy_format
 
-from campaigns.exports import tables
+from campaigns.exports import completions, tables
 from campaigns.exports.csv_stream import stream_csv
 from campaigns.exports.matrices import RowReader, chunks, dimension_of
 from campaigns.exports.predictions import export_classifications, predictions_csv
@@ -220,6 +220,8 @@ def _write_all(campaign: Campaign, folder: Path) -> list[Path]:
         written.extend(consolidate_vectors(campaign, folder))
     if campaign.processor == CLASSIFICATION:
         written.extend(export_classifications(campaign, folder))
+    if campaign.processor == completions.GENERATION:
+        written.extend(completions.export_completions(campaign, folder))
     return written
 
 

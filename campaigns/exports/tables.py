@@ -52,9 +52,12 @@ class TableWriter:
     long: a None value is a null list (an output that could not be read), a
     NaN inside one a null element (a class outside a classifier's top k)."""
 
-    def __init__(self, sink: Any, schema: pa.Schema, rows: int | None = None):
+    def __init__(
+        self, sink: Any, schema: pa.Schema, rows: int | None = None, group_rows: int | None = None
+    ):
         """`rows`: how many rows are coming, if known (a smaller table's
-        buffers are that long)."""
+        buffers are that long); `group_rows`: rows a group, for a table
+        whose cells are texts (the list columns' bytes set it otherwise)."""
         self.schema = schema
         # Dictionary encoding only where values repeat: on the floats it
         # costs time and saves no space (bench/RESULTS.md).
@@ -64,7 +67,7 @@ class TableWriter:
             f.name: f.type.list_size for f in schema if isinstance(f.type, pa.FixedSizeListType)
         }
         width = sum(self._lists.values()) or 1
-        self.group_rows = max(16, ROW_GROUP_BYTES // (4 * width))
+        self.group_rows = group_rows or max(16, ROW_GROUP_BYTES // (4 * width))
         if rows is not None:
             self.group_rows = max(1, min(self.group_rows, rows))
         self._blocks = {
@@ -354,15 +357,21 @@ def table_stream(*, campaign: Campaign, version: ParameterVersion) -> Download |
         stem = "vectors"
     return Download(
         filename=f"{campaign.name}-{stem}-{version.label}.parquet",
-        body=_parquet_bytes(schema, version, rows, count),
+        body=parquet_bytes(schema, version, rows, count),
     )
 
 
-def _parquet_bytes(
-    schema: pa.Schema, version: ParameterVersion, rows: Iterator[dict], count: int
+def parquet_bytes(
+    schema: pa.Schema,
+    version: ParameterVersion,
+    rows: Iterator[dict],
+    count: int,
+    group_rows: int | None = None,
 ) -> Iterator[bytes]:
+    """The rows (each with its `id`) as Parquet bytes, a row group at a time;
+    each row's index and the version's number added."""
     sink = _Chunks()
-    table = TableWriter(sink, schema, count)
+    table = TableWriter(sink, schema, count, group_rows)
     for row, cells in enumerate(rows):
         table.add(id=cells.pop("id"), row=row, version=version.number, **cells)
         if chunk := sink.take():

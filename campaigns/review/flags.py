@@ -8,6 +8,8 @@ the reasons and the checks on plain numbers live here, without torch.
 
 from __future__ import annotations
 
+import json
+
 from django.db import models
 
 from campaigns.specs.processors import ParamSpec
@@ -23,6 +25,10 @@ class FlagReason(models.TextChoices):
     CATEGORY_DRIFT = "category_drift", "category share drifts from the checkpoint sample"
     TINY_INPUT = "tiny_input", "tiny input image"
     EXTREME_ASPECT = "extreme_aspect", "extreme aspect ratio"
+    EMPTY_COMPLETION = "empty_completion", "empty completion"
+    STOPPED_BY_LENGTH = "stopped_by_length", "completion cut at max_new_tokens"
+    REPEATED_TEXT = "repeated_text", "completion repeats itself"
+    REFUSAL = "refusal", "completion reads as a refusal"
     # Outputs that failed their check: the unit fails (output_invalid) and a
     # person sees the item; the reason counts at the checkpoint like any flag.
     NON_FINITE = outputs.NON_FINITE, "NaN or Inf in the output"
@@ -153,4 +159,34 @@ def image_input_flags(width: int, height: int, params: dict) -> list[tuple[str, 
     aspect = int(params.get("flag_max_aspect", 0))
     if aspect and max(width, height) > aspect * max(1, min(width, height)):
         flags.append((FlagReason.EXTREME_ASPECT, f"{width}×{height} pixels"))
+    return flags
+
+
+def completion_flags(completion: str, finish_reason: str, params: dict) -> list[tuple[str, str]]:
+    """A generated text's review rules: empty, cut at max_new_tokens, a run of
+    words that keeps coming back, a refusal phrase (docs/processors.md)."""
+    flags: list[tuple[str, str]] = []
+    if not completion.strip():
+        flags.append((FlagReason.EMPTY_COMPLETION, f"nothing but whitespace ({finish_reason})"))
+    if finish_reason == "length" and params.get("flag_length", "no") == "yes":
+        flags.append(
+            (FlagReason.STOPPED_BY_LENGTH, f"cut at max_new_tokens {params['max_new_tokens']}")
+        )
+    size, times = int(params.get("flag_repeat_ngram", 0)), int(params.get("flag_repeat_times", 3))
+    words = completion.split()
+    if size and len(words) >= size * times:
+        seen: dict[tuple[str, ...], int] = {}
+        for at in range(len(words) - size + 1):
+            gram = tuple(words[at : at + size])
+            seen[gram] = seen.get(gram, 0) + 1
+            if seen[gram] == times:
+                flags.append(
+                    (FlagReason.REPEATED_TEXT, f"{' '.join(gram)!r} {times} times or more")
+                )
+                break
+    folded = completion.casefold()
+    for phrase in json.loads(params.get("flag_refusals") or "[]"):
+        if phrase.casefold() in folded:
+            flags.append((FlagReason.REFUSAL, f"says {phrase!r}"))
+            break
     return flags

@@ -23,6 +23,7 @@ from campaigns.intake.inputs import InputError, ReadLimits, decode_text, read_by
 from campaigns.intake.project_folders import campaign_folder_refusal
 from campaigns.models import Attempt, Campaign, ErrorClass, Unit
 from campaigns.review import holdout
+from campaigns.specs.generation import read_completion
 from campaigns.specs.limits import output_pixel_bound
 from campaigns.storage.outputs import InvalidOutput, load_npz
 from campaigns.storage.paths import resolve_input
@@ -37,6 +38,7 @@ THUMBNAIL = (256, 256)
 # still read a multi-gigabyte file before refusing it.
 PREVIEW_MAX_BYTES = 64 * 1024 * 1024
 IMAGE_PROCESSORS = {"image-transform", "image-classification"}
+GENERATION = "text-generation"
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 
 
@@ -111,6 +113,7 @@ class OutputSummary:
     dimensions: str = ""  # a transformed image: width×height and format, and what was asked
     asked: str = ""
     error: str = ""
+    completion: dict = field(default_factory=dict)  # a generated text's output file
 
 
 def output_summary(
@@ -144,6 +147,12 @@ def output_summary(
         return OutputSummary("error", error=f"{exc.error_class}: {exc.message}")
     if suffix == ".npy":
         return _embedding_summary(campaign, attempt, twins)
+    if suffix == ".json" and campaign.processor == GENERATION:
+        try:
+            record = read_completion(root / rel, params)
+        except (OSError, InvalidOutput) as exc:
+            return OutputSummary("error", error=f"unreadable completion: {exc}")
+        return OutputSummary("completion", completion=record)
     return OutputSummary("none")
 
 

@@ -60,7 +60,8 @@ def resolve_model_path(model: str) -> Path:
 
 
 @functools.lru_cache(maxsize=4)
-def _tokenizer(model: str):
+def model_tokenizer(model: str):
+    """The folder's tokenizer.json as a `tokenizers.Tokenizer`, without truncation or padding."""
     # The Rust tokenizer alone: counting tokens needs no torch.
     from tokenizers import Tokenizer
 
@@ -73,7 +74,7 @@ def _tokenizer(model: str):
 def text_token_cost(path: Path, params: dict) -> int:
     """Tokens the model will see (special tokens included, capped at max_tokens)."""
     text = read_path(path, text_read_limits(params)).decode("utf-8", errors="replace")
-    tokens = len(_tokenizer(params["model"]).encode(text).ids)
+    tokens = len(model_tokenizer(params["model"]).encode(text).ids)
     return max(1, min(tokens, int(params["max_tokens"])))
 
 
@@ -92,7 +93,7 @@ def text_token_costs(root: Path, source_paths: list[str], params: dict) -> list[
     tokenizing every text once (bench/plan_costs.py). TOKENIZERS_PARALLELISM
     can stay off: these are our threads.
     """
-    tokenizer = _tokenizer(params["model"])
+    tokenizer = model_tokenizer(params["model"])
     encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
     cap = int(params["max_tokens"])
     # Only the part of each text the model can use is read and tokenized.
@@ -133,9 +134,9 @@ def text_token_costs(root: Path, source_paths: list[str], params: dict) -> list[
 def _check_text_input(data: bytes, params: dict) -> str:
     """What the worker's prepare refuses, said by the setup page's preview."""
     text = decode_text(data)
-    refuse_without_tokens(text, _tokenizer(params["model"]))
+    refuse_without_tokens(text, model_tokenizer(params["model"]))
     if params["truncation"] == "refuse":
-        tokens = len(_tokenizer(params["model"]).encode(text).ids)
+        tokens = len(model_tokenizer(params["model"]).encode(text).ids)
         refuse_over_max_tokens(data, tokens, int(params["max_tokens"]))
     return text
 

@@ -57,8 +57,8 @@ class ParamSpec:
     default: Any
     choices: tuple | None = None
     type: type = str
-    minimum: int | None = None
-    maximum: int | None = None
+    minimum: float | None = None
+    maximum: float | None = None
     help: str = ""
     required: bool = False  # no usable default: the user must give it
 
@@ -216,8 +216,9 @@ def _load_plugins() -> dict[str, ProcessorSpec]:
 def _registry() -> dict[str, ProcessorSpec]:
     from campaigns.specs.adaptation import ADAPTATION
     from campaigns.specs.builtin import BUILTIN
+    from campaigns.specs.generation import TEXT_GENERATION
 
-    registry = {spec.name: spec for spec in (*BUILTIN, *ADAPTATION)}
+    registry = {spec.name: spec for spec in (*BUILTIN, TEXT_GENERATION, *ADAPTATION)}
     for name, spec in _load_plugins().items():
         if not isinstance(spec, ProcessorSpec):
             raise TypeError(f"processor {name!r} is not a ProcessorSpec")

@@ -49,7 +49,9 @@ def param_fields(spec: ProcessorSpec, *, initial: dict | None = None) -> dict[st
             )
         elif param.type is int:
             fields[PARAM_PREFIX + key] = forms.IntegerField(
-                min_value=param.minimum, max_value=param.maximum, **common
+                min_value=None if param.minimum is None else int(param.minimum),
+                max_value=None if param.maximum is None else int(param.maximum),
+                **common,
             )
         elif param.type is float:
             fields[PARAM_PREFIX + key] = forms.FloatField(

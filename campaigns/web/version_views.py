@@ -10,7 +10,7 @@ from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpRespons
 from django.shortcuts import render
 from django.views.decorators.vary import vary_on_headers
 
-from campaigns.exports import inventory, matrices, tables
+from campaigns.exports import completions, inventory, matrices, tables
 from campaigns.exports.csv_stream import stream_csv
 from campaigns.exports.predictions import predictions_csv
 from campaigns.models import Campaign, ParameterVersion
@@ -29,6 +29,13 @@ DOWNLOADS = {
     "features": ("features.npy", "rows.csv", "predictions.csv", "predictions.parquet"),
     None: (),
 }
+
+
+def downloads_of(campaign: Campaign) -> tuple[str, ...]:
+    """The files each version of this campaign offers."""
+    if campaign.processor == completions.GENERATION:
+        return completions.DOWNLOADS
+    return DOWNLOADS[matrices.kind_of(campaign)]
 
 
 @login_required
@@ -56,7 +63,8 @@ def _versions_context(campaign: Campaign) -> dict[str, Any]:
     return {
         "campaign": campaign,
         "progress": progress,
-        "downloads": DOWNLOADS[matrices.kind_of(campaign)],
+        "downloads": downloads_of(campaign),
+        "completion_table": campaign.processor == completions.GENERATION,
         # The default comparison: the current version against the one before it.
         "compare_a": numbers[1] if len(numbers) > 1 else None,
         "compare_b": numbers[0] if numbers else None,
@@ -79,10 +87,18 @@ def version_download(
     streamed a row group at a time)."""
     campaign = campaign_for_user_or_404(request, name)
     version = _version(campaign, str(number))
-    if filename not in DOWNLOADS[matrices.kind_of(campaign)]:
+    if filename not in downloads_of(campaign):
         raise Http404("No such download for this campaign.")
     if filename != "rows.csv" and version.pk == campaign.current_version_id:
         inventory.mark_exported(campaign)  # the current outputs, not only their names
+    if filename == "completions.jsonl":
+        response = StreamingHttpResponse(
+            completions.completions_jsonl(campaign, version), content_type="application/jsonl"
+        )
+        response["Content-Disposition"] = (
+            f'attachment; filename="{campaign.name}-completions-{version.label}.jsonl"'
+        )
+        return response
     if filename.endswith(".npy"):
         matrix = matrices.matrix_stream(campaign=campaign, version=version)
         if matrix is None:
@@ -92,7 +108,11 @@ def version_download(
         response["X-Matrix-Shape"] = f"{matrix.rows},{matrix.dimension}"
         return response
     if filename.endswith(".parquet"):
-        table = tables.table_stream(campaign=campaign, version=version)
+        table = (
+            completions.completions_parquet(campaign, version)
+            if filename == "completions.parquet"
+            else tables.table_stream(campaign=campaign, version=version)
+        )
         if table is None:
             raise Http404(f"{version.label} has no readable output yet.")
         response = StreamingHttpResponse(table.body, content_type="application/vnd.apache.parquet")

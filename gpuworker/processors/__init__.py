@@ -33,16 +33,19 @@ if TYPE_CHECKING:
     from gpuworker.processors.image_classification import ImageClassificationProcessor
     from gpuworker.processors.image_transform import ImageTransformProcessor
     from gpuworker.processors.text_embedding import TextEmbeddingProcessor
+    from gpuworker.processors.text_generation import TextGenerationProcessor
 
     _CHECK: tuple[ProcessorClass, ...] = (
         TextEmbeddingProcessor,
         ImageClassificationProcessor,
         ImageTransformProcessor,
+        TextGenerationProcessor,
     )
     _FLAGGING: tuple[Callable[[dict[str, Any]], FlaggingProcessor], ...] = (
         TextEmbeddingProcessor,
         ImageClassificationProcessor,
         ImageTransformProcessor,
+        TextGenerationProcessor,
     )
     _SHARDED: Callable[[dict[str, Any]], ShardedProcessor] = TextEmbeddingProcessor
 
@@ -93,10 +96,12 @@ def forget_loaded() -> None:
     """Drop every loaded processor and model, as a fresh worker process starts."""
     from gpuworker.processors.image_classification import load_classifier
     from gpuworker.processors.text_embedding import load_encoder
+    from gpuworker.processors.text_generation import load_generator
 
     _load.cache_clear()
     load_encoder.cache_clear()
     load_classifier.cache_clear()
+    load_generator.cache_clear()
     # Frozen, a model in a cycle would outlive the caches.
     gc.unfreeze()
     gc.collect()

@@ -145,12 +145,22 @@ def run_splitting(
     )
 
 
+#: A batch's figures that add up over its parts (a text generation's tokens too).
+SUMMED_METRICS = (
+    "real_tokens",
+    "padded_tokens",
+    "compute_seconds",
+    "prompt_tokens",
+    "generated_tokens",
+)
+
+
 def merge_batch_metrics(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """One batch's measurements from its parts (more than one after an OOM split)."""
     if not parts:
         return {}
     merged = dict(parts[-1])
-    for key in ("real_tokens", "padded_tokens", "compute_seconds"):
+    for key in SUMMED_METRICS:
         if any(key in p for p in parts):
             merged[key] = sum(p.get(key, 0) for p in parts)
     memory = dict(parts[-1].get("memory", {}))

@@ -1,0 +1,300 @@
+"""Batch text generation: a prompt a unit through a local causal language model.
+
+The spec side, without torch: parameters, prompt costs (prompt tokens + the
+tokens a prompt may generate, so batches and the profile are sized on the KV
+cache, not on the prompts alone), the output check (one JSON object a unit)
+and the review rules' parameters. The worker side is
+gpuworker/processors/text_generation.py; docs/processors.md, "Built-in:
+text-generation", is the user's page.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from django.core.exceptions import ValidationError
+
+from campaigns.intake.inputs import InputError, ReadLimits, decode_text
+from campaigns.models import ErrorClass
+from campaigns.specs.builtin import model_tokenizer, resolve_model_path, text_token_costs
+from campaigns.specs.limits import MAX_INPUT_BYTES, TEXT_BYTES_PER_TOKEN, max_input_bytes
+from campaigns.specs.processors import ParamSpec, ProcessorSpec
+from campaigns.storage.outputs import WRONG_OUTPUT, InvalidOutput
+
+#: The fields of every output file, in this order; `finish_reason` is one of
+#: FINISH_REASONS. A unit's id is its output's name (and the first column of
+#: the export, campaigns/exports).
+OUTPUT_FIELDS = ("completion", "finish_reason", "prompt_tokens", "completion_tokens")
+#: "stop": the model ended the text (an end-of-sequence token) or wrote a stop
+#: string; "length": it was cut at max_new_tokens.
+FINISH_REASONS = ("stop", "length")
+#: No output of a completion of N tokens is longer than this many bytes a token
+#: (a token decodes to a few bytes; JSON escapes at most sextuple them).
+OUTPUT_BYTES_PER_TOKEN = 256
+
+#: Phrases that say the model declined (flag_refusals' default), matched case-blind.
+DEFAULT_REFUSALS = (
+    "I'm sorry, but",
+    "I am sorry, but",
+    "I cannot help with",
+    "I can't help with",
+    "I cannot assist",
+    "I can't assist",
+    "As an AI language model",
+    "I'm unable to",
+)
+
+
+def text_list(value: str, name: str) -> list[str]:
+    """A parameter holding strings as a JSON list ("" for none): each non-empty."""
+    if not value.strip():
+        return []
+    try:
+        items = json.loads(value)
+    except ValueError:
+        items = None
+    if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items):
+        raise ValidationError(
+            f'{name}: a JSON list of non-empty strings, such as ["\\n\\n", "###"]; got {value!r}'
+        )
+    return items
+
+
+def prompt_read_limits(params: dict) -> ReadLimits:
+    """A prompt is read as far as max_prompt_tokens can use; a longer one is refused."""
+    return ReadLimits(
+        keep=int(params["max_prompt_tokens"]) * TEXT_BYTES_PER_TOKEN,
+        max_bytes=max_input_bytes(params),
+    )
+
+
+def _cost_params(params: dict) -> dict:
+    # text_token_costs reads `model` and caps at `max_tokens`: the prompt's.
+    return {**params, "max_tokens": int(params["max_prompt_tokens"])}
+
+
+def prompt_cost(path: Path, params: dict) -> int | None:
+    return prompt_costs(path.parent, [path.name], params)[0]
+
+
+def prompt_costs(root: Path, source_paths: list[str], params: dict) -> list[int | None]:
+    """Each prompt's tokens (the tokenizer's, without a chat template's few
+    tokens) plus max_new_tokens: what a prompt costs the KV cache at its
+    longest, so the token budget and the profile bound memory by it."""
+    new = int(params["max_new_tokens"])
+    system = len(model_tokenizer(params["model"]).encode(params["system_prompt"]).ids)
+    costs = text_token_costs(root, source_paths, _cost_params(params))
+    return [None if c is None else c + system + new for c in costs]
+
+
+def check_prompt(data: bytes, params: dict) -> str:
+    """What the worker's prepare refuses, said by the setup page's preview."""
+    text = decode_text(data)
+    size = getattr(data, "size", len(data))
+    tokens = len(model_tokenizer(params["model"]).encode(text).ids)
+    refuse_long_prompt(tokens, int(params["max_prompt_tokens"]), cut=size > len(data))
+    return text
+
+
+def refuse_long_prompt(tokens: int, max_prompt_tokens: int, *, cut: bool = False) -> None:
+    if cut or tokens > max_prompt_tokens:
+        said = "more than" if cut else str(tokens)
+        raise InputError(
+            ErrorClass.INPUT_INVALID,
+            f"{said} {'' if cut else 'tokens, '}over max_prompt_tokens {max_prompt_tokens}"
+            + (f" ({max_prompt_tokens} tokens)" if cut else "")
+            + ": a prompt is never cut, shorten it or raise max_prompt_tokens",
+        )
+
+
+def validate_generation(params: dict) -> None:
+    """A causal language model folder with a fast tokenizer; list parameters parse."""
+    text_list(params["stop"], "stop")
+    text_list(params["flag_refusals"], "flag_refusals")
+    if params["decoding"] == "greedy" and (
+        float(params["temperature"]) != 1.0 or float(params["top_p"]) != 1.0 or params["top_k"]
+    ):
+        raise ValidationError(
+            "temperature, top_p and top_k apply to decoding=sample; with greedy leave them at "
+            "1, 1 and 0"
+        )
+    folder = resolve_model_path(params["model"])
+    if not folder.is_dir():
+        return  # model_files.digests says it cannot be read, naming the path
+    if not (folder / "tokenizer.json").is_file():
+        raise ValidationError(
+            f"model: {folder} has no tokenizer.json (a fast tokenizer's file, which counting "
+            "prompt tokens needs); save the tokenizer there with tokenizer.save_pretrained(folder)"
+        )
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValidationError(f"model: cannot read {folder / 'config.json'} ({exc})") from None
+    architectures = config.get("architectures") if isinstance(config, dict) else None
+    if architectures and not any(str(a).endswith("ForCausalLM") for a in architectures):
+        raise ValidationError(
+            f"model: {folder} is a {', '.join(map(str, architectures))}, not a causal language "
+            "model (AutoModelForCausalLM: an architecture ending in ForCausalLM)"
+        )
+
+
+def check_completion(record: object, params: dict) -> dict:
+    """One output's JSON object as the worker writes it, or InvalidOutput."""
+    if not isinstance(record, dict) or tuple(record) != OUTPUT_FIELDS:
+        got = sorted(record) if isinstance(record, dict) else type(record).__name__
+        raise InvalidOutput(f"fields {got}, expected {', '.join(OUTPUT_FIELDS)}", WRONG_OUTPUT)
+    if not isinstance(record["completion"], str):
+        raise InvalidOutput("completion must be text", WRONG_OUTPUT)
+    if record["finish_reason"] not in FINISH_REASONS:
+        raise InvalidOutput(f"finish_reason {record['finish_reason']!r}", WRONG_OUTPUT)
+    for name in ("prompt_tokens", "completion_tokens"):
+        if not isinstance(record[name], int) or isinstance(record[name], bool) or record[name] < 0:
+            raise InvalidOutput(f"{name} {record[name]!r} is not a count", WRONG_OUTPUT)
+    if record["completion_tokens"] > int(params["max_new_tokens"]):
+        raise InvalidOutput(
+            f"{record['completion_tokens']} completion tokens, over max_new_tokens "
+            f"{params['max_new_tokens']}",
+            WRONG_OUTPUT,
+        )
+    return record
+
+
+def read_completion(path: Path, params: dict) -> dict:
+    """An output file read (bounded by what max_new_tokens can make) and checked."""
+    longest = (int(params["max_new_tokens"]) + 64) * OUTPUT_BYTES_PER_TOKEN + 4096
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(longest + 1)
+    except OSError as exc:
+        raise InvalidOutput(f"unreadable: {exc}") from exc
+    if len(data) > longest:
+        raise InvalidOutput(f"over {longest} bytes, longer than any completion of these parameters")
+    try:
+        record = json.loads(data.decode("utf-8"))
+    except ValueError as exc:
+        raise InvalidOutput(f"not JSON: {exc}", WRONG_OUTPUT) from None
+    return check_completion(record, params)
+
+
+def _quick_check(path: Path, expected_size: int | None, params: dict) -> None:
+    size = path.stat().st_size
+    if expected_size is not None and size != expected_size:
+        raise InvalidOutput(f"size {size} bytes, recorded {expected_size}")
+    with open(path, "rb") as fh:
+        if fh.read(1) != b"{":
+            raise InvalidOutput("not a JSON object", WRONG_OUTPUT)
+
+
+def _deep_check(path: Path, params: dict) -> None:
+    read_completion(path, params)
+
+
+GENERATION_FLAGS = {
+    "flag_length": ParamSpec(
+        "yes",
+        choices=("yes", "no"),
+        help="flag a completion cut at max_new_tokens (finish_reason length)",
+    ),
+    "flag_repeat_ngram": ParamSpec(
+        4,
+        type=int,
+        minimum=0,
+        maximum=64,
+        help="flag a completion in which a run of this many words comes back "
+        "flag_repeat_times times (0: never)",
+    ),
+    "flag_repeat_times": ParamSpec(3, type=int, minimum=2, maximum=1000),
+    "flag_refusals": ParamSpec(
+        json.dumps(list(DEFAULT_REFUSALS)),
+        help="a JSON list of phrases: a completion holding one (case-blind) is flagged "
+        "as a refusal ([]: never)",
+    ),
+}
+
+TEXT_GENERATION = ProcessorSpec(
+    name="text-generation",
+    title="Text generation",
+    help="A completion per prompt from a local Hugging Face causal language model.",
+    output_suffix=".json",
+    implementation="gpuworker.processors.text_generation:TextGenerationProcessor",
+    padding="longest",
+    takes_text=True,
+    model_params=("model",),
+    params={
+        "model": ParamSpec(
+            "",
+            required=True,
+            help="a local Hugging Face causal language model folder (AutoModelForCausalLM, "
+            "with its tokenizer.json)",
+        ),
+        "system_prompt": ParamSpec(
+            "", help="sent before every prompt (as the system message under a chat template)"
+        ),
+        "chat_template": ParamSpec(
+            "auto",
+            choices=("auto", "none"),
+            help="auto: prompts go through the tokenizer's chat template when it has one; "
+            "none: the prompt text as it is",
+        ),
+        "max_new_tokens": ParamSpec(
+            128, type=int, minimum=1, maximum=32768, help="tokens a completion may have"
+        ),
+        "max_prompt_tokens": ParamSpec(
+            2048,
+            type=int,
+            minimum=1,
+            maximum=1_000_000,
+            help="a longer prompt fails input_invalid (prompts are never cut)",
+        ),
+        "decoding": ParamSpec(
+            "greedy",
+            choices=("greedy", "sample"),
+            help="greedy: the likeliest token each step; sample: drawn with a seed per prompt, "
+            "so a rerun writes the same text",
+        ),
+        "temperature": ParamSpec(1.0, type=float, minimum=0.01, maximum=100),
+        "top_p": ParamSpec(1.0, type=float, minimum=0.01, maximum=1),
+        "top_k": ParamSpec(0, type=int, minimum=0, help="sample among this many tokens (0: all)"),
+        "seed": ParamSpec(
+            0, type=int, minimum=0, help="sample: each prompt's draws start from this and its text"
+        ),
+        "stop": ParamSpec(
+            "",
+            help='a JSON list of strings ending a completion where one appears, e.g. ["\\n\\n"]; '
+            "the completion is kept up to it",
+        ),
+        "dtype": ParamSpec(
+            "float32",
+            choices=("float32", "float16", "bfloat16"),
+            help="model precision; float16 and bfloat16 need a CUDA worker",
+        ),
+        "batch_size": ParamSpec(
+            8, type=int, minimum=1, maximum=4096, help="prompts per batch (length_grouped)"
+        ),
+        "batch_policy": ParamSpec(
+            "token_budget",
+            choices=("token_budget", "length_grouped", "original"),
+            help="token_budget: prompts sorted by length, as many a batch as "
+            "prompts × (longest prompt + max_new_tokens) allows; length_grouped: sorted, "
+            "batch_size at a time; original: import order",
+        ),
+        "token_budget": ParamSpec(
+            16384,
+            type=int,
+            minimum=16,
+            maximum=100_000_000,
+            help="token_budget: prompts × (longest prompt + max_new_tokens) per batch",
+        ),
+        "max_input_bytes": MAX_INPUT_BYTES,
+        **GENERATION_FLAGS,
+    },
+    quick_check=_quick_check,
+    deep_check=_deep_check,
+    cost=prompt_cost,
+    costs=prompt_costs,
+    cost_params=("model", "max_new_tokens", "max_prompt_tokens", "system_prompt"),
+    check_input=check_prompt,
+    validate=validate_generation,
+    read_limits=prompt_read_limits,
+)

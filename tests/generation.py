@@ -1,0 +1,58 @@
+"""A tiny causal language model and its tokenizer, made by a test and saved
+to a folder: the text-generation processor loads it through the user's path
+(a local Hugging Face folder, AutoModelForCausalLM). Random weights: tests
+check the path (shapes, determinism, stops, flags), not the text's sense."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+WORDS = "the quick brown fox jumps over the lazy dog while a cat sleeps in the sun"
+#: A chat template of the usual shape: system and user turns, then the assistant's cue.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant:{% endif %}"
+)
+
+
+def tiny_causal_lm(folder: Path, *, chat: bool = False, seed: int = 0) -> Path:
+    """A 2-layer Llama of hidden size 32 over a byte-level BPE of ~300 tokens
+    (any text tokenizes), saved with tokenizer.json; `chat`: with a chat template."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator([WORDS] * 10, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+    if chat:
+        fast.chat_template = CHAT_TEMPLATE
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=fast.vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        # Wide weights: the logits of a random model are far apart, so greedy
+        # picks are not decided by float noise.
+        initializer_range=0.5,
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    fast.save_pretrained(folder)
+    return folder

@@ -92,6 +92,8 @@ def version_download(
     if filename != "rows.csv" and version.pk == campaign.current_version_id:
         inventory.mark_exported(campaign)  # the current outputs, not only their names
     if filename == "completions.jsonl":
+        if not versions.outputs_count(campaign=campaign, version=version):
+            raise Http404(f"{version.label} has no readable output yet.")
         response = StreamingHttpResponse(
             completions.completions_jsonl(campaign, version), content_type="application/jsonl"
         )

@@ -47,7 +47,6 @@ from django.test import override_settings
 from django.urls import reverse
 
 from campaigns.adaptation import services as adaptation
-from campaigns.exports.matrices import kind_of
 from campaigns.models import (
     Batch,
     Campaign,
@@ -64,11 +63,12 @@ from campaigns.review import queue as review
 from campaigns.runs import setup, start
 from campaigns.specs import processors as processor_specs
 from campaigns.web.training_views import TARGET_PROCESSOR
-from campaigns.web.version_views import DOWNLOADS
+from campaigns.web.version_views import downloads_of
 from gpuworker.profiler import profile_run
 from gpuworker.runner import run as model_run
 from gpuworker.training_tasks import run_training
 from tests.conftest import DEMO_CORPUS
+from tests.generation import tiny_causal_lm
 from tests.gpuworker.test_image_classification import (
     CLASSES,
     TinyCNN,
@@ -136,6 +136,7 @@ def shared(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     torch.jit.script(TinyCNN().eval()).save(str(root / "tiny.pt"))
     (root / "labels.txt").write_text("\n".join(CLASSES) + "\n")
+    tiny_causal_lm(root / "tiny-lm")
     return root
 
 
@@ -161,6 +162,14 @@ FACTORIES: dict[str, Callable[[Path], Inputs]] = {
         shared / "shapes",
         _classifier(shared, batch_size=3, top_k=2, **UNSURE_IS_FINE),
         {"top_k": 3},
+    ),
+    "text-generation": lambda shared: Inputs(
+        shared / "texts",
+        {"model": str(shared / "tiny-lm"), "batch_size": 4, "batch_policy": "length_grouped"}
+        # A random model's texts run to max_new_tokens: that flag alone would
+        # fail the checkpoint as a repeating defect before anyone looks.
+        | {"max_new_tokens": 6, "flag_length": "no"},
+        {"decoding": "sample", "seed": 1},
     ),
     "text-stats": lambda shared: Inputs(shared / "texts", {"batch_size": 4}, {"lowercase": "yes"}),
     # Nothing held out: its training measures no held-out loss, the base model's neither.
@@ -267,7 +276,7 @@ def _version_pages(campaign: Campaign) -> list[Page]:
         pages.append(Page("versions compared", compared, ("with a valid output under both",)))
     # Each version's matrix and rows, linked or not: a version with no output says so.
     for version in versions:
-        for filename in DOWNLOADS[kind_of(campaign)]:
+        for filename in downloads_of(campaign):
             pages.append(
                 Page(
                     f"{version.label} {filename}",

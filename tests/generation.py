@@ -15,9 +15,12 @@ CHAT_TEMPLATE = (
 )
 
 
-def tiny_causal_lm(folder: Path, *, chat: bool = False, seed: int = 0) -> Path:
-    """A 2-layer Llama of hidden size 32 over a byte-level BPE of ~300 tokens
-    (any text tokenizes), saved with tokenizer.json; `chat`: with a chat template."""
+def tiny_causal_lm(
+    folder: Path, *, chat: bool = False, seed: int = 0, hidden: int = 32, layers: int = 2
+) -> Path:
+    """A Llama (2 layers of hidden size 32 unless told) over a byte-level BPE
+    of ~300 tokens (any text tokenizes), saved with tokenizer.json; `chat`:
+    with a chat template. bench/generation.py makes a larger one the same way."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -39,9 +42,9 @@ def tiny_causal_lm(folder: Path, *, chat: bool = False, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=fast.vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=2048,

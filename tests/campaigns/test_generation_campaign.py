@@ -101,7 +101,8 @@ def test_a_generation_campaign_over_records_runs_exports_and_shows_its_completio
     assert list(table["completion"]) == [c.text for c in expected]
     assert list(table["row"]) == list(range(len(PROMPTS)))
     assert set(table["error"]) == {""}
-    lines = [json.loads(line) for line in (out / f"completions-{label}.jsonl").read_text().splitlines()]
+    exported = (out / f"completions-{label}.jsonl").read_text()
+    lines = [json.loads(line) for line in exported.splitlines()]
     assert [line["id"] for line in lines] == list(table["id"])
     assert [line["completion_tokens"] for line in lines] == list(table["completion_tokens"])
 

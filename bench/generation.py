@@ -135,6 +135,8 @@ def main() -> None:
             pstats.Stats(profiler).sort_stats("cumulative").print_stats(35)
         batches = Batch.objects.filter(campaign=campaign)
         generated = sum(b.metrics.get("generated_tokens", 0) for b in batches)
+        model_seconds = sum(b.compute_seconds or 0 for b in batches)
+        print(f"    of which in generate: {model_seconds:.2f} s", flush=True)
         # A random model's completions run to max_new_tokens: flagged for
         # review (needs_review), their outputs written all the same.
         done = campaign.units.filter(state__in=("succeeded", "needs_review")).count()

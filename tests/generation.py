@@ -16,11 +16,19 @@ CHAT_TEMPLATE = (
 
 
 def tiny_causal_lm(
-    folder: Path, *, chat: bool = False, seed: int = 0, hidden: int = 32, layers: int = 2
+    folder: Path,
+    *,
+    chat: bool = False,
+    seed: int = 0,
+    hidden: int = 32,
+    layers: int = 2,
+    pad: bool = True,
 ) -> Path:
     """A Llama (2 layers of hidden size 32 unless told) over a byte-level BPE
     of ~300 tokens (any text tokenizes), saved with tokenizer.json; `chat`:
-    with a chat template. bench/generation.py makes a larger one the same way."""
+    with a chat template; `pad=False`: a tokenizer without a pad token (the
+    processor pads with the end token, as many models need).
+    bench/generation.py makes a larger one the same way."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -35,7 +43,10 @@ def tiny_causal_lm(
     )
     tokenizer.train_from_iterator([WORDS] * 10, trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+        tokenizer_object=tokenizer,
+        bos_token="<s>",
+        eos_token="</s>",
+        **({"pad_token": "<pad>"} if pad else {}),
     )
     if chat:
         fast.chat_template = CHAT_TEMPLATE
@@ -47,10 +58,10 @@ def tiny_causal_lm(
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=2048,
+        max_position_embeddings=4096,
         bos_token_id=1,
         eos_token_id=2,
-        pad_token_id=0,
+        pad_token_id=0 if pad else None,
         # Wide weights: the logits of a random model are far apart, so greedy
         # picks are not decided by float noise.
         initializer_range=0.5,

@@ -28,9 +28,11 @@ from campaigns.specs.generation import read_completion
 from campaigns.storage.outputs import InvalidOutput, write_atomic
 
 GENERATION = "text-generation"
-#: Completions a Parquet row group holds: a completion is up to max_new_tokens
-#: tokens, so the groups are counted in rows, not in list values.
+#: Completions a Parquet row group holds at most, and their text's bytes: a
+#: completion is up to max_new_tokens tokens (megabytes at 32,768), so a
+#: group also ends at GROUP_BYTES.
 GROUP_ROWS = 2048
+GROUP_BYTES = 16 << 20
 #: What a version offers for download.
 DOWNLOADS = ("completions.jsonl", "completions.parquet")
 
@@ -77,6 +79,18 @@ def completion_rows(campaign: Campaign, version: ParameterVersion, count: int) -
         yield cells
 
 
+def _grouped(rows: Iterator[dict], table: tables.TableWriter) -> Iterator[dict]:
+    """`rows`, the table's group written whenever its completions reach GROUP_BYTES."""
+    held = 0
+    for cells in rows:
+        size = len(cells.get("completion") or "")
+        if held and held + size > GROUP_BYTES:
+            table.flush()
+            held = 0
+        held += size
+        yield cells
+
+
 def _line(row: int, version: ParameterVersion, cells: dict) -> str:
     ordered = {"id": cells["id"], "row": row, "version": version.number, **cells}
     return json.dumps(ordered, ensure_ascii=False) + "\n"
@@ -95,14 +109,19 @@ def completions_parquet(campaign: Campaign, version: ParameterVersion) -> tables
         return None
     return tables.Download(
         filename=f"{campaign.name}-completions-{version.label}.parquet",
-        body=tables.parquet_bytes(
-            completion_schema(campaign, version),
-            version,
-            completion_rows(campaign, version, count),
-            count,
-            GROUP_ROWS,
-        ),
+        body=_parquet_bytes(campaign, version, count),
     )
+
+
+def _parquet_bytes(campaign: Campaign, version: ParameterVersion, count: int) -> Iterator[bytes]:
+    sink = tables.Chunks()
+    table = tables.TableWriter(sink, completion_schema(campaign, version), count, GROUP_ROWS)
+    for row, cells in enumerate(_grouped(completion_rows(campaign, version, count), table)):
+        table.add(row=row, version=version.number, **cells)
+        if chunk := sink.take():
+            yield chunk
+    table.close()
+    yield sink.take()
 
 
 def export_completions(campaign: Campaign, folder: Path) -> list[Path]:
@@ -124,7 +143,8 @@ def export_completions(campaign: Campaign, folder: Path) -> list[Path]:
                 version: ParameterVersion = version,
                 count: int = count,
             ) -> Iterator[bytes]:
-                for row, cells in enumerate(completion_rows(campaign, version, count)):
+                rows = completion_rows(campaign, version, count)
+                for row, cells in enumerate(_grouped(rows, table)):
                     table.add(row=row, version=version.number, **cells)
                     yield _line(row, version, cells).encode("utf-8")
 

@@ -289,7 +289,7 @@ class PredictionTable:
         return True
 
 
-class _Chunks:
+class Chunks:
     """A write-only sink whose bytes are taken away after each row group."""
 
     def __init__(self) -> None:
@@ -357,21 +357,15 @@ def table_stream(*, campaign: Campaign, version: ParameterVersion) -> Download |
         stem = "vectors"
     return Download(
         filename=f"{campaign.name}-{stem}-{version.label}.parquet",
-        body=parquet_bytes(schema, version, rows, count),
+        body=_parquet_bytes(schema, version, rows, count),
     )
 
 
-def parquet_bytes(
-    schema: pa.Schema,
-    version: ParameterVersion,
-    rows: Iterator[dict],
-    count: int,
-    group_rows: int | None = None,
+def _parquet_bytes(
+    schema: pa.Schema, version: ParameterVersion, rows: Iterator[dict], count: int
 ) -> Iterator[bytes]:
-    """The rows (each with its `id`) as Parquet bytes, a row group at a time;
-    each row's index and the version's number added."""
-    sink = _Chunks()
-    table = TableWriter(sink, schema, count, group_rows)
+    sink = Chunks()
+    table = TableWriter(sink, schema, count)
     for row, cells in enumerate(rows):
         table.add(id=cells.pop("id"), row=row, version=version.number, **cells)
         if chunk := sink.take():

@@ -237,6 +237,7 @@ class MemoryChart:
 # What a batch measured, as BatchRow holds it after its first three fields
 # (and batches.csv lists it), then its out-of-memory splits.
 SPLITS = ("metrics__oom_splits", "metrics__oom_alone")
+GENERATED = ("metrics__generated_tokens",)
 MEASURED = (
     "size",
     "real_tokens",
@@ -270,10 +271,18 @@ class BatchRow:
     rss: int | None
     oom_splits: list[int] | None = None  # the sizes halved on out-of-memory
     oom_alone: int | None = None  # units that failed alone at batch 1
+    # A text generation's tokens generated (its real tokens count the prompts too).
+    generated_tokens: int | None = None
 
     @property
     def padding(self) -> float | None:
         return padding(self.real_tokens, self.padded_tokens)
+
+    @property
+    def generated_per_second(self) -> float | None:
+        if self.generated_tokens is None or not self.compute_seconds:
+            return None
+        return self.generated_tokens / self.compute_seconds
 
     @property
     def splits(self) -> str:
@@ -288,7 +297,7 @@ def _recent_rows(campaign: Campaign) -> list[BatchRow]:
         Batch.objects.filter(campaign=campaign, state=Batch.State.DONE)
         .exclude(finished_at=None)
         .order_by("-finished_at", "-pk")
-        .values_list("pk", "finished_at", "worker", *MEASURED, *SPLITS)[:CHART_BATCHES]
+        .values_list("pk", "finished_at", "worker", *MEASURED, *SPLITS, *GENERATED)[:CHART_BATCHES]
     )
     return [BatchRow(*row) for row in rows]
 

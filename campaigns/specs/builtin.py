@@ -83,7 +83,13 @@ def text_token_cost(path: Path, params: dict) -> int:
 COST_READ_BYTES = 8 << 20
 
 
-def text_token_costs(root: Path, source_paths: list[str], params: dict) -> list[int | None]:
+def text_token_costs(
+    root: Path,
+    source_paths: list[str],
+    params: dict,
+    around: tuple[str, str] = ("", ""),
+    specials: bool = True,
+) -> list[int | None]:
     """text_token_cost of many files under the corpus root, None for one that
     cannot be read or is not under it.
 
@@ -94,7 +100,15 @@ def text_token_costs(root: Path, source_paths: list[str], params: dict) -> list[
     can stay off: these are our threads.
     """
     tokenizer = model_tokenizer(params["model"])
-    encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+    encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+    before, after = around
+
+    def encode(texts: list[str]) -> list:
+        # `around`: what a prompt is read inside (a chat template's turns).
+        if before or after:
+            texts = [f"{before}{text}{after}" for text in texts]
+        return encode_batch(texts, add_special_tokens=specials)
+
     cap = int(params["max_tokens"])
     # Only the part of each text the model can use is read and tokenized.
     limits = ReadLimits(keep=text_read_limits(params).keep)

@@ -10,6 +10,7 @@ text-generation", is the user's page.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -74,25 +75,108 @@ def _cost_params(params: dict) -> dict:
     return {**params, "max_tokens": int(params["max_prompt_tokens"])}
 
 
+SPECIAL_TOKEN_NAMES: tuple[str, ...] = ("bos_token", "eos_token", "unk_token", "sep_token")
+SPECIAL_TOKEN_NAMES += ("pad_token", "cls_token", "mask_token")
+
+
+@functools.lru_cache(maxsize=8)
+def chat_form(model: str, chat_template: str) -> tuple[str, tuple[tuple[str, str], ...]] | None:
+    """The folder's chat template and the special tokens it may name, as the
+    tokenizer saved them (chat_template.jinja, or tokenizer_config.json's
+    `chat_template`); None when prompts go as they are (`chat_template=none`,
+    or a tokenizer without one)."""
+    if chat_template == "none":
+        return None
+    folder = resolve_model_path(model)
+    config: dict = {}
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):
+        try:
+            read = json.loads((folder / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(read, dict):
+            config.update(read)
+    template: object
+    try:
+        template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    except OSError:
+        template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: the default one
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    if not isinstance(template, str) or not template.strip():
+        return None
+    tokens = []
+    for name in SPECIAL_TOKEN_NAMES:
+        value = config.get(name)
+        if isinstance(value, dict):
+            value = value.get("content")
+        if isinstance(value, str):
+            tokens.append((name, value))
+    return template, tuple(tokens)
+
+
+def prompt_text(params: dict, text: str) -> tuple[str, bool]:
+    """What the model reads for a prompt: the chat template's rendering (a
+    system turn when there is a system prompt, the user's turn, the
+    assistant's cue), else the system prompt, a blank line and the text;
+    and whether the tokenizer adds its own special tokens to it (not to a
+    template's, which writes those it wants). The worker and the setup
+    page's check both count this."""
+    system = params["system_prompt"]
+    form = chat_form(params["model"], params["chat_template"])
+    if form is None:
+        return (f"{system}\n\n{text}" if system else text), True
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    messages = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": text})
+    template, tokens = form
+    rendered, _ = render_jinja_template(
+        [messages], chat_template=template, add_generation_prompt=True, **dict(tokens)
+    )
+    return rendered[0], False
+
+
+def prompt_tokens(params: dict, text: str, tokenizer=None) -> list[int]:
+    """The prompt's token ids as the model reads them (`prompt_text`), by the
+    folder's tokenizer.json or `tokenizer` (a `tokenizers.Tokenizer`)."""
+    rendered, specials = prompt_text(params, text)
+    tokenizer = tokenizer or model_tokenizer(params["model"])
+    return tokenizer.encode(rendered, add_special_tokens=specials).ids
+
+
+_MARKER = "\u2063prompt\u2063"  # invisible separators: in no prompt a user writes
+
+
 def prompt_cost(path: Path, params: dict) -> int | None:
     return prompt_costs(path.parent, [path.name], params)[0]
 
 
 def prompt_costs(root: Path, source_paths: list[str], params: dict) -> list[int | None]:
-    """Each prompt's tokens (the tokenizer's, without a chat template's few
-    tokens) plus max_new_tokens: what a prompt costs the KV cache at its
-    longest, so the token budget and the profile bound memory by it."""
+    """Each prompt's tokens as the model reads them, plus max_new_tokens: what
+    a prompt costs the KV cache at its longest, so the token budget and the
+    profile bound memory by it. The text's tokens are counted on every core
+    (text_token_costs); the chat template's or system prompt's, once."""
+    # The prompt inside what the model reads around it, tokenized together
+    # (the seams as the worker's), on every core. A template that changes
+    # the text itself (a trim) is counted as if it did not.
+    rendered, specials = prompt_text(params, _MARKER)
+    before, marker, after = rendered.partition(_MARKER)
+    if not marker or _MARKER in after:
+        before, after = "", ""
     new = int(params["max_new_tokens"])
-    system = len(model_tokenizer(params["model"]).encode(params["system_prompt"]).ids)
-    costs = text_token_costs(root, source_paths, _cost_params(params))
-    return [None if c is None else c + system + new for c in costs]
+    costs = text_token_costs(
+        root, source_paths, _cost_params(params), around=(before, after), specials=specials
+    )
+    return [None if c is None else c + new for c in costs]
 
 
 def check_prompt(data: bytes, params: dict) -> str:
     """What the worker's prepare refuses, said by the setup page's preview."""
     text = decode_text(data)
     size = getattr(data, "size", len(data))
-    tokens = len(model_tokenizer(params["model"]).encode(text).ids)
+    tokens = len(prompt_tokens(params, text))
     refuse_long_prompt(tokens, int(params["max_prompt_tokens"]), cut=size > len(data))
     return text
 
@@ -106,6 +190,10 @@ def refuse_long_prompt(tokens: int, max_prompt_tokens: int, *, cut: bool = False
             + (f" ({max_prompt_tokens} tokens)" if cut else "")
             + ": a prompt is never cut, shorten it or raise max_prompt_tokens",
         )
+
+
+#: Where a config.json says how many positions the model has.
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 
 
 def validate_generation(params: dict) -> None:
@@ -131,11 +219,25 @@ def validate_generation(params: dict) -> None:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ValidationError(f"model: cannot read {folder / 'config.json'} ({exc})") from None
-    architectures = config.get("architectures") if isinstance(config, dict) else None
+    if not isinstance(config, dict):
+        raise ValidationError(f"model: {folder / 'config.json'} is not a JSON object")
+    architectures = config.get("architectures")
     if architectures and not any(str(a).endswith("ForCausalLM") for a in architectures):
         raise ValidationError(
             f"model: {folder} is a {', '.join(map(str, architectures))}, not a causal language "
             "model (AutoModelForCausalLM: an architecture ending in ForCausalLM)"
+        )
+    # A position past the model's context fails every batch it is in (on a
+    # GPU, a device-side assert that stops the worker): said here instead.
+    context = next(
+        (config[k] for k in CONTEXT_KEYS if isinstance(config.get(k), int) and config[k] > 0), None
+    )
+    longest = int(params["max_prompt_tokens"]) + int(params["max_new_tokens"])
+    if context is not None and longest > context:
+        raise ValidationError(
+            f"max_prompt_tokens + max_new_tokens = {longest:,}, over the model's context of "
+            f"{context:,} tokens (config.json); set max_prompt_tokens to at most "
+            f"{max(0, context - int(params['max_new_tokens'])):,}"
         )
 
 
@@ -293,7 +395,7 @@ TEXT_GENERATION = ProcessorSpec(
     deep_check=_deep_check,
     cost=prompt_cost,
     costs=prompt_costs,
-    cost_params=("model", "max_new_tokens", "max_prompt_tokens", "system_prompt"),
+    cost_params=("model", "max_new_tokens", "max_prompt_tokens", "system_prompt", "chat_template"),
     check_input=check_prompt,
     validate=validate_generation,
     read_limits=prompt_read_limits,

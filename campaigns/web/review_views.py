@@ -135,7 +135,7 @@ def _filtered(
 
 
 # What the item pane reads of an item besides its own row.
-PANE_RELATED = ("campaign", "unit", "version")
+PANE_RELATED = ("campaign", "unit", "version", "attempt__version")
 
 
 def _item_for_user(request: HttpRequest, pk) -> ReviewItem:
@@ -413,6 +413,7 @@ def _pane_context(
     previous = in_filter.filter(pk__lt=item.pk).order_by("-pk").first()
     following = in_filter.filter(pk__gt=item.pk).first()
     unit = item.unit
+    judged = _judged_attempt(item)
     context.update(
         {
             "unit": unit,
@@ -425,9 +426,10 @@ def _pane_context(
             ),
             "output": previews.output_summary(
                 unit=unit,
-                attempt=_judged_attempt(item),
+                attempt=judged,
                 campaign=item.campaign,
-                params=item.version.params,
+                # The version that made the output shown (a spot check's may be another's).
+                params=judged.version.params if judged is not None else item.version.params,
                 twins=_duplicates_named(item),
             ),
             "history": ReviewDecision.objects.filter(item__unit=unit)
@@ -445,6 +447,7 @@ def _judged_attempt(item: ReviewItem) -> Attempt | None:
         return item.attempt
     return (
         Attempt.objects.filter(unit=item.unit, outcome=Attempt.Outcome.SUCCEEDED)
+        .select_related("version")
         .order_by("-finished_at", "-pk")
         .first()
     )

@@ -28,13 +28,20 @@ from transformers import (
     GenerationConfig,
     LogitsProcessor,
     LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
 )
 
 from campaigns.intake.inputs import InputError, decode_text
 from campaigns.models import ErrorClass
 from campaigns.review.flags import completion_flags
 from campaigns.specs.builtin import resolve_model_path
-from campaigns.specs.generation import read_completion, refuse_long_prompt, text_list
+from campaigns.specs.generation import (
+    prompt_tokens,
+    read_completion,
+    refuse_long_prompt,
+    text_list,
+)
 from campaigns.storage import checkpoint_files as checkpoints
 from gpuworker.memory import MemoryProbe, device_and_dtype
 from gpuworker.processors.text_embedding import folder_stamp
@@ -72,6 +79,16 @@ def load_generator(path: str, _stamp: tuple, device: torch.device, dtype: torch.
         checkpoints.verified(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True, dtype=dtype)
+    # Of the folder's generation_config.json only its special tokens are
+    # kept: every setting left unset in a call is taken from it (a repetition
+    # penalty, suppressed tokens, a return type, stop strings), and the
+    # version's parameters alone decide the text.
+    kept = model.generation_config
+    model.generation_config = GenerationConfig(
+        bos_token_id=kept.bos_token_id,
+        eos_token_id=kept.eos_token_id,
+        pad_token_id=kept.pad_token_id,
+    )
     return tokenizer, model.to(device).eval()
 
 
@@ -103,6 +120,35 @@ class SeededSampler(LogitsProcessor):
         return cast(torch.FloatTensor, picked)
 
 
+class StopStrings(StoppingCriteria):
+    """Ends a row once its generated text holds a stop string, and keeps the
+    step: the prompt is not looked at (a prompt ending in the stop string
+    would end every completion at its first token), nor a row that already
+    ended with an end token (its padding)."""
+
+    def __init__(self, tokenizer, stops: list[str], width: int, eos: list[int]):
+        self.tokenizer, self.stops, self.width, self.eos = tokenizer, stops, width, set(eos)
+        # A stop string is completed by the last token: decoding the last few
+        # tokens (at least one character each, as a rule) finds it.
+        self.tail = max(len(stop) for stop in stops) + 8
+        self.ended: dict[int, int] = {}  # row -> index of the token that completed a stop
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs):
+        generated = input_ids[:, self.width :].tolist()
+        done = []
+        for row, tokens in enumerate(generated):
+            if row in self.ended or self.eos.intersection(tokens):
+                done.append(row in self.ended)
+                continue
+            text = self.tokenizer.decode(tokens[-self.tail :], skip_special_tokens=False)
+            if any(stop in text for stop in self.stops):
+                self.ended[row] = len(tokens) - 1
+                done.append(True)
+            else:
+                done.append(False)
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
 class TextGenerationProcessor:
     suffix = ".json"
 
@@ -115,9 +161,6 @@ class TextGenerationProcessor:
             str(folder), folder_stamp(folder), self.device, dtype
         )
         self.stops = text_list(params["stop"], "stop")
-        self.chat = params["chat_template"] == "auto" and bool(
-            getattr(self.tokenizer, "chat_template", None)
-        )
         config = self.model.generation_config
         eos = config.eos_token_id if config.eos_token_id is not None else []
         eos = [eos] if isinstance(eos, int) else list(eos)
@@ -128,7 +171,8 @@ class TextGenerationProcessor:
         if pad is None:
             pad = config.pad_token_id if config.pad_token_id is not None else (eos or [0])[0]
         self.pad = int(pad)
-        # Counting in prepare with a tokenizer of its own: prepare runs in
+        # Counting in prepare with a tokenizer of its own, as the setup page
+        # counts (campaigns.specs.generation.prompt_tokens): prepare runs in
         # reader threads while run() may be using the transformers tokenizer.
         self.counter = Tokenizer.from_str(self.tokenizer.backend_tokenizer.to_str())
         self.counter.no_truncation()
@@ -142,17 +186,7 @@ class TextGenerationProcessor:
         limit = int(self.params["max_prompt_tokens"])
         if getattr(data, "size", len(data)) > len(data):
             refuse_long_prompt(0, limit, cut=True)
-        system = self.params["system_prompt"]
-        if self.chat:
-            messages = [{"role": "system", "content": system}] if system else []
-            messages.append({"role": "user", "content": text})
-            rendered = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False
-            )
-            # The template writes the special tokens it wants.
-            ids = self.counter.encode(rendered, add_special_tokens=False).ids
-        else:
-            ids = self.counter.encode(f"{system}\n\n{text}" if system else text).ids
+        ids = prompt_tokens(self.params, text, self.counter)
         if not ids:
             raise InputError(ErrorClass.INPUT_INVALID, "no tokens: nothing to prompt with")
         refuse_long_prompt(len(ids), limit)
@@ -193,7 +227,10 @@ class TextGenerationProcessor:
         prompt = sum(c.prompt_tokens for c in result.completions)
         generated = sum(c.completion_tokens for c in result.completions)
         return {
-            "real_tokens": prompt + generated,
+            # In the units' costs (prompt + max_new_tokens each), as the
+            # estimate, the profile and the time left count the work; the
+            # tokens generated are said apart.
+            "real_tokens": prompt + len(result.completions) * self.max_new_tokens,
             "padded_tokens": result.padded_tokens,
             "compute_seconds": round(result.seconds, 4),
             "prompt_tokens": prompt,
@@ -219,7 +256,6 @@ class TextGenerationProcessor:
             no_repeat_ngram_size=0,
             eos_token_id=self.eos or None,
             pad_token_id=self.pad,
-            stop_strings=None if longest else self.stops or None,
         )
 
     @torch.inference_mode()
@@ -242,49 +278,52 @@ class TextGenerationProcessor:
                     float(self.params["top_p"]),
                 )
             )
+        stops = StoppingCriteriaList()
+        if self.stops and not longest:
+            stops.append(StopStrings(self.tokenizer, self.stops, width, self.eos))
         out = self.model.generate(
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
             generation_config=self._config(longest),
             logits_processor=processors,
-            tokenizer=self.tokenizer if self.stops and not longest else None,
+            stopping_criteria=stops,
         )
         new = out[:, width:].cpu().tolist()
         memory = self.probe.snapshot()
-        completions = [self._completion(p, row) for p, row in zip(prompts, new, strict=True)]
+        ended = stops[0].ended if stops else {}
+        completions = [
+            self._completion(p, tokens, ended.get(row))
+            for row, (p, tokens) in enumerate(zip(prompts, new, strict=True))
+        ]
         return GenerationBatch(
             completions=completions,
-            padded_tokens=len(prompts) * (width + len(new[0]) if new else width),
+            # In the units' costs: every row may hold its prompt's width and max_new_tokens.
+            padded_tokens=len(prompts) * (width + self.max_new_tokens),
             seconds=time.perf_counter() - started,
             memory=memory,
         )
 
-    def _completion(self, prompt: Prompt, tokens: list[int]) -> Completion:
-        """One row's new tokens up to where it ended, decoded; the text cut
-        before a stop string. A row that ended before the others is filled
-        with the pad token after its end."""
+    def _completion(self, prompt: Prompt, tokens: list[int], stop_at: int | None) -> Completion:
+        """One row's new tokens up to where it ended (its end token, or the
+        token that completed a stop string: `stop_at`), decoded; the text cut
+        before the stop string. A row that ended before the others is padded."""
         ended = next((at for at, t in enumerate(tokens) if t in self.eos), None)
-        kept = tokens if ended is None else tokens[:ended]
-        text = self.tokenizer.decode(kept, skip_special_tokens=True)
-        cut = min((at for at in (text.find(s) for s in self.stops) if at >= 0), default=None)
-        if cut is not None:
-            # Generation stopped at the token that completed the stop string.
-            text, reason, used = text[:cut], "stop", len(kept) - _trailing(kept, self.pad)
-        elif ended is not None:
-            reason, used = "stop", ended + 1  # the end-of-sequence token is generated too
-        else:
-            reason, used = "length", len(kept)
-        return Completion(text, reason, len(prompt.ids), used)
-
-
-def _trailing(tokens: list[int], pad: int) -> int:
-    """How many pad tokens end the row."""
-    count = 0
-    for token in reversed(tokens):
-        if token != pad:
-            break
-        count += 1
-    return count
+        if stop_at is not None and (ended is None or stop_at < ended):
+            # Decoded with its special tokens, so a stop string that is one
+            # (a chat model's end-of-turn marker) is found; their texts are
+            # then taken out of the part kept, as skip_special_tokens would.
+            raw = self.tokenizer.decode(tokens[: stop_at + 1], skip_special_tokens=False)
+            cut = min((at for at in (raw.find(s) for s in self.stops) if at >= 0), default=len(raw))
+            text = raw[:cut]
+            for special in self.tokenizer.all_special_tokens:
+                text = text.replace(special, "")
+            return Completion(text, "stop", len(prompt.ids), stop_at + 1)
+        if ended is not None:
+            text = self.tokenizer.decode(tokens[:ended], skip_special_tokens=True)
+            # The end token is generated too.
+            return Completion(text, "stop", len(prompt.ids), ended + 1)
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        return Completion(text, "length", len(prompt.ids), len(tokens))
 
 
 def completion_bytes(completion: Completion) -> bytes:

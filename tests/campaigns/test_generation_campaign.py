@@ -9,12 +9,15 @@ from __future__ import annotations
 import json
 from io import StringIO
 from pathlib import Path
+from unittest import mock
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 from django.core.management import call_command
 from django.urls import reverse
 
+from campaigns.exports import completions
 from campaigns.models import Campaign, ReviewItem, Unit, UnitState
 from campaigns.specs.generation import TEXT_GENERATION
 from campaigns.verify.reconcile import campaign_verify
@@ -106,6 +109,13 @@ def test_a_generation_campaign_over_records_runs_exports_and_shows_its_completio
     assert [line["id"] for line in lines] == list(table["id"])
     assert [line["completion_tokens"] for line in lines] == list(table["completion_tokens"])
 
+    # a row group ends at GROUP_BYTES of completions, whatever their count
+    with mock.patch.object(completions, "GROUP_BYTES", 40):
+        call_command("campaign", "export", "gen", "--to", str(out), stdout=StringIO())
+    grouped = pq.ParquetFile(out / f"completions-{label}.parquet")
+    assert grouped.metadata.num_row_groups > 3
+    assert list(grouped.read().column("id").to_pylist()) == list(table["id"])
+
     # an output deleted since keeps its row, with the reason
     (Path(output_root) / done[2].output_path).unlink()
     client.force_login(admin_user)
@@ -119,6 +129,12 @@ def test_a_generation_campaign_over_records_runs_exports_and_shows_its_completio
     data = b"".join(client.get(url).streaming_content)
     (tmp_path / "dl.parquet").write_bytes(data)
     assert list(pd.read_parquet(tmp_path / "dl.parquet")["id"]) == list(table["id"])
+
+    # the campaign page: each batch's generated tokens and their rate
+    page = client.get(reverse("campaign_detail", args=["gen"])).content.decode()
+    generated = sum(c.completion_tokens for c in expected)
+    assert "<th>Generated tokens</th><th>Generated/s</th>" in page
+    assert f"<td data-generated>{generated}</td>" in page  # one batch: every prompt
 
     # the unit page: the prompt, and the completion beside it
     unit = done[4]

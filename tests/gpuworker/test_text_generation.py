@@ -345,3 +345,36 @@ def test_the_review_rules_follow_their_parameters():
     assert completion_flags("go on and on and " * 4 + "I'm sorry, but", "length", params) == []
     custom = TEXT_GENERATION.clean({"model": "/nowhere", "flag_refusals": '["cannot comply"]'})
     assert completion_flags("I Cannot Comply.", "stop", custom)[0][0] == FlagReason.REFUSAL
+
+
+LLAMA3_STYLE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<|start|>' + message['role'] + '<|sep|>\n\n' + message['content'] | trim + '<|end|>' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|start|>assistant<|sep|>\n\n' }}{% endif %}"
+)
+CHATML_STYLE = (
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.mark.parametrize("template", [LLAMA3_STYLE, CHATML_STYLE, None])
+@pytest.mark.parametrize("system", ["", "answer in French"])
+def test_prompts_are_rendered_as_the_tokenizers_own_chat_template_renders_them(
+    chat_folder, tmp_path, template, system
+):
+    # the web process renders without transformers; the tokenizer's apply_chat_template is
+    # what a user tries their template with: both must agree
+    folder = tiny_causal_lm(tmp_path / "templated", chat=True)
+    if template is not None:
+        (folder / "chat_template.jinja").write_text(template)
+    processor = _processor(folder, system_prompt=system)
+    for text in ("the fox", "  spaced out  ", 'quotes " and {braces}'):
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": text})
+        theirs = processor.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
+        assert processor.tokenizer.decode(processor.prepare(text.encode()).ids) == theirs

@@ -79,13 +79,15 @@ AUTHENTICATION_BACKENDS = [
 # Content Security Policy, in development too so a violation shows up before
 # production: scripts and styles from our own origin only (htmx, its Django
 # helper and review.js are static files; htmx is told not to inject styles or
-# eval in base.html), images from us or data: URIs (thumbnails), no framing.
+# eval in base.html), images and audio from us or data: URIs (thumbnails, the
+# review pane's players), no framing.
 CONTENT_SECURITY_POLICY = {
     "DIRECTIVES": {
         "default-src": [SELF],
         "script-src": [SELF],
         "style-src": [SELF],
         "img-src": [SELF, "data:"],
+        "media-src": [SELF, "data:"],
         "connect-src": [SELF],
         "font-src": [SELF],
         "object-src": [NONE],

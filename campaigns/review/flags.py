@@ -29,6 +29,8 @@ class FlagReason(models.TextChoices):
     STOPPED_BY_LENGTH = "stopped_by_length", "completion cut at max_new_tokens"
     REPEATED_TEXT = "repeated_text", "completion repeats itself"
     REFUSAL = "refusal", "completion reads as a refusal"
+    SILENT_AUDIO = "silent_audio", "silent audio"
+    CLIPPED_AUDIO = "clipped_audio", "clipped audio"
     # Outputs that failed their check: the unit fails (output_invalid) and a
     # person sees the item; the reason counts at the checkpoint like any flag.
     NON_FINITE = outputs.NON_FINITE, "NaN or Inf in the output"
@@ -189,4 +191,35 @@ def completion_flags(completion: str, finish_reason: str, params: dict) -> list[
         if phrase.casefold() in folded:
             flags.append((FlagReason.REFUSAL, f"says {phrase!r}"))
             break
+    return flags
+
+
+AUDIO_FLAGS = {
+    "flag_silent_dbfs": ParamSpec(
+        -60.0,
+        type=float,
+        minimum=-200,
+        maximum=0,
+        help="flag an input whose peak is below this many dBFS (-200: never)",
+    ),
+    "flag_clipped_share": ParamSpec(
+        0.001,
+        type=float,
+        minimum=0,
+        maximum=1,
+        help="flag an input with more than this share of its samples at full scale (1: never)",
+    ),
+}
+
+
+def audio_flags(peak_dbfs: float, clipped_share: float, params: dict) -> list[tuple[str, str]]:
+    flags: list[tuple[str, str]] = []
+    silent = float(params.get("flag_silent_dbfs", -200))
+    if peak_dbfs < silent:
+        flags.append((FlagReason.SILENT_AUDIO, f"peak {peak_dbfs:.1f} dBFS, below {silent:g}"))
+    share = float(params.get("flag_clipped_share", 1))
+    if share < 1 and clipped_share > share:
+        flags.append(
+            (FlagReason.CLIPPED_AUDIO, f"{clipped_share:.2%} of the samples at full scale")
+        )
     return flags

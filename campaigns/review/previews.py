@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from django.conf import settings
 
+from campaigns.intake.audio import audio_info
 from campaigns.intake.images import MAX_ASPECT, MAX_PIXELS, decode_image, open_image
 from campaigns.intake.inputs import InputError, ReadLimits, decode_text, read_bytes
 from campaigns.intake.project_folders import campaign_folder_refusal
@@ -39,6 +40,19 @@ THUMBNAIL = (256, 256)
 PREVIEW_MAX_BYTES = 64 * 1024 * 1024
 IMAGE_PROCESSORS = {"image-transform", "image-classification"}
 GENERATION = "text-generation"
+AUDIO_PROCESSORS = {"audio-transform"}
+AUDIO_TYPES = {
+    ".wav": "audio/wav",
+    ".flac": "audio/flac",
+    ".ogg": "audio/ogg",
+    ".oga": "audio/ogg",
+    ".mp3": "audio/mpeg",
+    ".aif": "audio/aiff",
+    ".aiff": "audio/aiff",
+}
+#: Audio played in the page from a data: URL at most this large (a few minutes
+#: of FLAC); a larger file shows its facts only.
+PLAYABLE_BYTES = 8 * 1024 * 1024
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
 
 
@@ -67,11 +81,26 @@ def _thumbnail(data: bytes, params: dict) -> str:
 
 @dataclass
 class Preview:
-    kind: str  # text / image / error
+    kind: str  # text / image / audio / error
     text: str = ""
     cut: bool = False
     thumbnail: str = ""
     error: str = ""
+    audio: str = ""  # a data: URL the page plays ("" when too large to play here)
+    facts: str = ""  # an audio file's rate, channels, length and format
+
+
+def _audio(data: bytes, suffix: str) -> tuple[str, str]:
+    """(data: URL or "", facts) of an audio file; InputError when it is no audio."""
+    info = audio_info(data)
+    facts = (
+        f"{info.rate:,} Hz, {info.channels} channel{'s' if info.channels > 1 else ''}, "
+        f"{info.seconds:,.2f} s, {info.format}"
+    )
+    if len(data) > PLAYABLE_BYTES:
+        return "", facts + f" ({len(data):,} bytes: too large to play here)"
+    kind = AUDIO_TYPES.get(suffix.lower(), f"audio/{info.format.lower()}")
+    return f"data:{kind};base64," + base64.b64encode(data).decode("ascii"), facts
 
 
 def input_preview(*, unit: Unit, campaign: Campaign, params: dict) -> Preview:
@@ -84,6 +113,10 @@ def input_preview(*, unit: Unit, campaign: Campaign, params: dict) -> Preview:
         return Preview("error", error=f"{ErrorClass.INPUT_UNREADABLE}: {refusal}")
     root = Path(campaign.input_root)
     try:
+        if campaign.processor in AUDIO_PROCESSORS:
+            data = _read_limited(root, unit.source_path)
+            url, facts = _audio(data, Path(unit.source_path).suffix)
+            return Preview("audio", audio=url, facts=facts)
         if is_image:
             data = _read_limited(root, unit.source_path)
             return Preview("image", thumbnail=_thumbnail(data, params))
@@ -114,6 +147,7 @@ class OutputSummary:
     asked: str = ""
     error: str = ""
     completion: dict = field(default_factory=dict)  # a generated text's output file
+    audio: str = ""  # a transformed audio's data: URL ("" when too large to play)
 
 
 def output_summary(
@@ -143,6 +177,9 @@ def output_summary(
             return _classification_summary(_read_limited(root, rel))
         if suffix in IMAGE_SUFFIXES:
             return _image_summary(campaign, params, _read_limited(root, rel))
+        if suffix in AUDIO_TYPES:
+            url, facts = _audio(_read_limited(root, rel), suffix)
+            return OutputSummary("audio", audio=url, dimensions=facts, asked=_asked_audio(params))
     except InputError as exc:
         return OutputSummary("error", error=f"{exc.error_class}: {exc.message}")
     if suffix == ".npy":
@@ -154,6 +191,18 @@ def output_summary(
             return OutputSummary("error", error=f"unreadable completion: {exc}")
         return OutputSummary("completion", completion=record)
     return OutputSummary("none")
+
+
+def _asked_audio(params: dict) -> str:
+    rate = int(params.get("sample_rate") or 0)
+    asked = [f"{rate:,} Hz" if rate else "the input's rate"]
+    asked.append("mono" if params.get("channels") == "mono" else "the input's channels")
+    length = params.get("length", "keep")
+    if length != "keep":
+        asked.append(f"{length} {float(params.get('seconds', 0)):g} s")
+    if params.get("loudness", "none") != "none":
+        asked.append(f"{params['loudness']} at {float(params['target_dbfs']):g} dBFS")
+    return ", ".join(asked) + f", {str(params.get('format', '')).upper()}"
 
 
 def _image_summary(campaign: Campaign, params: dict, data: bytes) -> OutputSummary:

@@ -215,10 +215,12 @@ def _load_plugins() -> dict[str, ProcessorSpec]:
 @functools.cache
 def _registry() -> dict[str, ProcessorSpec]:
     from campaigns.specs.adaptation import ADAPTATION
+    from campaigns.specs.audio import AUDIO_TRANSFORM
     from campaigns.specs.builtin import BUILTIN
     from campaigns.specs.generation import TEXT_GENERATION
 
-    registry = {spec.name: spec for spec in (*BUILTIN, TEXT_GENERATION, *ADAPTATION)}
+    builtin = (*BUILTIN, TEXT_GENERATION, AUDIO_TRANSFORM, *ADAPTATION)
+    registry = {spec.name: spec for spec in builtin}
     for name, spec in _load_plugins().items():
         if not isinstance(spec, ProcessorSpec):
             raise TypeError(f"processor {name!r} is not a ProcessorSpec")

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     # own libraries, loaded only by a worker whose version needs them): every
     # built-in class, made from a version's parameters, is a Processor; all
     # of them flag units for review, and the text embedding writes shards.
+    from gpuworker.processors.audio_transform import AudioTransformProcessor
     from gpuworker.processors.image_classification import ImageClassificationProcessor
     from gpuworker.processors.image_transform import ImageTransformProcessor
     from gpuworker.processors.text_embedding import TextEmbeddingProcessor
@@ -40,12 +41,14 @@ if TYPE_CHECKING:
         ImageClassificationProcessor,
         ImageTransformProcessor,
         TextGenerationProcessor,
+        AudioTransformProcessor,
     )
     _FLAGGING: tuple[Callable[[dict[str, Any]], FlaggingProcessor], ...] = (
         TextEmbeddingProcessor,
         ImageClassificationProcessor,
         ImageTransformProcessor,
         TextGenerationProcessor,
+        AudioTransformProcessor,
     )
     _SHARDED: Callable[[dict[str, Any]], ShardedProcessor] = TextEmbeddingProcessor
 

@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, cast
+from typing import IO, Generic, TypeVar, cast
 
 from PIL import Image
 
@@ -36,6 +36,8 @@ from campaigns.specs.limits import check_output_pixels
 from campaigns.storage.outputs import HashingWriter, Streamed
 from gpuworker.memory import MemoryProbe, cpu, map_large_allocations
 from gpuworker.processors import pixel_budget
+
+Source = TypeVar("Source")
 
 
 @dataclass(eq=False)
@@ -68,8 +70,9 @@ class Job:
     batch: TransformBatch
 
 
-class SourceSizes:
-    """The input size of each output written here, by its bytes' digest.
+class SourceSizes(Generic[Source]):
+    """The input size of each output written here, by its bytes' digest (or
+    another fact of its input: the audio transform keeps its header's).
 
     validate() gets only the path the runner wrote (the batch runner and the
     profiler both call it so), yet a conversion's or a thumbnail's exact
@@ -81,16 +84,16 @@ class SourceSizes:
     LIMIT = 2 * 4096  # two batches of the largest batch_size
 
     def __init__(self):
-        self._sizes: dict[str, tuple[int, int]] = {}
+        self._sizes: dict[str, Source] = {}
         self._lock = threading.Lock()
 
-    def remember(self, sha256: str, source: tuple[int, int]) -> None:
+    def remember(self, sha256: str, source: Source) -> None:
         with self._lock:
             self._sizes[sha256] = source
             if len(self._sizes) > self.LIMIT:
                 del self._sizes[next(iter(self._sizes))]
 
-    def of(self, path: Path) -> tuple[int, int] | None:
+    def of(self, path: Path) -> Source | None:
         """None for a file this process did not write (an adopted output)."""
         with open(path, "rb") as fh:
             key = hashlib.file_digest(fh, "sha256").hexdigest()
@@ -103,7 +106,7 @@ class ImageTransformProcessor:
         self.params = params
         self.suffix = ".jpg" if params["format"] == "jpeg" else f".{params['format']}"
         self.probe = MemoryProbe(cpu())
-        self.sources = SourceSizes()
+        self.sources: SourceSizes[tuple[int, int]] = SourceSizes()
         map_large_allocations()
 
     def prepare(self, data: bytes) -> Prepared:

@@ -67,6 +67,7 @@ from campaigns.web.version_views import downloads_of
 from gpuworker.profiler import profile_run
 from gpuworker.runner import run as model_run
 from gpuworker.training_tasks import run_training
+from tests.audio import bad_clips, encoded, tone
 from tests.conftest import DEMO_CORPUS
 from tests.generation import tiny_causal_lm
 from tests.gpuworker.test_image_classification import (
@@ -137,6 +138,12 @@ def shared(tmp_path_factory) -> Path:
     torch.jit.script(TinyCNN().eval()).save(str(root / "tiny.pt"))
     (root / "labels.txt").write_text("\n".join(CLASSES) + "\n")
     tiny_causal_lm(root / "tiny-lm")
+    (root / "clips" / "bad").mkdir(parents=True)
+    for i in range(8):
+        clip = tone(0.5 + i / 8, rate=8000 * (1 + i % 2), channels=1 + i % 2, freq=220 + 40 * i)
+        (root / "clips" / f"clip-{i}.wav").write_bytes(encoded(clip, 8000 * (1 + i % 2)))
+    for name, (data, _) in list(bad_clips().items())[:3]:
+        (root / "clips" / "bad" / name).write_bytes(data)
     return root
 
 
@@ -170,6 +177,11 @@ FACTORIES: dict[str, Callable[[Path], Inputs]] = {
         # fail the checkpoint as a repeating defect before anyone looks.
         | {"max_new_tokens": 6, "flag_length": "no"},
         {"decoding": "sample", "seed": 1},
+    ),
+    "audio-transform": lambda shared: Inputs(
+        shared / "clips",
+        {"batch_size": 3, "format": "wav", "sample_rate": 8000},
+        {"format": "flac"},
     ),
     "text-stats": lambda shared: Inputs(shared / "texts", {"batch_size": 4}, {"lowercase": "yes"}),
     # Nothing held out: its training measures no held-out loss, the base model's neither.

@@ -73,6 +73,11 @@ class InputBytes(bytes):
         return self.size > len(self)
 
     @property
+    def name(self) -> str:
+        """Its source path as the unit names it ("" for bytes read_bytes did not read)."""
+        return self._where[1] if self._where is not None else ""
+
+    @property
     def source(self) -> InputSource | None:
         """What reads these bytes again later, in place of holding them (None
         for bytes read_bytes did not read, or a cut read without its digest)."""

@@ -31,6 +31,7 @@ class FlagReason(models.TextChoices):
     REFUSAL = "refusal", "completion reads as a refusal"
     SILENT_AUDIO = "silent_audio", "silent audio"
     CLIPPED_AUDIO = "clipped_audio", "clipped audio"
+    WRONG_EXTENSION = "wrong_extension", "file name says another format"
     # Outputs that failed their check: the unit fails (output_invalid) and a
     # person sees the item; the reason counts at the checkpoint like any flag.
     NON_FINITE = outputs.NON_FINITE, "NaN or Inf in the output"
@@ -212,8 +213,18 @@ AUDIO_FLAGS = {
 }
 
 
-def audio_flags(peak_dbfs: float, clipped_share: float, params: dict) -> list[tuple[str, str]]:
+def audio_flags(
+    peak_dbfs: float, clipped_share: float, source, params: dict
+) -> list[tuple[str, str]]:
+    """`source`: the input's campaigns.intake.audio.AudioInfo."""
     flags: list[tuple[str, str]] = []
+    if source.named_as:
+        flags.append(
+            (
+                FlagReason.WRONG_EXTENSION,
+                f"named as {source.named_as}, holds {source.format} (decoded as {source.format})",
+            )
+        )
     silent = float(params.get("flag_silent_dbfs", -200))
     if peak_dbfs < silent:
         flags.append((FlagReason.SILENT_AUDIO, f"peak {peak_dbfs:.1f} dBFS, below {silent:g}"))

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from django.conf import settings
 
-from campaigns.intake.audio import audio_info
+from campaigns.intake.audio import MEDIA_TYPES, audio_info
 from campaigns.intake.images import MAX_ASPECT, MAX_PIXELS, decode_image, open_image
 from campaigns.intake.inputs import InputError, ReadLimits, decode_text, read_bytes
 from campaigns.intake.project_folders import campaign_folder_refusal
@@ -41,15 +41,8 @@ PREVIEW_MAX_BYTES = 64 * 1024 * 1024
 IMAGE_PROCESSORS = {"image-transform", "image-classification"}
 GENERATION = "text-generation"
 AUDIO_PROCESSORS = {"audio-transform"}
-AUDIO_TYPES = {
-    ".wav": "audio/wav",
-    ".flac": "audio/flac",
-    ".ogg": "audio/ogg",
-    ".oga": "audio/ogg",
-    ".mp3": "audio/mpeg",
-    ".aif": "audio/aiff",
-    ".aiff": "audio/aiff",
-}
+#: An output's suffix that says it is audio (an audio transformation's formats).
+AUDIO_SUFFIXES = {".wav", ".flac", ".ogg"}
 #: Audio played in the page from a data: URL at most this large (a few minutes
 #: of FLAC); a larger file shows its facts only.
 PLAYABLE_BYTES = 8 * 1024 * 1024
@@ -90,16 +83,23 @@ class Preview:
     facts: str = ""  # an audio file's rate, channels, length and format
 
 
-def _audio(data: bytes, suffix: str) -> tuple[str, str]:
-    """(data: URL or "", facts) of an audio file; InputError when it is no audio."""
-    info = audio_info(data)
+def _audio(root: Path, relative: str) -> tuple[str, str]:
+    """(data: URL or "", facts) of an audio file; InputError when it is no
+    audio. A file over PLAYABLE_BYTES is not played: its header alone is read."""
+    try:
+        size = resolve_input(root, relative).stat().st_size
+    except (OSError, ValueError):
+        size = 0  # read_bytes says what is wrong, classified
+    whole = size <= PLAYABLE_BYTES
+    data = read_bytes(root, relative, limits=ReadLimits(keep=None if whole else 1 << 20))
+    info = audio_info(data, whole=whole)
     facts = (
         f"{info.rate:,} Hz, {info.channels} channel{'s' if info.channels > 1 else ''}, "
         f"{info.seconds:,.2f} s, {info.format}"
     )
-    if len(data) > PLAYABLE_BYTES:
-        return "", facts + f" ({len(data):,} bytes: too large to play here)"
-    kind = AUDIO_TYPES.get(suffix.lower(), f"audio/{info.format.lower()}")
+    if not whole:
+        return "", facts + f" ({size:,} bytes: too large to play here)"
+    kind = MEDIA_TYPES.get(info.format, "application/octet-stream")
     return f"data:{kind};base64," + base64.b64encode(data).decode("ascii"), facts
 
 
@@ -114,8 +114,7 @@ def input_preview(*, unit: Unit, campaign: Campaign, params: dict) -> Preview:
     root = Path(campaign.input_root)
     try:
         if campaign.processor in AUDIO_PROCESSORS:
-            data = _read_limited(root, unit.source_path)
-            url, facts = _audio(data, Path(unit.source_path).suffix)
+            url, facts = _audio(root, unit.source_path)
             return Preview("audio", audio=url, facts=facts)
         if is_image:
             data = _read_limited(root, unit.source_path)
@@ -177,8 +176,8 @@ def output_summary(
             return _classification_summary(_read_limited(root, rel))
         if suffix in IMAGE_SUFFIXES:
             return _image_summary(campaign, params, _read_limited(root, rel))
-        if suffix in AUDIO_TYPES:
-            url, facts = _audio(_read_limited(root, rel), suffix)
+        if suffix in AUDIO_SUFFIXES:
+            url, facts = _audio(root, rel)
             return OutputSummary("audio", audio=url, dimensions=facts, asked=_asked_audio(params))
     except InputError as exc:
         return OutputSummary("error", error=f"{exc.error_class}: {exc.message}")

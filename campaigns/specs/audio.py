@@ -17,8 +17,14 @@ import numpy as np
 import soundfile
 from django.core.exceptions import ValidationError
 
-from campaigns.intake.audio import MAX_SECONDS, Audio, AudioInfo, audio_info, decode_audio
-from campaigns.intake.inputs import InputError, read_path
+from campaigns.intake.audio import (
+    MAX_SAMPLES,
+    MAX_SECONDS,
+    Audio,
+    AudioInfo,
+    decode_audio,
+)
+from campaigns.intake.inputs import InputError
 from campaigns.review.flags import AUDIO_FLAGS
 from campaigns.specs.limits import IMAGE_MAX_INPUT_BYTES, input_read_limits
 from campaigns.specs.processors import ParamSpec, ProcessorSpec
@@ -30,6 +36,9 @@ AUDIO_FORMATS = {
     "flac": ("FLAC", "PCM_16", ".flac", b"fLaC"),
     "ogg": ("OGG", "VORBIS", ".ogg", b"OggS"),
 }
+#: What each output format can hold: (highest rate, most channels). libvorbis
+#: crashes the process past its rates rather than refusing them.
+FORMAT_LIMITS = {"wav": (768000, 1024), "flac": (655350, 8), "ogg": (192000, 255)}
 #: An output's frames may differ from the asked duration by this much: a
 #: resampler rounds, and Vorbis pads its last block.
 FRAME_SLACK = 0.002  # seconds
@@ -39,10 +48,33 @@ def _suffix(params: dict) -> str:
     return AUDIO_FORMATS[params["format"]][2]
 
 
-def audio_cost(path: Path, params: dict) -> int:
-    """Milliseconds of audio, from the header (1 for an empty clip)."""
-    data = read_path(path, input_read_limits(params))
-    return max(1, round(audio_info(data).seconds * 1000))
+def audio_cost(path: Path, params: dict) -> int | None:
+    """Milliseconds of audio, from the header alone (1 for an empty clip;
+    None for a length the header does not say)."""
+    info = soundfile.info(str(path))
+    if not info.samplerate or info.frames >= 1 << 62:
+        return None
+    return max(1, round(info.frames / info.samplerate * 1000))
+
+
+def output_refusal(info: AudioInfo, params: dict) -> str:
+    """Why this input's output cannot be made in the asked format ("" when it can)."""
+    rate, channels = output_rate(info, params), output_channels(info, params)
+    highest, most = FORMAT_LIMITS[params["format"]]
+    fmt = params["format"].upper()
+    if rate > highest:
+        return (
+            f"its output would be {rate:,} Hz, over the {highest:,} {fmt} holds (set sample_rate)"
+        )
+    if channels > most:
+        return f"{channels} channels, over the {most} {fmt} holds (set channels=mono)"
+    _, high = expected_seconds(info.seconds, params)
+    samples = round(high * rate) * channels
+    if samples > int(params["max_samples"]):
+        return (
+            f"its output would hold {samples:,} samples, over max_samples {params['max_samples']:,}"
+        )
+    return ""
 
 
 def expected_seconds(seconds: float, params: dict) -> tuple[float, float]:
@@ -127,17 +159,33 @@ def _deep_check(path: Path, params: dict) -> None:
 
 
 def _check_input(data: bytes, params: dict) -> Audio:
-    return decode_audio(data, float(params["max_seconds"]))
+    audio = decode_audio(
+        data, float(params["max_seconds"]), int(params["max_samples"]), getattr(data, "name", "")
+    )
+    refusal = output_refusal(audio.info, params)
+    if refusal:
+        raise InputError("input_invalid", refusal)
+    return audio
 
 
 def _validate(params: dict) -> None:
     rate = int(params["sample_rate"])
     if rate and rate < 1000:
         raise ValidationError("sample_rate: 0 (keep each input's) or at least 1000 Hz")
-    if params["format"] == "ogg" and rate and rate > 192000:
-        raise ValidationError("sample_rate: OGG/Vorbis takes at most 192000 Hz")
+    highest = FORMAT_LIMITS[params["format"]][0]
+    if rate > highest:
+        raise ValidationError(
+            f"sample_rate: {params['format'].upper()} holds at most {highest:,} Hz"
+        )
     if params["length"] != "keep" and float(params["seconds"]) <= 0:
         raise ValidationError("seconds: above 0 for length trim, pad or exact")
+    if params["length"] in ("pad", "exact") and rate:
+        frames = round(float(params["seconds"]) * rate)
+        if frames > int(params["max_samples"]):
+            raise ValidationError(
+                f"seconds: {params['seconds']:g} s at {rate:,} Hz is {frames:,} frames an output, "
+                f"over max_samples {params['max_samples']:,}"
+            )
 
 
 AUDIO_TRANSFORM = ProcessorSpec(
@@ -175,6 +223,13 @@ AUDIO_TRANSFORM = ProcessorSpec(
             minimum=0.001,
             help="a longer input fails input_invalid, read from its header before it is decoded",
         ),
+        "max_samples": ParamSpec(
+            MAX_SAMPLES,
+            type=int,
+            minimum=1,
+            help="an input (frames × channels) or output holding more samples fails "
+            "input_invalid, from its header: 4 bytes each in the worker's memory",
+        ),
         "max_input_bytes": IMAGE_MAX_INPUT_BYTES,
         "batch_size": ParamSpec(16, type=int, minimum=1, maximum=4096),
         "batch_policy": ParamSpec("original", choices=("original", "length_grouped")),
@@ -192,8 +247,14 @@ AUDIO_TRANSFORM = ProcessorSpec(
 
 
 def encode_audio(samples: np.ndarray, rate: int, params: dict) -> bytes:
-    """Samples (frames, channels) in the asked format."""
+    """Samples (frames, channels) in the asked format; InputError (that unit
+    fails, not its batch) for what the encoder refuses."""
     fmt, subtype, _, _ = AUDIO_FORMATS[params["format"]]
     buffer = io.BytesIO()
-    soundfile.write(buffer, samples, rate, format=fmt, subtype=subtype)
+    try:
+        soundfile.write(buffer, samples, rate, format=fmt, subtype=subtype)
+    except (soundfile.LibsndfileError, RuntimeError, ValueError) as exc:
+        raise InputError(
+            "input_invalid", f"cannot be written as {fmt} at {rate:,} Hz: {exc}"
+        ) from None
     return buffer.getvalue()

@@ -20,7 +20,9 @@ from pathlib import Path
 import numpy as np
 import soxr
 
-from campaigns.intake.audio import AudioInfo, decode_audio
+from campaigns.intake.audio import AudioInfo, audio_info, decode_audio
+from campaigns.intake.inputs import InputError
+from campaigns.models import ErrorClass
 from campaigns.review.flags import audio_flags
 from campaigns.specs.audio import (
     AUDIO_FORMATS,
@@ -28,6 +30,7 @@ from campaigns.specs.audio import (
     encode_audio,
     output_channels,
     output_rate,
+    output_refusal,
 )
 from campaigns.storage.outputs import InvalidOutput
 from gpuworker.memory import MemoryProbe, cpu
@@ -72,17 +75,28 @@ class AudioTransformProcessor:
 
     def prepare(self, data: bytes) -> Made:
         started = time.perf_counter()
-        audio = decode_audio(data, float(self.params["max_seconds"]))
+        params = self.params
+        name = getattr(data, "name", "")
+        info = audio_info(data, float(params["max_seconds"]), int(params["max_samples"]), name=name)
+        # Refused from the header, before it is decoded: what the format cannot hold.
+        refusal = output_refusal(info, params)
+        if refusal:
+            raise InputError(ErrorClass.INPUT_INVALID, refusal)
+        audio = decode_audio(data, name=name)
         made = self.transform(audio.samples, audio.info)
+        if made.samples.shape[0] == 0:
+            raise InputError(
+                ErrorClass.INPUT_INVALID,
+                f"too short: {info.frames} frame(s) at {info.rate:,} Hz make none at {made.rate:,}",
+            )
         made.seconds = time.perf_counter() - started
         return made
 
     def transform(self, samples: np.ndarray, info: AudioInfo) -> Made:
         params = self.params
-        magnitude = np.abs(samples)
-        peak = float(magnitude.max())
-        clipped = float((magnitude >= FULL_SCALE).mean())
-        del magnitude
+        peak = max(float(samples.max()), -float(samples.min()))
+        full = np.count_nonzero(samples >= FULL_SCALE) + np.count_nonzero(samples <= -FULL_SCALE)
+        clipped = full / samples.size
         if params["channels"] == "mono" and samples.shape[1] > 1:
             samples = samples.mean(axis=1, keepdims=True, dtype=np.float32)
         rate = output_rate(info, params)
@@ -109,7 +123,8 @@ class AudioTransformProcessor:
             return samples
         frames = round(float(self.params["seconds"]) * rate)
         if length in ("trim", "exact") and samples.shape[0] > frames:
-            samples = samples[:frames]
+            # A copy: a view would keep the whole decoded input until the output is written.
+            samples = samples[:frames].copy()
         if length in ("pad", "exact") and samples.shape[0] < frames:
             pad = np.zeros((frames - samples.shape[0], samples.shape[1]), dtype=np.float32)
             samples = np.concatenate([samples, pad])
@@ -118,7 +133,7 @@ class AudioTransformProcessor:
     def _gain(self, samples: np.ndarray) -> tuple[float, bool]:
         """The loudness step's gain, and whether it was lowered to keep the peak at full scale."""
         loudness = self.params["loudness"]
-        peak = float(np.abs(samples).max()) if samples.size else 0.0
+        peak = max(float(samples.max()), -float(samples.min())) if samples.size else 0.0
         if loudness == "none" or peak == 0:
             return 1.0, False
         target = 10 ** (float(self.params["target_dbfs"]) / 20)
@@ -164,11 +179,12 @@ class AudioTransformProcessor:
             "peak_dbfs": made.peak_dbfs,
             "gain_db": made.gain_db,
             **({"gain_limited": True} if made.limited else {}),
+            **({"named_as": made.source.named_as} if made.source.named_as else {}),
         }
 
     def flags(self, result: AudioBatch, index: int) -> list[tuple[str, str]]:
         made = result.items[index]
-        return audio_flags(made.peak_dbfs, made.clipped_share, self.params)
+        return audio_flags(made.peak_dbfs, made.clipped_share, made.source, self.params)
 
     def batch_metrics(self, result: AudioBatch) -> dict:
         # Milliseconds of input audio in the token columns: what the batch weighed.

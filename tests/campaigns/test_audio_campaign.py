@@ -29,6 +29,7 @@ def test_an_audio_campaign_runs_and_its_review_pane_plays_input_and_output(
         rate = (8000, 22050, 44100)[i % 3]
         (corpus / f"c{i}.wav").write_bytes(encoded(tone(1 + i / 4, rate=rate, channels=2), rate))
     (corpus / "quiet.flac").write_bytes(encoded(tone(1.0, amplitude=0.0005), 16000, "FLAC"))
+    (corpus / "mislabelled.wav").write_bytes(encoded(tone(1.0), 16000, "FLAC"))
     bad = bad_clips()
     for name, (data, _) in bad.items():
         (corpus / "bad" / name).write_bytes(data)
@@ -54,22 +55,24 @@ def test_an_audio_campaign_runs_and_its_review_pane_plays_input_and_output(
             "uid", "error_message"
         )
     )
-    assert {
-        uid: [said for said in (bad[uid[4:]][1],) if said in msg] for uid, msg in failed.items()
-    } == {f"bad/{name}": [said] for name, (_, said) in bad.items()}
+    assert set(failed) == {f"bad/{name}" for name in bad}
+    for name, (_, said) in bad.items():
+        assert said in failed[f"bad/{name}"], (name, failed[f"bad/{name}"])
     done = Unit.objects.filter(
         campaign=campaign, state__in=(UnitState.SUCCEEDED, UnitState.NEEDS_REVIEW)
     )
-    assert sorted(done.values_list("uid", flat=True)) == [
-        *(f"c{i}.wav" for i in range(5)),
-        "quiet.flac",
-    ]
+    expected = [*(f"c{i}.wav" for i in range(5)), "mislabelled.wav", "quiet.flac"]
+    assert sorted(done.values_list("uid", flat=True)) == expected
     for unit in done:
         info = soundfile.info(str(output_root / unit.output_path))
         assert (info.samplerate, info.channels, info.frames) == (16000, 1, 24000)
     report = campaign_verify(campaign=campaign, deep=True).as_dict()
-    # the quiet clip's output waits for its review before it counts
+    # the quiet and the mislabelled clips' outputs wait for their review before they count
     assert report["valid"] == 5 and report["input_invalid"] == len(bad)
+    mislabelled = ReviewItem.objects.get(campaign=campaign, reason="wrong_extension")
+    assert mislabelled.unit.uid == "mislabelled.wav" and "holds FLAC" in mislabelled.detail
+    attempt = mislabelled.unit.attempts.get()
+    assert attempt.metrics["named_as"] == "WAV" and attempt.metrics["input_format"] == "FLAC/PCM_16"
 
     # the quiet clip waits for a person, who hears both sides
     item = ReviewItem.objects.get(campaign=campaign, reason="silent_audio")

@@ -191,3 +191,49 @@ def wait_until(
         time.sleep(interval)
     detail = "".join(f"\nworker log {w.log_path.name}:\n{w.output()[-3000:]}" for w in watched)
     raise AssertionError(f"condition not met within {timeout}s{detail}")
+
+
+def kill_mid_batch(start_worker, campaign, times: int, *, settle: float = 0.1) -> None:
+    """SIGKILL a fresh worker while it holds one of the campaign's batches,
+    until `times` kills caught a batch still running (8 tries at most)."""
+    from campaigns.models import Batch
+
+    killed = 0
+    for _attempt in range(8):
+        if killed == times:
+            break
+        worker = start_worker()
+        held = Batch.objects.filter(
+            campaign=campaign, state=Batch.State.RUNNING, lease_expires_at__isnull=False
+        )
+        wait_until(
+            lambda held=held: held.exclude(lease_token="").exists(),
+            timeout=120,
+            interval=0.02,
+            worker=worker,
+        )
+        victim = held.exclude(lease_token="").first()
+        time.sleep(settle)
+        worker.kill()
+        victim.refresh_from_db()
+        if victim.state == Batch.State.RUNNING:
+            killed += 1
+    assert killed == times, f"{killed} of {times} kills caught a batch running"
+
+
+def finish_and_resume(start_worker, campaign, *, timeout: float = 240) -> None:
+    """A new worker (with the sweeper) takes the campaign to its end; a resume
+    then puts back whatever is left, and that ends too."""
+    from campaigns import selectors
+    from campaigns.runs import control
+
+    worker = start_worker(beat=True)
+    wait_until(
+        lambda: not selectors.campaign_counts(campaign=campaign).active,
+        timeout=timeout,
+        worker=worker,
+    )
+    control.campaign_resume(campaign=campaign)
+    wait_until(
+        lambda: not selectors.campaign_counts(campaign=campaign).active, timeout=120, worker=worker
+    )

@@ -32,6 +32,7 @@ class FlagReason(models.TextChoices):
     SILENT_AUDIO = "silent_audio", "silent audio"
     CLIPPED_AUDIO = "clipped_audio", "clipped audio"
     WRONG_EXTENSION = "wrong_extension", "file name says another format"
+    EMPTY_TRANSCRIPT = "empty_transcript", "empty transcript"
     # Outputs that failed their check: the unit fails (output_invalid) and a
     # person sees the item; the reason counts at the checkpoint like any flag.
     NON_FINITE = outputs.NON_FINITE, "NaN or Inf in the output"
@@ -165,6 +166,43 @@ def image_input_flags(width: int, height: int, params: dict) -> list[tuple[str, 
     return flags
 
 
+REPEAT_FLAGS = {
+    "flag_repeat_ngram": ParamSpec(
+        4,
+        type=int,
+        minimum=0,
+        maximum=64,
+        help="flag a text in which a run of this many words comes back flag_repeat_times "
+        "times: a model stuck in a loop (0: never)",
+    ),
+    "flag_repeat_times": ParamSpec(3, type=int, minimum=2, maximum=1000),
+}
+
+
+def repeated_words(text: str, params: dict) -> list[tuple[str, str]]:
+    """A run of `flag_repeat_ngram` words that comes back `flag_repeat_times`
+    times: a model stuck in a loop (a completion, a transcript)."""
+    size, times = int(params.get("flag_repeat_ngram", 0)), int(params.get("flag_repeat_times", 3))
+    words = text.split()
+    if not size or len(words) < size * times:
+        return []
+    seen: dict[tuple[str, ...], int] = {}
+    for at in range(len(words) - size + 1):
+        gram = tuple(words[at : at + size])
+        seen[gram] = seen.get(gram, 0) + 1
+        if seen[gram] == times:
+            return [(FlagReason.REPEATED_TEXT, f"{' '.join(gram)!r} {times} times or more")]
+    return []
+
+
+def transcript_flags(text: str, params: dict) -> list[tuple[str, str]]:
+    """A transcript's review rules: empty (no speech found), or repeating itself."""
+    flags: list[tuple[str, str]] = []
+    if not text.strip() and params.get("flag_empty", "yes") == "yes":
+        flags.append((FlagReason.EMPTY_TRANSCRIPT, "no words transcribed"))
+    return flags + repeated_words(text, params)
+
+
 def completion_flags(completion: str, finish_reason: str, params: dict) -> list[tuple[str, str]]:
     """A generated text's review rules: empty, cut at max_new_tokens, a run of
     words that keeps coming back, a refusal phrase (docs/processors.md)."""
@@ -175,18 +213,7 @@ def completion_flags(completion: str, finish_reason: str, params: dict) -> list[
         flags.append(
             (FlagReason.STOPPED_BY_LENGTH, f"cut at max_new_tokens {params['max_new_tokens']}")
         )
-    size, times = int(params.get("flag_repeat_ngram", 0)), int(params.get("flag_repeat_times", 3))
-    words = completion.split()
-    if size and len(words) >= size * times:
-        seen: dict[tuple[str, ...], int] = {}
-        for at in range(len(words) - size + 1):
-            gram = tuple(words[at : at + size])
-            seen[gram] = seen.get(gram, 0) + 1
-            if seen[gram] == times:
-                flags.append(
-                    (FlagReason.REPEATED_TEXT, f"{' '.join(gram)!r} {times} times or more")
-                )
-                break
+    flags += repeated_words(completion, params)
     folded = completion.casefold()
     for phrase in json.loads(params.get("flag_refusals") or "[]"):
         if phrase.casefold() in folded:

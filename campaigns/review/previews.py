@@ -26,6 +26,7 @@ from campaigns.models import Attempt, Campaign, ErrorClass, Unit
 from campaigns.review import holdout
 from campaigns.specs.generation import read_completion
 from campaigns.specs.limits import output_pixel_bound
+from campaigns.specs.speech import read_transcript
 from campaigns.storage.outputs import InvalidOutput, load_npz
 from campaigns.storage.paths import resolve_input
 from campaigns.storage.vector_shards import VectorReader, split_member
@@ -40,7 +41,8 @@ THUMBNAIL = (256, 256)
 PREVIEW_MAX_BYTES = 64 * 1024 * 1024
 IMAGE_PROCESSORS = {"image-transform", "image-classification"}
 GENERATION = "text-generation"
-AUDIO_PROCESSORS = {"audio-transform"}
+AUDIO_PROCESSORS = {"audio-transform", "speech-to-text"}
+SPEECH = "speech-to-text"
 #: An output's suffix that says it is audio (an audio transformation's formats).
 AUDIO_SUFFIXES = {".wav", ".flac", ".ogg"}
 #: Audio played in the page from a data: URL at most this large (a few minutes
@@ -146,6 +148,7 @@ class OutputSummary:
     asked: str = ""
     error: str = ""
     completion: dict = field(default_factory=dict)  # a generated text's output file
+    transcript: dict = field(default_factory=dict)  # a speech-to-text output file
     audio: str = ""  # a transformed audio's data: URL ("" when too large to play)
 
 
@@ -189,6 +192,12 @@ def output_summary(
         except (OSError, InvalidOutput) as exc:
             return OutputSummary("error", error=f"unreadable completion: {exc}")
         return OutputSummary("completion", completion=record)
+    if suffix == ".json" and campaign.processor == SPEECH:
+        try:
+            transcript = read_transcript(root / rel, params)
+        except (OSError, InvalidOutput) as exc:
+            return OutputSummary("error", error=f"unreadable transcript: {exc}")
+        return OutputSummary("transcript", transcript=transcript)
     return OutputSummary("none")
 
 

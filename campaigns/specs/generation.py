@@ -18,11 +18,17 @@ from django.core.exceptions import ValidationError
 
 from campaigns.intake.inputs import InputError, ReadLimits, decode_text
 from campaigns.models import ErrorClass
+from campaigns.review.flags import REPEAT_FLAGS
 from campaigns.specs import chat_templates
 from campaigns.specs.builtin import model_tokenizer, resolve_model_path, text_token_costs
 from campaigns.specs.limits import MAX_INPUT_BYTES, TEXT_BYTES_PER_TOKEN, max_input_bytes
 from campaigns.specs.processors import ParamSpec, ProcessorSpec
-from campaigns.storage.outputs import WRONG_OUTPUT, InvalidOutput
+from campaigns.storage.outputs import (
+    WRONG_OUTPUT,
+    InvalidOutput,
+    check_json_output_head,
+    read_json_output,
+)
 
 #: The fields of every output file, in this order; `finish_reason` is one of
 #: FINISH_REASONS. A unit's id is its output's name (and the first column of
@@ -261,27 +267,11 @@ def check_completion(record: object, params: dict) -> dict:
 def read_completion(path: Path, params: dict) -> dict:
     """An output file read (bounded by what max_new_tokens can make) and checked."""
     longest = (int(params["max_new_tokens"]) + 64) * OUTPUT_BYTES_PER_TOKEN + 4096
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(longest + 1)
-    except OSError as exc:
-        raise InvalidOutput(f"unreadable: {exc}") from exc
-    if len(data) > longest:
-        raise InvalidOutput(f"over {longest} bytes, longer than any completion of these parameters")
-    try:
-        record = json.loads(data.decode("utf-8"))
-    except ValueError as exc:
-        raise InvalidOutput(f"not JSON: {exc}", WRONG_OUTPUT) from None
-    return check_completion(record, params)
+    return check_completion(read_json_output(path, longest, "completion"), params)
 
 
 def _quick_check(path: Path, expected_size: int | None, params: dict) -> None:
-    size = path.stat().st_size
-    if expected_size is not None and size != expected_size:
-        raise InvalidOutput(f"size {size} bytes, recorded {expected_size}")
-    with open(path, "rb") as fh:
-        if fh.read(1) != b"{":
-            raise InvalidOutput("not a JSON object", WRONG_OUTPUT)
+    check_json_output_head(path, expected_size)
 
 
 def _deep_check(path: Path, params: dict) -> None:
@@ -294,15 +284,7 @@ GENERATION_FLAGS = {
         choices=("yes", "no"),
         help="flag a completion cut at max_new_tokens (finish_reason length)",
     ),
-    "flag_repeat_ngram": ParamSpec(
-        4,
-        type=int,
-        minimum=0,
-        maximum=64,
-        help="flag a completion in which a run of this many words comes back "
-        "flag_repeat_times times (0: never)",
-    ),
-    "flag_repeat_times": ParamSpec(3, type=int, minimum=2, maximum=1000),
+    **REPEAT_FLAGS,
     "flag_refusals": ParamSpec(
         json.dumps(list(DEFAULT_REFUSALS)),
         help="a JSON list of phrases: a completion holding one (case-blind) is flagged "

@@ -218,8 +218,9 @@ def _registry() -> dict[str, ProcessorSpec]:
     from campaigns.specs.audio import AUDIO_TRANSFORM
     from campaigns.specs.builtin import BUILTIN
     from campaigns.specs.generation import TEXT_GENERATION
+    from campaigns.specs.speech import SPEECH_TO_TEXT
 
-    builtin = (*BUILTIN, TEXT_GENERATION, AUDIO_TRANSFORM, *ADAPTATION)
+    builtin = (*BUILTIN, TEXT_GENERATION, AUDIO_TRANSFORM, SPEECH_TO_TEXT, *ADAPTATION)
     registry = {spec.name: spec for spec in builtin}
     for name, spec in _load_plugins().items():
         if not isinstance(spec, ProcessorSpec):

@@ -7,6 +7,7 @@ import ctypes.util
 import functools
 import hashlib
 import io
+import json
 import math
 import os
 import secrets
@@ -597,3 +598,29 @@ def file_sha256(path: Path | str) -> str:
 def is_temp_file(name: str) -> bool:
     """Temp files write_atomic creates: '.<name>.<random>.tmp'."""
     return name.startswith(".") and name.endswith(".tmp")
+
+
+def read_json_output(path: Path, longest: int, what: str) -> object:
+    """A JSON output file parsed, read no further than `longest` bytes (an
+    output of these parameters is never longer); InvalidOutput otherwise."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(longest + 1)
+    except OSError as exc:
+        raise InvalidOutput(f"unreadable: {exc}") from exc
+    if len(data) > longest:
+        raise InvalidOutput(f"over {longest} bytes, longer than any {what} of these parameters")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except ValueError as exc:
+        raise InvalidOutput(f"not JSON: {exc}", WRONG_OUTPUT) from None
+
+
+def check_json_output_head(path: Path, expected_size: int | None) -> None:
+    """verify's quick check of a JSON output: its recorded size, and an object's first byte."""
+    size = path.stat().st_size
+    if expected_size is not None and size != expected_size:
+        raise InvalidOutput(f"size {size} bytes, recorded {expected_size}")
+    with open(path, "rb") as fh:
+        if fh.read(1) != b"{":
+            raise InvalidOutput("not a JSON object", WRONG_OUTPUT)

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from gpuworker.processors.audio_transform import AudioTransformProcessor
     from gpuworker.processors.image_classification import ImageClassificationProcessor
     from gpuworker.processors.image_transform import ImageTransformProcessor
+    from gpuworker.processors.speech_to_text import SpeechToTextProcessor
     from gpuworker.processors.text_embedding import TextEmbeddingProcessor
     from gpuworker.processors.text_generation import TextGenerationProcessor
 
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
         ImageTransformProcessor,
         TextGenerationProcessor,
         AudioTransformProcessor,
+        SpeechToTextProcessor,
     )
     _FLAGGING: tuple[Callable[[dict[str, Any]], FlaggingProcessor], ...] = (
         TextEmbeddingProcessor,
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
         ImageTransformProcessor,
         TextGenerationProcessor,
         AudioTransformProcessor,
+        SpeechToTextProcessor,
     )
     _SHARDED: Callable[[dict[str, Any]], ShardedProcessor] = TextEmbeddingProcessor
 
@@ -98,6 +101,7 @@ def review_flags(processor: Processor) -> Callable[[Any, int], list[tuple[str, s
 def forget_loaded() -> None:
     """Drop every loaded processor and model, as a fresh worker process starts."""
     from gpuworker.processors.image_classification import load_classifier
+    from gpuworker.processors.speech_to_text import load_speech
     from gpuworker.processors.text_embedding import load_encoder
     from gpuworker.processors.text_generation import load_generator
 
@@ -105,6 +109,7 @@ def forget_loaded() -> None:
     load_encoder.cache_clear()
     load_classifier.cache_clear()
     load_generator.cache_clear()
+    load_speech.cache_clear()
     # Frozen, a model in a cycle would outlive the caches.
     gc.unfreeze()
     gc.collect()

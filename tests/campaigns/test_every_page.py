@@ -76,6 +76,7 @@ from tests.gpuworker.test_image_classification import (
     classifier_params,
     shape_image,
 )
+from tests.speech import tiny_whisper
 
 PLUGIN = "tests.plugins.text_stats.SPEC"
 
@@ -138,6 +139,7 @@ def shared(tmp_path_factory) -> Path:
     torch.jit.script(TinyCNN().eval()).save(str(root / "tiny.pt"))
     (root / "labels.txt").write_text("\n".join(CLASSES) + "\n")
     tiny_causal_lm(root / "tiny-lm")
+    tiny_whisper(root / "tiny-whisper")
     (root / "clips" / "bad").mkdir(parents=True)
     for i in range(8):
         clip = tone(0.5 + i / 8, rate=8000 * (1 + i % 2), channels=1 + i % 2, freq=220 + 40 * i)
@@ -182,6 +184,13 @@ FACTORIES: dict[str, Callable[[Path], Inputs]] = {
         shared / "clips",
         {"batch_size": 3, "format": "wav", "sample_rate": 8000},
         {"format": "flac"},
+    ),
+    "speech-to-text": lambda shared: Inputs(
+        shared / "clips",
+        {"model": str(shared / "tiny-whisper"), "batch_size": 3, "max_new_tokens": 8}
+        # A random model transcribes little: "no words" alone would fail the checkpoint.
+        | {"language": "en", "flag_empty": "no"},
+        {"task": "translate"},
     ),
     "text-stats": lambda shared: Inputs(shared / "texts", {"batch_size": 4}, {"lowercase": "yes"}),
     # Nothing held out: its training measures no held-out loss, the base model's neither.

@@ -7,7 +7,6 @@ channels and length; verify --deep passes."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -15,12 +14,12 @@ import soundfile
 
 from campaigns import selectors
 from campaigns.models import Attempt, Batch, Unit, UnitState
-from campaigns.runs import control, setup, start
+from campaigns.runs import setup, start
 from campaigns.specs.audio import AUDIO_TRANSFORM
 from campaigns.verify.reconcile import campaign_verify
 from gpuworker.processors.audio_transform import AudioTransformProcessor
 from tests.audio import bad_clips, encoded, tone
-from tests.worker import wait_until
+from tests.worker import finish_and_resume, kill_mid_batch
 
 pytestmark = pytest.mark.integration
 
@@ -60,37 +59,10 @@ def test_audio_survives_kills_and_resume_with_one_output_a_clip(
     start.campaign_run(campaign=campaign)
 
     # when: a worker is SIGKILLed while it holds a batch, twice
-    killed_mid_batch = 0
-    for _attempt in range(8):
-        if killed_mid_batch == 2:
-            break
-        worker = start_worker()
-        held = Batch.objects.filter(
-            campaign=campaign, state=Batch.State.RUNNING, lease_expires_at__isnull=False
-        )
-        wait_until(
-            lambda held=held: held.exclude(lease_token="").exists(),
-            timeout=120,
-            interval=0.02,
-            worker=worker,
-        )
-        victim = held.exclude(lease_token="").first()
-        time.sleep(0.05)
-        worker.kill()
-        victim.refresh_from_db()
-        if victim.state == Batch.State.RUNNING:
-            killed_mid_batch += 1
-    assert killed_mid_batch == 2
+    kill_mid_batch(start_worker, campaign, 2, settle=0.05)
 
     # then: a new worker (with the sweeper) finishes, and resume finds nothing more
-    worker = start_worker(beat=True)
-    wait_until(
-        lambda: not selectors.campaign_counts(campaign=campaign).active, timeout=240, worker=worker
-    )
-    control.campaign_resume(campaign=campaign)
-    wait_until(
-        lambda: not selectors.campaign_counts(campaign=campaign).active, timeout=120, worker=worker
-    )
+    finish_and_resume(start_worker, campaign, timeout=240)
     refused = {f"bad/{name}": said for name, (_, said) in bad.items() if said}
     counts = selectors.campaign_counts(campaign=campaign)
     assert (counts.succeeded, counts.failed, counts.pending) == (GOOD + 1, len(refused), 0)

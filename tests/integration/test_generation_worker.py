@@ -7,7 +7,6 @@ decoding does not depend on the batch), and verify --deep passes."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -15,12 +14,12 @@ import pytest
 from campaigns import selectors
 from campaigns.intake.records import RecordColumns
 from campaigns.models import Attempt, Batch, Unit, UnitState
-from campaigns.runs import control, setup, start
+from campaigns.runs import setup, start
 from campaigns.specs.generation import TEXT_GENERATION
 from campaigns.verify.reconcile import campaign_verify
 from gpuworker.processors.text_generation import TextGenerationProcessor
 from tests.generation import tiny_causal_lm
-from tests.worker import wait_until
+from tests.worker import finish_and_resume, kill_mid_batch
 
 pytestmark = pytest.mark.integration
 
@@ -68,37 +67,10 @@ def test_generation_survives_kills_and_resume_with_one_completion_a_prompt(
     start.campaign_run(campaign=campaign)
 
     # when: a worker is SIGKILLed while it holds a batch, twice
-    killed_mid_batch = 0
-    for _attempt in range(8):
-        if killed_mid_batch == 2:
-            break
-        worker = start_worker()
-        held = Batch.objects.filter(
-            campaign=campaign, state=Batch.State.RUNNING, lease_expires_at__isnull=False
-        )
-        wait_until(
-            lambda held=held: held.exclude(lease_token="").exists(),
-            timeout=120,
-            interval=0.02,
-            worker=worker,
-        )
-        victim = held.exclude(lease_token="").first()
-        time.sleep(0.1)
-        worker.kill()
-        victim.refresh_from_db()
-        if victim.state == Batch.State.RUNNING:
-            killed_mid_batch += 1
-    assert killed_mid_batch == 2
+    kill_mid_batch(start_worker, campaign, 2, settle=0.1)
 
     # then: a new worker (with the sweeper) finishes, and resume finds nothing more
-    worker = start_worker(beat=True)
-    wait_until(
-        lambda: not selectors.campaign_counts(campaign=campaign).active, timeout=240, worker=worker
-    )
-    control.campaign_resume(campaign=campaign)
-    wait_until(
-        lambda: not selectors.campaign_counts(campaign=campaign).active, timeout=120, worker=worker
-    )
+    finish_and_resume(start_worker, campaign, timeout=240)
     counts = selectors.campaign_counts(campaign=campaign)
     assert (counts.succeeded, counts.failed, counts.pending) == (GOOD, len(bad), 0)
     failed = dict(

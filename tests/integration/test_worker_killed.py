@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +16,11 @@ import pytest
 from campaigns import selectors
 from campaigns.intake.records import RecordColumns
 from campaigns.models import Attempt, Batch, Unit, UnitState
-from campaigns.runs import control, setup, start
+from campaigns.runs import setup, start
 from campaigns.specs.builtin import TEXT_EMBEDDING
 from campaigns.verify.reconcile import campaign_verify
 from tests.vectors import unit_vector
-from tests.worker import wait_until
+from tests.worker import finish_and_resume, kill_mid_batch
 
 pytestmark = pytest.mark.integration
 
@@ -109,37 +108,10 @@ def test_three_kills_then_resume_leave_exactly_one_valid_output_per_unit(
     start.campaign_run(campaign=campaign)
 
     # when: a worker is SIGKILLed while it holds a batch, three times
-    killed_mid_batch = 0
-    for _attempt in range(8):
-        if killed_mid_batch == 3:
-            break
-        worker = start_worker()
-        held = Batch.objects.filter(
-            campaign=campaign, state=Batch.State.RUNNING, lease_expires_at__isnull=False
-        )
-        wait_until(
-            lambda held=held: held.exclude(lease_token="").exists(),
-            timeout=120,
-            interval=0.02,
-            worker=worker,
-        )
-        victim = held.exclude(lease_token="").first()
-        time.sleep(0.2)
-        worker.kill()
-        victim.refresh_from_db()
-        if victim.state == Batch.State.RUNNING:
-            killed_mid_batch += 1
-    assert killed_mid_batch == 3
+    kill_mid_batch(start_worker, campaign, 3, settle=0.2)
 
     # then: a new worker (with the periodic sweeper) finishes, resume finds nothing more
-    worker = start_worker(beat=True)
-    wait_until(
-        lambda: not selectors.campaign_counts(campaign=campaign).active, timeout=240, worker=worker
-    )
-    _report, _retried, _enqueued = control.campaign_resume(campaign=campaign)
-    wait_until(
-        lambda: not selectors.campaign_counts(campaign=campaign).active, timeout=120, worker=worker
-    )
+    finish_and_resume(start_worker, campaign)
 
     counts = selectors.campaign_counts(campaign=campaign)
     assert (counts.succeeded, counts.failed, counts.pending) == (GOOD, len(bad), 0)

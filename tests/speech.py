@@ -38,13 +38,15 @@ def tiny_whisper(folder: Path, *, seed: int = 0) -> Path:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
+    # Whisper's layout: the timestamp tokens right after <|notimestamps|>
+    # (generate takes every id past it as a time), then the words.
+    stamps = [f"<|{i * 0.02:.2f}|>" for i in range(1501)]
     trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=SPECIALS,
+        vocab_size=len(SPECIALS) + len(stamps) + 120,
+        special_tokens=[*SPECIALS, *stamps],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tokenizer.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 10, trainer)
-    tokenizer.add_special_tokens([f"<|{i * 0.02:.2f}|>" for i in range(1501)])
     end = "<|endoftext|>"
     fast = WhisperTokenizerFast(
         tokenizer_object=tokenizer, bos_token=end, eos_token=end, unk_token=end, pad_token=end

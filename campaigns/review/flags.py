@@ -172,26 +172,25 @@ REPEAT_FLAGS = {
         type=int,
         minimum=0,
         maximum=64,
-        help="flag a text in which a run of this many words comes back flag_repeat_times "
-        "times: a model stuck in a loop (0: never)",
+        help="flag a text in which a run of this many words is said flag_repeat_times "
+        "times in a row: a model stuck in a loop (0: never)",
     ),
     "flag_repeat_times": ParamSpec(3, type=int, minimum=2, maximum=1000),
 }
 
 
 def repeated_words(text: str, params: dict) -> list[tuple[str, str]]:
-    """A run of `flag_repeat_ngram` words that comes back `flag_repeat_times`
-    times: a model stuck in a loop (a completion, a transcript)."""
+    """A run of `flag_repeat_ngram` words said `flag_repeat_times` times in a
+    row: a model stuck in a loop (a completion, a transcript). Back to back
+    only: a phrase that comes back now and then in a long text is no loop."""
     size, times = int(params.get("flag_repeat_ngram", 0)), int(params.get("flag_repeat_times", 3))
     words = text.split()
-    if not size or len(words) < size * times:
+    if not size:
         return []
-    seen: dict[tuple[str, ...], int] = {}
-    for at in range(len(words) - size + 1):
-        gram = tuple(words[at : at + size])
-        seen[gram] = seen.get(gram, 0) + 1
-        if seen[gram] == times:
-            return [(FlagReason.REPEATED_TEXT, f"{' '.join(gram)!r} {times} times or more")]
+    for at in range(len(words) - size * times + 1):
+        gram = words[at : at + size]
+        if all(words[at + k * size : at + (k + 1) * size] == gram for k in range(1, times)):
+            return [(FlagReason.REPEATED_TEXT, f"{' '.join(gram)!r} {times} times in a row")]
     return []
 
 

@@ -3,17 +3,19 @@ without torch (the worker side is gpuworker/processors/speech_to_text.py;
 docs/processors.md, "Built-in: speech-to-text").
 
 A unit is an audio file (decoded as the audio transform decodes it,
-campaigns/intake/audio.py); its cost is its milliseconds of audio. A file
-longer than `chunk_seconds` is cut into chunks that overlap by
-`overlap_seconds`; each chunk's segments are kept up to the middle of its
-overlap with the next, so no words are lost or doubled at a cut. The output
-is one JSON object: the text, the language, the task, the seconds and the
-segments with their times.
+campaigns/intake/audio.py). The model reads it in 30 s windows, the last one
+padded: a unit's cost is its windows' milliseconds, so a 2 s clip weighs
+what a 30 s one does, as it costs the model. A long file is transcribed by
+Whisper's long-form method, each window starting where the last whole
+segment of the one before ended (the worker's docstring). The output is one
+JSON object: the text, the language, the task, the seconds and the segments
+with their times.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from django.core.exceptions import ValidationError
@@ -31,9 +33,11 @@ from campaigns.storage.outputs import (
     read_json_output,
 )
 
+#: Seconds of audio the model reads at once (Whisper's window).
+WINDOW_SECONDS = 30
 #: The fields of every output, in this order.
 OUTPUT_FIELDS = ("text", "language", "task", "seconds", "segments")
-#: A segment's end may pass the audio's by this much (a chunk's last stamp).
+#: A segment's times may pass the audio's end by this much (rounding).
 TIME_SLACK = 0.05
 #: Bytes an output may hold a second of audio (words, times, JSON), with room.
 OUTPUT_BYTES_PER_SECOND = 4096
@@ -91,6 +95,15 @@ def _deep_check(path: Path, params: dict) -> None:
     read_transcript(path, params)
 
 
+def speech_cost(path: Path, params: dict) -> int | None:
+    """The milliseconds of the 30 s windows the model reads the file in,
+    from its header alone (None for a length the header does not say)."""
+    ms = audio_cost(path, params)
+    if ms is None:
+        return None
+    return max(1, math.ceil(ms / (WINDOW_SECONDS * 1000))) * WINDOW_SECONDS * 1000
+
+
 def _check_input(data: bytes, params: dict) -> Audio:
     return decode_audio(
         data, float(params["max_seconds"]), int(params["max_samples"]), getattr(data, "name", "")
@@ -112,8 +125,6 @@ def model_languages(params: dict) -> list[str] | None:
 
 def validate_speech(params: dict) -> None:
     """A Whisper-style folder with its feature extractor; a language it knows."""
-    if float(params["overlap_seconds"]) * 2 >= float(params["chunk_seconds"]):
-        raise ValidationError("overlap_seconds: less than half of chunk_seconds")
     folder = resolve_model_path(params["model"])
     if not folder.is_dir():
         return  # model_files.digests says it cannot be read, naming the path
@@ -135,6 +146,18 @@ def validate_speech(params: dict) -> None:
             f"model: {folder} has no preprocessor_config.json or processor_config.json (its "
             "feature extractor); save the processor there with processor.save_pretrained(folder)"
         )
+    try:
+        generation = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        generation = {}
+    if isinstance(generation, dict) and generation.get("is_multilingual") is False:
+        # An English-only model (a `.en` folder) takes no language or task.
+        if params["task"] != "transcribe" or params["language"] not in ("", "en"):
+            raise ValidationError(
+                "model: an English-only model transcribes English only (task transcribe, "
+                "language empty or en)"
+            )
+        return
     known = model_languages(params)
     if params["language"] and known is not None and params["language"] not in known:
         raise ValidationError(
@@ -166,30 +189,18 @@ SPEECH_TO_TEXT = ProcessorSpec(
         "language": ParamSpec(
             "",
             help="a language code the model knows (en, fr…); empty: detected for each file "
-            "on its first chunk, and recorded",
+            "on its first 30 s, and recorded",
         ),
         "task": ParamSpec(
             "transcribe", choices=("transcribe", "translate"), help="translate: into English"
         ),
-        "timestamps": ParamSpec(
-            "yes", choices=("yes", "no"), help="segments with their times (no: one a chunk)"
-        ),
-        "chunk_seconds": ParamSpec(
-            30.0, type=float, minimum=1, maximum=30, help="a longer file is cut into chunks"
-        ),
-        "overlap_seconds": ParamSpec(
-            5.0, type=float, minimum=0, maximum=14, help="chunks overlap by this much"
-        ),
         "max_new_tokens": ParamSpec(
-            128, type=int, minimum=1, maximum=440, help="tokens a chunk's transcript may have"
+            128, type=int, minimum=1, maximum=440, help="tokens a 30 s window's transcript may have"
         ),
         "dtype": ParamSpec(
             "float32",
             choices=("float32", "float16", "bfloat16"),
             help="model precision; float16 and bfloat16 need a CUDA worker",
-        ),
-        "chunk_batch": ParamSpec(
-            16, type=int, minimum=1, maximum=1024, help="chunks the model reads at once"
         ),
         "max_seconds": ParamSpec(
             3600.0,
@@ -198,7 +209,7 @@ SPEECH_TO_TEXT = ProcessorSpec(
             help="a longer file fails input_invalid, read from its header before it is decoded",
         ),
         "max_samples": ParamSpec(
-            MAX_SAMPLES * 4,
+            MAX_SAMPLES * 6,  # an hour of 48 kHz stereo
             type=int,
             minimum=1,
             help="an input (frames × channels) holding more samples fails input_invalid",
@@ -210,7 +221,7 @@ SPEECH_TO_TEXT = ProcessorSpec(
     },
     quick_check=_quick_check,
     deep_check=_deep_check,
-    cost=audio_cost,
+    cost=speech_cost,
     cost_params=(),
     cost_unit="audio ms",
     check_input=_check_input,

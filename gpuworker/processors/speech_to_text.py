@@ -2,19 +2,21 @@
 and its processor), greedy decoding.
 
 Each file is decoded, mixed to mono and resampled to the feature extractor's
-rate when it is read (campaigns/intake/audio.py, soxr), and cut into chunks
-of `chunk_seconds` that overlap by `overlap_seconds`. A batch's chunks go
-through the model `chunk_batch` at a time, each padded to the model's 30 s
-window as Whisper expects; without a `language`, each file's is detected on
-its first chunk (`detect_language`) and its chunks transcribed in it. A
-chunk's tokens are read into segments by its timestamp tokens; a file keeps
-each chunk's segments up to the middle of its overlap with the next.
+rate when it is read (campaigns/intake/audio.py, soxr). A batch's files of
+one window (30 s) at most are transcribed together; a longer file alone,
+by Whisper's own long-form transcription (transformers' `generate` with the
+whole file's features, `return_segments`): a 30 s window at a time, each
+window starting at the end of the last whole segment of the one before, so
+the windows overlap where a segment was cut and no word is lost or written
+twice at a cut. Without a `language`, each file's is detected on its first
+30 s (`detect_language`) and the whole file transcribed in it.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,21 +29,17 @@ from transformers import AutoModelForSpeechSeq2Seq, AutoProcessor
 from campaigns.intake.audio import AudioInfo, decode_audio
 from campaigns.review.flags import transcript_flags
 from campaigns.specs.builtin import resolve_model_path
-from campaigns.specs.speech import read_transcript
+from campaigns.specs.speech import WINDOW_SECONDS, read_transcript
 from gpuworker.memory import MemoryProbe, device_and_dtype
 from gpuworker.processors.text_embedding import folder_stamp
-
-#: Seconds a Whisper timestamp token counts.
-STAMP_SECONDS = 0.02
 
 
 @dataclass(eq=False)
 class Clip:
-    """One file, decoded and cut into chunks."""
+    """One file, decoded: mono float32 at the feature extractor's rate."""
 
     info: AudioInfo
-    chunks: list[np.ndarray]  # mono float32 at the feature extractor's rate
-    starts: list[float]  # each chunk's start, seconds
+    samples: np.ndarray
     seconds: float
 
 
@@ -53,13 +51,12 @@ class Transcript:
     seconds: float
     segments: list[dict] = field(default_factory=list)
     tokens: int = 0
-    chunks: int = 0
+    windows: int = 0  # the 30 s windows the model read at least
 
 
 @dataclass
 class SpeechBatch:
     transcripts: list[Transcript]
-    chunks: int
     seconds: float
     memory: dict
 
@@ -85,15 +82,9 @@ class SpeechToTextProcessor:
         )
         extractor = self.processor.feature_extractor
         self.rate = int(extractor.sampling_rate)
-        self.window = float(getattr(extractor, "chunk_length", 30))
-        self.chunk = min(float(params["chunk_seconds"]), self.window)
-        self.stamped = params["timestamps"] == "yes"
-        # Without times, overlapping chunks could not be joined without
-        # doubling their shared words: chunks then follow each other.
-        self.overlap = float(params["overlap_seconds"]) if self.stamped else 0.0
-        tokenizer = self.processor.tokenizer
-        self.stamp_zero = tokenizer.convert_tokens_to_ids("<|0.00|>")
-        self.specials = set(tokenizer.all_special_ids)
+        config = self.model.generation_config
+        # An English-only model (a `.en` folder) takes no language or task.
+        self.multilingual = bool(getattr(config, "is_multilingual", False))
         self.codes = {v: str(k).strip("<|>") for k, v in self._lang_to_id().items()}
         self.probe = MemoryProbe(self.device)
 
@@ -112,38 +103,19 @@ class SpeechToTextProcessor:
         samples = audio.samples.mean(axis=1, dtype=np.float32)
         if audio.info.rate != self.rate:
             samples = soxr.resample(samples, audio.info.rate, self.rate, quality="HQ")
-        seconds = len(samples) / self.rate
-        step = self.chunk - self.overlap
-        starts = [0.0]
-        while starts[-1] + self.chunk < seconds:
-            starts.append(round(starts[-1] + step, 6))
-        size = round(self.chunk * self.rate)
-        chunks = [
-            np.ascontiguousarray(samples[round(s * self.rate) : round(s * self.rate) + size])
-            for s in starts
-        ]
-        return Clip(info=audio.info, chunks=chunks, starts=starts, seconds=seconds)
+        return Clip(info=audio.info, samples=samples, seconds=len(samples) / self.rate)
 
     def run(self, items: list[Clip]) -> SpeechBatch:
         started = time.perf_counter()
         self.probe.reset_peak()
-        pieces = [(i, k) for i, clip in enumerate(items) for k in range(len(clip.chunks))]
         languages = self._languages(items)
-        decoded: dict[tuple[int, int], list[int]] = {}
-        step = int(self.params["chunk_batch"])
-        for at in range(0, len(pieces), step):
-            part = pieces[at : at + step]
-            tokens = self._generate(
-                [items[i].chunks[k] for i, k in part], [languages[i] for i, _ in part]
-            )
-            decoded.update(zip(part, tokens, strict=True))
+        segments = self._generate(items, languages)
         transcripts = [
-            self._transcript(clip, [decoded[(i, k)] for k in range(len(clip.chunks))], languages[i])
-            for i, clip in enumerate(items)
+            self._transcript(clip, found, language)
+            for clip, found, language in zip(items, segments, languages, strict=True)
         ]
         return SpeechBatch(
             transcripts=transcripts,
-            chunks=len(pieces),
             seconds=time.perf_counter() - started,
             memory=self.probe.snapshot(),
         )
@@ -171,7 +143,7 @@ class SpeechToTextProcessor:
         return {
             "language": done.language,
             "seconds": round(done.seconds, 3),
-            "chunks": done.chunks,
+            "windows": done.windows,
             "segments": len(done.segments),
             "tokens": done.tokens,
         }
@@ -183,8 +155,8 @@ class SpeechToTextProcessor:
         ms = sum(round(t.seconds * 1000) for t in result.transcripts)
         return {
             "real_tokens": ms,
-            # Each chunk is padded to the model's window.
-            "padded_tokens": round(result.chunks * self.window * 1000),
+            # Each file is read in 30 s windows, the last one padded.
+            "padded_tokens": sum(t.windows for t in result.transcripts) * WINDOW_SECONDS * 1000,
             "compute_seconds": round(result.seconds, 4),
             "generated_tokens": sum(t.tokens for t in result.transcripts),
             "memory": result.memory,
@@ -192,88 +164,94 @@ class SpeechToTextProcessor:
 
     # --- the model ----------------------------------------------------------
 
-    def _features(self, chunks: list[np.ndarray]) -> torch.Tensor:
-        features = self.processor.feature_extractor(
-            chunks, sampling_rate=self.rate, return_tensors="pt"
-        ).input_features
-        return features.to(self.device, self.dtype)
+    def _features(self, arrays: list[np.ndarray], whole: bool) -> dict:
+        """Log-mel features: the first 30 s of each (`whole` False), or each file
+        whole, padded to the longest with its attention mask (long-form)."""
+        extractor = self.processor.feature_extractor
+        if whole:
+            # A batch of files within one window is padded to the window
+            # (short-form), a longer one to its longest file (long-form).
+            longest = max(len(a) for a in arrays) > WINDOW_SECONDS * self.rate
+            made = extractor(
+                arrays,
+                sampling_rate=self.rate,
+                return_tensors="pt",
+                truncation=False,
+                padding="longest" if longest else "max_length",
+                return_attention_mask=True,
+            )
+            return {
+                "input_features": made.input_features.to(self.device, self.dtype),
+                "attention_mask": made.attention_mask.to(self.device),
+            }
+        made = extractor(arrays, sampling_rate=self.rate, return_tensors="pt")
+        return {"input_features": made.input_features.to(self.device, self.dtype)}
 
     @torch.inference_mode()
     def _languages(self, items: list[Clip]) -> list[str]:
-        """Each file's language: the version's, or detected on its first chunk."""
+        """Each file's language: the version's, "en" for an English-only
+        model, or detected on the file's first 30 s."""
+        if not self.multilingual:
+            return ["en"] * len(items)
         if self.params["language"] or not self.codes:
             return [self.params["language"]] * len(items)
-        found = self.model.detect_language(self._features([c.chunks[0] for c in items]))
+        first = [c.samples[: WINDOW_SECONDS * self.rate] for c in items]
+        found = self.model.detect_language(self._features(first, whole=False)["input_features"])
         return [self.codes.get(int(token), "") for token in found.tolist()]
 
     @torch.inference_mode()
-    def _generate(self, chunks: list[np.ndarray], languages: list[str]) -> list[list[int]]:
-        options: dict = {"task": self.params["task"]}
-        if any(languages):
-            options["language"] = languages
-        out = self.model.generate(
-            self._features(chunks),
-            return_timestamps=self.stamped,
-            max_new_tokens=int(self.params["max_new_tokens"]),
-            do_sample=False,
-            num_beams=1,
-            **options,
-        )
-        sequences = out if isinstance(out, torch.Tensor) else out["sequences"]
-        return sequences.cpu().tolist()
+    def _generate(self, items: list[Clip], languages: list[str]) -> list[list[dict]]:
+        """Each file's segments, as Whisper gives them: the files within one
+        window together (short-form, each padded to the window), a longer
+        file alone (long-form). A file read with others of other lengths
+        would be read by the other method, and its text would depend on its
+        batch; this way a resumed unit writes the same text in any batch."""
+        found: list[list[dict]] = [[] for _ in items]
+        window = WINDOW_SECONDS * self.rate
+        short = [i for i, clip in enumerate(items) if len(clip.samples) <= window]
+        groups = [short] if short else []
+        groups += [[i] for i, clip in enumerate(items) if len(clip.samples) > window]
+        for group in groups:
+            options: dict = {}
+            if self.multilingual:
+                options["task"] = self.params["task"]
+                if any(languages[i] for i in group):
+                    options["language"] = [languages[i] for i in group]
+            out = self.model.generate(
+                **self._features([items[i].samples for i in group], whole=True),
+                return_timestamps=True,
+                return_segments=True,
+                max_new_tokens=int(self.params["max_new_tokens"]),
+                do_sample=False,
+                num_beams=1,
+                **options,
+            )
+            for i, segments in zip(group, out["segments"], strict=True):
+                found[i] = list(segments)
+        return found
 
-    def _segments(self, tokens: list[int], start: float, length: float) -> list[dict]:
-        """A chunk's segments by its timestamp tokens, in the file's seconds."""
-        segments: list[dict] = []
-        opened: float | None = None
-        words: list[int] = []
-
-        def close(end: float) -> None:
-            text = self.processor.tokenizer.decode(words, skip_special_tokens=True).strip()
-            begin = min(opened if opened is not None else 0.0, end)
-            if text:
-                segments.append(
-                    {"start": round(start + begin, 3), "end": round(start + end, 3), "text": text}
-                )
-            words.clear()
-
-        for token in tokens:
-            if token >= self.stamp_zero and not self.stamped:
-                continue  # times not asked for: the chunk is one segment
-            if token >= self.stamp_zero:
-                stamp = min((token - self.stamp_zero) * STAMP_SECONDS, length)
-                if opened is None:
-                    opened = stamp
-                else:
-                    close(max(stamp, opened))
-                    opened = None
-            elif token not in self.specials:
-                words.append(token)
-        if words:
-            close(length)
-        return segments
-
-    def _transcript(self, clip: Clip, chunks: list[list[int]], language: str) -> Transcript:
-        kept: list[dict] = []
-        for k, tokens in enumerate(chunks):
-            begin = clip.starts[k]
-            length = min(self.chunk, clip.seconds - begin)
-            # A segment belongs to the chunk whose share of the overlap holds its start.
-            low = begin + self.overlap / 2 if k else 0.0
-            high = clip.starts[k + 1] + self.overlap / 2 if k + 1 < len(chunks) else clip.seconds
-            for segment in self._segments(tokens, begin, length):
-                if low <= segment["start"] < high:
-                    kept.append(segment)
-        kept.sort(key=lambda s: (s["start"], s["end"]))
-        for segment in kept:  # a chunk's last stamp may pass the file's end a little
-            segment["end"] = min(segment["end"], round(clip.seconds, 3))
-            segment["start"] = min(segment["start"], segment["end"])
+    def _transcript(self, clip: Clip, found: list[dict], language: str) -> Transcript:
+        """The file's segments, in order, their times within the audio (a
+        model may place a last segment past the end), their tokens decoded."""
+        tokenizer = self.processor.tokenizer
+        end = round(clip.seconds, 3)
+        segments, tokens = [], 0
+        for segment in found:
+            ids = [int(t) for t in segment["tokens"]]
+            tokens += len(ids)
+            text = tokenizer.decode(ids, skip_special_tokens=True).strip()
+            if not text:
+                continue
+            stop = min(round(float(segment["end"]), 3), end)
+            start = min(round(float(segment["start"]), 3), stop)
+            segments.append({"start": max(0.0, start), "end": max(0.0, stop), "text": text})
+        segments.sort(key=lambda s: (s["start"], s["end"]))
         return Transcript(
-            text=" ".join(s["text"] for s in kept),
+            text=" ".join(s["text"] for s in segments),
             language=language,
-            task=self.params["task"],
+            task=self.params["task"] if self.multilingual else "transcribe",
             seconds=clip.seconds,
-            segments=kept,
-            tokens=sum(len(t) for t in chunks),
-            chunks=len(chunks),
+            segments=segments,
+            tokens=tokens,
+            windows=max(1, math.ceil(clip.seconds / WINDOW_SECONDS)),
         )

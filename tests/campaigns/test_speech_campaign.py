@@ -72,7 +72,7 @@ def test_a_speech_campaign_runs_and_shows_each_transcript_beside_its_audio(
         assert record["task"] == "transcribe"
     long = json.loads((output_root / done.get(uid="long.flac").output_path).read_text())
     assert (
-        long["seconds"] == 45.0 and done.get(uid="long.flac").attempts.get().metrics["chunks"] == 2
+        long["seconds"] == 45.0 and done.get(uid="long.flac").attempts.get().metrics["windows"] == 2
     )
     report = campaign_verify(campaign=campaign, deep=True).as_dict()
     assert report["input_invalid"] == len(refused) and report["output_missing"] == 0

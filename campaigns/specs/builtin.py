@@ -155,6 +155,26 @@ def _check_text_input(data: bytes, params: dict) -> str:
     return text
 
 
+def model_config(params: dict, tokenizer_for: str = "") -> tuple[Path, object] | None:
+    """The `model` folder and its parsed config.json, for a version's checks;
+    None when the folder is not there (model_files.digests says so, naming
+    the path). `tokenizer_for`: what needs its tokenizer.json, refused without."""
+    folder = resolve_model_path(params["model"])
+    if not folder.is_dir():
+        return None
+    if tokenizer_for and not (folder / "tokenizer.json").is_file():
+        raise ValidationError(
+            f"model: {folder} has no tokenizer.json (a fast tokenizer's file, which "
+            f"{tokenizer_for} needs); save the tokenizer there with "
+            "tokenizer.save_pretrained(folder)"
+        )
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValidationError(f"model: cannot read {folder / 'config.json'} ({exc})") from None
+    return folder, config
+
+
 def _validate_encoder_folder(params: dict) -> None:
     """A user's encoder folder has what planning and the worker read.
 
@@ -162,18 +182,10 @@ def _validate_encoder_folder(params: dict) -> None:
     stopped the first run with a bare "No such file or directory", and a 768-d
     model failed every batch against the default dimension of 384.
     """
-    folder = resolve_model_path(params["model"])
-    if not folder.is_dir():
-        return  # model_files.digests says it cannot be read, naming the path
-    if not (folder / "tokenizer.json").is_file():
-        raise ValidationError(
-            f"model: {folder} has no tokenizer.json (a fast tokenizer's file, which counting "
-            "tokens needs); save the tokenizer there with tokenizer.save_pretrained(folder)"
-        )
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ValidationError(f"model: cannot read {folder / 'config.json'} ({exc})") from None
+    found = model_config(params, tokenizer_for="counting tokens")
+    if found is None:
+        return
+    folder, config = found
     hidden = config.get("hidden_size") if isinstance(config, dict) else None
     if isinstance(hidden, int) and hidden != int(params["dimension"]):
         raise ValidationError(

@@ -20,7 +20,12 @@ from campaigns.intake.inputs import InputError, ReadLimits, decode_text
 from campaigns.models import ErrorClass
 from campaigns.review.flags import REPEAT_FLAGS
 from campaigns.specs import chat_templates
-from campaigns.specs.builtin import model_tokenizer, resolve_model_path, text_token_costs
+from campaigns.specs.builtin import (
+    model_config,
+    model_tokenizer,
+    resolve_model_path,
+    text_token_costs,
+)
 from campaigns.specs.limits import MAX_INPUT_BYTES, TEXT_BYTES_PER_TOKEN, max_input_bytes
 from campaigns.specs.processors import ParamSpec, ProcessorSpec
 from campaigns.storage.outputs import (
@@ -209,18 +214,10 @@ def validate_generation(params: dict) -> None:
             "temperature, top_p and top_k apply to decoding=sample; with greedy leave them at "
             "1, 1 and 0"
         )
-    folder = resolve_model_path(params["model"])
-    if not folder.is_dir():
-        return  # model_files.digests says it cannot be read, naming the path
-    if not (folder / "tokenizer.json").is_file():
-        raise ValidationError(
-            f"model: {folder} has no tokenizer.json (a fast tokenizer's file, which counting "
-            "prompt tokens needs); save the tokenizer there with tokenizer.save_pretrained(folder)"
-        )
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ValidationError(f"model: cannot read {folder / 'config.json'} ({exc})") from None
+    found = model_config(params, tokenizer_for="counting prompt tokens")
+    if found is None:
+        return
+    folder, config = found
     if not isinstance(config, dict):
         raise ValidationError(f"model: {folder / 'config.json'} is not a JSON object")
     architectures = config.get("architectures")

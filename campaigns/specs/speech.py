@@ -23,7 +23,7 @@ from django.core.exceptions import ValidationError
 from campaigns.intake.audio import MAX_SAMPLES, Audio, decode_audio
 from campaigns.review.flags import REPEAT_FLAGS
 from campaigns.specs.audio import audio_cost
-from campaigns.specs.builtin import resolve_model_path
+from campaigns.specs.builtin import model_config
 from campaigns.specs.limits import IMAGE_MAX_INPUT_BYTES, input_read_limits
 from campaigns.specs.processors import ParamSpec, ProcessorSpec
 from campaigns.storage.outputs import (
@@ -110,14 +110,9 @@ def _check_input(data: bytes, params: dict) -> Audio:
     )
 
 
-def model_languages(params: dict) -> list[str] | None:
-    """The languages the folder's generation config names ("en", "fr"…), None if it names none."""
-    folder = resolve_model_path(params["model"])
-    try:
-        config = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    codes = (config or {}).get("lang_to_id") if isinstance(config, dict) else None
+def languages_of(generation: object) -> list[str] | None:
+    """The languages a generation config names ("en", "fr"…), None if it names none."""
+    codes = generation.get("lang_to_id") if isinstance(generation, dict) else None
     if not isinstance(codes, dict):
         return None
     return sorted(str(code).strip("<|>") for code in codes)
@@ -125,13 +120,10 @@ def model_languages(params: dict) -> list[str] | None:
 
 def validate_speech(params: dict) -> None:
     """A Whisper-style folder with its feature extractor; a language it knows."""
-    folder = resolve_model_path(params["model"])
-    if not folder.is_dir():
-        return  # model_files.digests says it cannot be read, naming the path
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ValidationError(f"model: cannot read {folder / 'config.json'} ({exc})") from None
+    found = model_config(params)
+    if found is None:
+        return
+    folder, config = found
     if not isinstance(config, dict) or config.get("model_type") != "whisper":
         kind = config.get("model_type") if isinstance(config, dict) else None
         raise ValidationError(
@@ -158,7 +150,7 @@ def validate_speech(params: dict) -> None:
                 "language empty or en)"
             )
         return
-    known = model_languages(params)
+    known = languages_of(generation)
     if params["language"] and known is not None and params["language"] not in known:
         raise ValidationError(
             f"language: {params['language']!r} is not one the model knows ({', '.join(known)})"

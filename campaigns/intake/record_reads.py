@@ -55,6 +55,7 @@ from campaigns.intake.records import (
     csv_header,
     parse_csv_record,
     parse_json_line,
+    record_input,
     record_uid,
     sniff_dialect,
 )
@@ -77,7 +78,9 @@ GROUP_WHOLE_BYTES = 32 << 20
 #: Passes over large groups a process keeps going at once, over all its files:
 #: a pass holds about one slice's decoded text besides the cache (pyarrow's
 #: reader keeps its buffers for the next batch), so they are few. Two serve
-#: planning's two weighing threads, or a worker and its prefetch.
+#: planning's two weighing threads, or a worker and its prefetch. That many a
+#: column read at once: rows carrying parameters read their columns beside
+#: the text's (`_record_at`), each pass going forward with the others.
 STREAMS_KEPT = 2
 #: Record files a process keeps open (Arrow maps, CSV headers, gz indexes).
 FILES_KEPT = 16
@@ -92,6 +95,8 @@ _decodes = threading.BoundedSemaphore(DECODES_AT_ONCE)
 _streams_lock = threading.Lock()
 _streams: OrderedDict[int, tuple[_GroupCursor, _Stream]] = OrderedDict()
 _files: OrderedDict[tuple, object] = OrderedDict()
+# The most columns one record's input is read from (its text and parameters).
+_columns_at_once = 1
 
 
 class RecordMoved(Exception):
@@ -142,7 +147,7 @@ def read_records(
             for index in sorted(indexes, key=lambda i: (places[i].a, places[i].b)):
                 located = places[index]
                 try:
-                    results[index] = _as_input(_text_at(opened, located), located, limits)
+                    results[index] = _as_input(_record_at(opened, located), located, limits)
                 except InputError as exc:
                     results[index] = exc
         except OSError as exc:  # fstat of the file just opened
@@ -186,10 +191,30 @@ def _value(root: Path, located: Located, column: str | None = None):
             opened = _opened(fd, located.file)
         except OSError as exc:
             raise InputError(ErrorClass.INPUT_UNREADABLE, f"cannot read input: {exc}") from None
-        at = located if column is None else dataclasses.replace(located, column=column)
-        return _text_at(opened, at)
+        if column is None:
+            return _record_at(opened, located)
+        return _text_at(opened, dataclasses.replace(located, column=column, params=()))
     finally:
         os.close(fd)
+
+
+def _record_at(opened: _Opened, located: Located):
+    """The record's input: its text, or where the row carries parameters
+    (records.RecordColumns.params) `record_input`'s object of the text and
+    their values, read at the same place."""
+    global _columns_at_once
+    text = _text_at(opened, located)
+    if not located.params or not isinstance(text, str):
+        return text
+    if len(located.params) >= _columns_at_once:
+        _columns_at_once = len(located.params) + 1
+    values = {
+        name: _text_at(
+            opened, dataclasses.replace(located, column=column, params=(), optional=True)
+        )
+        for name, column in located.params
+    }
+    return record_input(text, values)
 
 
 def _text_at(opened: _Opened, located: Located):
@@ -282,6 +307,8 @@ def _jsonl_text(opened: _Opened, located: Located):
     if isinstance(record, BadLine):
         raise RecordMoved(record.reason)
     if located.column not in record:
+        if located.optional:  # a JSONL record without a parameter's key: none given
+            return None
         raise RecordMoved(f"no column {located.column!r} there")
     return record[located.column]
 
@@ -472,7 +499,7 @@ class _GroupCursor:
         with _streams_lock:
             _streams[id(stream)] = (self, stream)
             for key, (cursor, kept) in list(_streams.items()):
-                if len(_streams) <= STREAMS_KEPT:
+                if len(_streams) <= STREAMS_KEPT * _columns_at_once:
                     break
                 if cursor is self:
                     if kept is not stream:

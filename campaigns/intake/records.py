@@ -14,6 +14,15 @@ After the last `:` comes the text column, percent-quoted, so that the last
 `#` of a source path always opens the position. A unit's size and sha256 are
 those of its text in UTF-8; the worker checks them like a file's.
 
+A row may carry parameters of its own for a processor that takes them
+(ProcessorSpec.row_params, such as text-generation's system prompt):
+`--param-column NAME=COLUMN`. Its columns follow the text column's name,
+`,NAME=COLUMN` each, percent-quoted (`...:prompt,system_prompt=sys`), and the
+unit's input is then one JSON object, `record_input`'s: the text and the
+values given (a null or empty value is left out: the version's stands). Its
+size and sha256 are those of that object, so a changed value is a changed
+input.
+
 Files are read streamed: lines one at a time, Parquet a row group's record
 batches at a time, Arrow a record batch at a time; never a whole file.
 """
@@ -25,6 +34,7 @@ import functools
 import gzip
 import hashlib
 import io
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -71,16 +81,79 @@ class RecordColumns:
     text: str
     id: str | None = None
     category: str | None = None
+    #: (parameter, column) pairs: the row's own values of the processor's
+    #: parameters (ProcessorSpec.row_params), carried in the unit's input.
+    params: tuple[tuple[str, str], ...] = ()
 
     def as_dict(self) -> dict:
-        return {"text": self.text, "id": self.id, "category": self.category}
+        made: dict = {"text": self.text, "id": self.id, "category": self.category}
+        if self.params:
+            made["params"] = [list(pair) for pair in self.params]
+        return made
 
     @classmethod
     def from_dict(cls, value: dict) -> RecordColumns:
-        return cls(text=value["text"], id=value.get("id"), category=value.get("category"))
+        return cls(
+            text=value["text"],
+            id=value.get("id"),
+            category=value.get("category"),
+            params=tuple((str(p), str(c)) for p, c in value.get("params") or ()),
+        )
 
     def needed(self) -> list[str]:
-        return [c for c in (self.id, self.text, self.category) if c]
+        named = [c for c in (self.id, self.text, self.category) if c]
+        return named + [c for _, c in self.params if c not in named]
+
+    def tail(self) -> str:
+        """How a unit's source path ends: the columns its input is read from."""
+        return ":" + _column_part(self.text, self.params)
+
+
+def param_columns(given: list[str] | str | None) -> tuple[tuple[str, str], ...]:
+    """`--param-column` values (or the setup page's field, comma-separated):
+    NAME=COLUMN, or NAME alone for a column named as its parameter. ValueError
+    says what is wrong with one."""
+    items = [given] if isinstance(given, str) else list(given or [])
+    pairs: list[tuple[str, str]] = []
+    for item in items:
+        for piece in item.split(","):
+            if not piece.strip():
+                continue
+            name, _, column = piece.partition("=")
+            name, column = name.strip(), (column.strip() if column else name.strip())
+            if not name or not column:
+                raise ValueError(f"{piece.strip()!r}: a parameter column is NAME=COLUMN (or NAME)")
+            if name in (p for p, _ in pairs):
+                raise ValueError(f"parameter {name!r} is given a column twice")
+            pairs.append((name, column))
+    return tuple(pairs)
+
+
+def record_input(text: str, values: dict) -> str:
+    """A row's input when it carries parameters: one JSON object, its text
+    under "text" and the values under "params" (those null or "" left out,
+    keys in the columns' order). The import hashes it and every read makes
+    the same, so a value that changes is a changed input."""
+    given = {k: v for k, v in values.items() if v is not None and v != ""}
+    return json.dumps(
+        {"text": text, "params": given}, ensure_ascii=False, separators=(",", ":"), default=str
+    )
+
+
+def carried(data: bytes) -> tuple[str, dict] | None:
+    """(text, the row's parameter values) of an input a record's row carries
+    parameters in (`record_input`, its source path naming the columns), or
+    None for any other input (a file's, a row's text alone). `data` as
+    `read_bytes` reads it, whole."""
+    located = parse_locator(getattr(data, "name", "") or "")
+    if located is None or not located.params:
+        return None
+    value = json.loads(bytes(data).decode("utf-8"))
+    return value["text"], value["params"]
+
+
+def _column_part(text: str, params: tuple[tuple[str, str], ...]) -> str:
+    return _quoted(text) + "".join(f",{_quoted(p)}={_quoted(c)}" for p, c in params)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +166,10 @@ class Located:
     a: int  # byte offset, row group or batch
     b: int  # length in bytes, or index within the group or batch
     column: str
+    #: The row's parameter columns (RecordColumns.params): read with the text.
+    params: tuple[tuple[str, str], ...] = ()
+    #: A key this read may find absent from a JSONL record (a parameter's): None then.
+    optional: bool = False
 
 
 def record_format(name: str) -> str | None:
@@ -103,8 +180,10 @@ def record_format(name: str) -> str | None:
     return None
 
 
-def locator(file: str, row: int, position: str, column: str) -> str:
-    return f"{file}#{row}@{position}:{_quoted(column)}"
+def locator(
+    file: str, row: int, position: str, column: str, params: tuple[tuple[str, str], ...] = ()
+) -> str:
+    return f"{file}#{row}@{position}:{_column_part(column, params)}"
 
 
 @functools.lru_cache(maxsize=64)
@@ -123,11 +202,15 @@ def parse_locator(source_path: str) -> Located | None:
     file = source_path[: match.start()]
     if record_format(file) is None:
         return None  # a file whose own name looks like a record's place
-    row, offset, length, kind, a, b, column = match.groups()
+    row, offset, length, kind, a, b, columns = match.groups()
+    column, *pieces = columns.split(",")
+    params = tuple(
+        (unquote(name), unquote(named)) for name, _, named in (p.partition("=") for p in pieces)
+    )
     if kind is None:
-        return Located(file, int(row), "line", int(offset), int(length), unquote(column))
+        return Located(file, int(row), "line", int(offset), int(length), unquote(column), params)
     kind = "group" if kind == "g" else "batch"
-    return Located(file, int(row), kind, int(a), int(b), unquote(column))
+    return Located(file, int(row), kind, int(a), int(b), unquote(column), params)
 
 
 def record_files(root: Path, source: str) -> list[str]:
@@ -216,7 +299,8 @@ def _batch_rows(
     texts = batch.column(columns.text).to_pylist()
     ids = batch.column(columns.id).to_pylist() if columns.id else None
     categories = batch.column(columns.category).to_pylist() if columns.category else None
-    head, tail = f"{file}#", f":{_quoted(columns.text)}"
+    row_params = [(name, batch.column(column).to_pylist()) for name, column in columns.params]
+    head, tail = f"{file}#", columns.tail()
     sha256 = hashlib.sha256
     for i, text in enumerate(texts):
         number += 1
@@ -240,10 +324,14 @@ def _batch_rows(
             and _plain_text(text)
         ):
             # An Arrow string is UTF-8: it encodes (no lone surrogate).
+            if row_params:
+                text = record_input(text, {name: values[i] for name, values in row_params})
             data = text.encode("utf-8")
             yield Row(number, uid, source, category, None, len(data), sha256(data).hexdigest())
             continue
         record = {columns.text: text}
+        for (_, column), (_, values) in zip(columns.params, row_params, strict=True):
+            record[column] = values[i]
         if ids is not None:
             record[columns.id] = ids[i]  # type: ignore[index]
         if categories is not None:
@@ -255,7 +343,7 @@ def _record_row(
     number: int, file: str, row: int, position: str, record: dict | BadLine, columns: RecordColumns
 ) -> Row:
     where = f"{file}:{row}"
-    source = locator(file, row, position, columns.text)
+    source = locator(file, row, position, columns.text, columns.params)
     if len(source) > PATH_MAX:
         return Row(number, where[:UID_MAX], source[:PATH_MAX]).fail(
             f"{where}: the file's path is too long ({PATH_MAX} characters at most)"
@@ -294,6 +382,9 @@ def _record_row(
         return made.fail(f"{where}: the text holds a lone surrogate, not text")
     except InputError as exc:
         return made.fail(f"{where}: {'empty text' if not data else exc.message}")
+    if columns.params:
+        given = {name: record.get(column) for name, column in columns.params}
+        data = record_input(text, given).encode("utf-8")
     made.size, made.sha256 = len(data), hashlib.sha256(data).hexdigest()
     return made
 

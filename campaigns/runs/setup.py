@@ -30,7 +30,7 @@ from campaigns.models import (
 )
 from campaigns.runs import versions
 from campaigns.specs import model_files
-from campaigns.specs.processors import get_spec
+from campaigns.specs.processors import ProcessorSpec, get_spec
 from campaigns.specs.software import processor_software, software_versions
 
 # Names the campaign pages' URLs use for themselves.
@@ -130,6 +130,8 @@ def campaign_create(
             f"a record's input is its text, and {processor} ({spec.title}) does not take "
             "text: give it a folder of files"
         )
+    if columns is not None and columns.params:
+        refuse_row_params(spec, columns)
     # Bad parameters, and a model file that is not there, refused before anything is written.
     model_files.digests(spec.model_params, spec.clean(params))
     root = campaign_root(
@@ -181,6 +183,22 @@ def campaign_create(
             raise ManifestError("; ".join([*messages, left])) from exc
         raise
     return campaign, report
+
+
+def refuse_row_params(spec: ProcessorSpec, columns: RecordColumns) -> None:
+    """ValidationError unless the processor takes each parameter a row's
+    column is given for (ProcessorSpec.row_params)."""
+    if not spec.row_params:
+        raise ValidationError(
+            f"{spec.name} takes no parameters from a row's columns (--param-column); "
+            "its parameters are the version's"
+        )
+    unknown = [name for name, _ in columns.params if name not in spec.row_params]
+    if unknown:
+        raise ValidationError(
+            f"{spec.name} takes no row parameter {', '.join(map(repr, unknown))}; "
+            f"a row may set {', '.join(spec.row_params)}"
+        )
 
 
 def campaign_root(

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from django.core.exceptions import ValidationError
 
-from campaigns.intake.inputs import InputError, ReadLimits, decode_text
+from campaigns.intake.inputs import InputError, ReadLimits, decode_text, read_bytes
+from campaigns.intake.records import carried, parse_locator
 from campaigns.models import ErrorClass
 from campaigns.review.flags import REPEAT_FLAGS
 from campaigns.specs import chat_templates
@@ -59,6 +60,14 @@ DEFAULT_REFUSALS = (
 )
 
 
+#: What a row of a records file may set for its own prompt (`--param-column
+#: NAME=COLUMN`); each is checked as the version's parameter is, and a row may
+#: lower max_new_tokens, never raise it (the version's bounds the context check
+#: and the outputs'). The sampling ones apply under decoding=sample only.
+ROW_PARAMS = ("system_prompt", "max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+SAMPLING_PARAMS = ("temperature", "top_p", "top_k", "seed")
+
+
 def text_list(value: str, name: str) -> list[str]:
     """A parameter holding strings as a JSON list ("" for none): each non-empty."""
     if not value.strip():
@@ -72,6 +81,47 @@ def text_list(value: str, name: str) -> list[str]:
             f'{name}: a JSON list of non-empty strings, such as ["\\n\\n", "###"]; got {value!r}'
         )
     return items
+
+
+def prompt_input(data: bytes, params: dict) -> tuple[str, dict]:
+    """A prompt's text and the parameters it runs with: the version's, with
+    the row's own over them where its record carries some (records.carried);
+    a value the row may not have is the unit's input_invalid, said by name."""
+    found = carried(data) if not getattr(data, "cut", False) else None
+    if found is None:
+        return decode_text(data), params
+    text, given = found
+    row = dict(params)
+    for name, value in given.items():
+        try:
+            row[name] = row_value(name, value, params)
+        except ValidationError as exc:
+            raise InputError(
+                ErrorClass.INPUT_INVALID, f"this row's {name}: {'; '.join(exc.messages)}"
+            ) from None
+    return decode_text(text.encode("utf-8")), row
+
+
+def row_value(name: str, value: object, params: dict) -> object:
+    """A row's value of a parameter, as the version's would be cleaned."""
+    if name not in ROW_PARAMS:
+        raise ValidationError(f"not a parameter a row may set ({', '.join(ROW_PARAMS)})")
+    if name in SAMPLING_PARAMS and params["decoding"] != "sample":
+        raise ValidationError("applies to decoding=sample, and this version decodes greedy")
+    if name == "stop":
+        if isinstance(value, list):
+            value = json.dumps(value, ensure_ascii=False)
+        if not isinstance(value, str):
+            raise ValidationError(f"a JSON list of strings, got {value!r}")
+        text_list(value, "stop")
+        return value
+    cleaned = TEXT_GENERATION.clean_value(name, value)
+    if name == "max_new_tokens" and cleaned > int(params["max_new_tokens"]):
+        raise ValidationError(
+            f"{cleaned} is over the version's max_new_tokens {params['max_new_tokens']}, "
+            "the most a row may ask for"
+        )
+    return cleaned
 
 
 def prompt_read_limits(params: dict) -> ReadLimits:
@@ -164,7 +214,18 @@ def prompt_costs(root: Path, source_paths: list[str], params: dict) -> list[int 
     """Each prompt's tokens as the model reads them, plus max_new_tokens: what
     a prompt costs the KV cache at its longest, so the token budget and the
     profile bound memory by it. The text's tokens are counted on every core
-    (text_token_costs); the chat template's or system prompt's, once."""
+    (text_token_costs); the chat template's or system prompt's, once. A row
+    carrying parameters of its own is weighed alone, under them."""
+    own = [i for i, path in enumerate(source_paths) if _carries(path)]
+    if own:
+        costs: list[int | None] = [None] * len(source_paths)
+        for i in own:
+            costs[i] = _row_prompt_cost(root, source_paths[i], params)
+        rest = [i for i in range(len(source_paths)) if costs[i] is None and i not in own]
+        weighed = prompt_costs(root, [source_paths[i] for i in rest], params) if rest else []
+        for i, cost in zip(rest, weighed, strict=True):
+            costs[i] = cost
+        return costs
     # The prompt inside what the model reads around it, tokenized together
     # (the seams as the worker's), on every core. A template that changes
     # the text itself (a trim) is counted as if it did not.
@@ -179,12 +240,31 @@ def prompt_costs(root: Path, source_paths: list[str], params: dict) -> list[int 
     return [None if c is None else c + new for c in costs]
 
 
+def _carries(source_path: str) -> bool:
+    located = parse_locator(source_path) if "#" in source_path else None
+    return located is not None and bool(located.params)
+
+
+def _row_prompt_cost(root: Path, source_path: str, params: dict) -> int | None:
+    """A row's prompt (its system prompt) in tokens, capped as the others
+    are, plus its own max_new_tokens; None where it cannot be weighed."""
+    try:
+        data = read_bytes(root, source_path, limits=ReadLimits(max_bytes=max_input_bytes(params)))
+        text, row = prompt_input(data, params)
+    except (InputError, ValueError):
+        return None
+    tokens = max(1, min(len(prompt_tokens(row, text)), int(params["max_prompt_tokens"])))
+    return tokens + int(row["max_new_tokens"])
+
+
 def check_prompt(data: bytes, params: dict) -> str:
     """What the worker's prepare refuses, said by the setup page's preview."""
-    text = decode_text(data)
     size = getattr(data, "size", len(data))
-    tokens = len(prompt_tokens(params, text))
-    refuse_long_prompt(tokens, int(params["max_prompt_tokens"]), cut=size > len(data))
+    if size > len(data):
+        refuse_long_prompt(0, int(params["max_prompt_tokens"]), cut=True)
+    text, row = prompt_input(data, params)
+    tokens = len(prompt_tokens(row, text))
+    refuse_long_prompt(tokens, int(params["max_prompt_tokens"]))
     return text
 
 
@@ -297,6 +377,7 @@ TEXT_GENERATION = ProcessorSpec(
     implementation="gpuworker.processors.text_generation:TextGenerationProcessor",
     padding="longest",
     takes_text=True,
+    row_params=ROW_PARAMS,
     model_params=("model",),
     params={
         "model": ParamSpec(

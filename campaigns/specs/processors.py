@@ -114,6 +114,13 @@ class ProcessorSpec:
     # (campaigns/intake/records.py). The setup page offers records only to
     # such a processor, and `campaign create --records` refuses the others.
     takes_text: bool = False
+    # Parameters a row of a records file may set for itself, from a column
+    # (`campaign create --records … --param-column NAME=COLUMN`): such a
+    # unit's input is its text and those values as one JSON object, which
+    # campaigns.intake.records.carried(data) reads back; the processor applies
+    # them (each through `clean_value`) and refuses a bad one as that unit's
+    # input_invalid. Empty: the processor takes none.
+    row_params: tuple[str, ...] = ()
     # When the output format is a parameter: params -> suffix (".png").
     suffix_for: SuffixFor | None = None
     # An adaptation processor: a run is one training that writes checkpoints,
@@ -176,29 +183,39 @@ class ProcessorSpec:
         for key, spec in self.params.items():
             if spec.required and given.get(key) in (None, ""):
                 raise ValidationError(f"{key} is required for {self.name}: {spec.help}")
-            value = given.get(key, spec.default)
-            if spec.type in (int, float):
-                kind = "an integer" if spec.type is int else "a number"
-                try:
-                    value = spec.type(value)
-                except (TypeError, ValueError):
-                    raise ValidationError(f"{key} must be {kind}, got {value!r}") from None
-                if spec.type is float and value != value:  # NaN
-                    raise ValidationError(f"{key} must be a number, got {value!r}")
-                if spec.minimum is not None and value < spec.minimum:
-                    raise ValidationError(f"{key} must be at least {spec.minimum}")
-                if spec.maximum is not None and value > spec.maximum:
-                    raise ValidationError(f"{key} must be at most {spec.maximum}")
-            elif not isinstance(value, str):
-                raise ValidationError(f"{key} must be text, got {value!r}")
-            if spec.choices is not None and value not in spec.choices:
-                raise ValidationError(
-                    f"{key} must be one of {', '.join(map(str, spec.choices))}, got {value!r}"
-                )
-            cleaned[key] = value
+            cleaned[key] = self.clean_value(key, given.get(key, spec.default))
         if self.validate is not None:
             self.validate(cleaned)
         return cleaned
+
+    def clean_value(self, key: str, value: Any) -> Any:
+        """One parameter's value as its ParamSpec takes it (a number from its
+        text, within its bounds, one of its choices), or ValidationError."""
+        spec = self.params[key]
+        if spec.type in (int, float):
+            kind = "an integer" if spec.type is int else "a number"
+            if isinstance(value, bool):
+                raise ValidationError(f"{key} must be {kind}, got {value!r}")
+            try:
+                number = spec.type(value)
+            except (TypeError, ValueError, OverflowError):
+                raise ValidationError(f"{key} must be {kind}, got {value!r}") from None
+            if spec.type is int and isinstance(value, float) and number != value:
+                raise ValidationError(f"{key} must be {kind}, got {value!r}")
+            if spec.type is float and number != number:  # NaN
+                raise ValidationError(f"{key} must be a number, got {value!r}")
+            if spec.minimum is not None and number < spec.minimum:
+                raise ValidationError(f"{key} must be at least {spec.minimum}")
+            if spec.maximum is not None and number > spec.maximum:
+                raise ValidationError(f"{key} must be at most {spec.maximum}")
+            value = number
+        elif not isinstance(value, str):
+            raise ValidationError(f"{key} must be text, got {value!r}")
+        if spec.choices is not None and value not in spec.choices:
+            raise ValidationError(
+                f"{key} must be one of {', '.join(map(str, spec.choices))}, got {value!r}"
+            )
+        return value
 
 
 def _load_plugins() -> dict[str, ProcessorSpec]:

@@ -12,8 +12,9 @@ from django.core.exceptions import ValidationError
 from django.utils.text import slugify
 
 from campaigns.intake import project_folders
-from campaigns.intake.records import RecordColumns
+from campaigns.intake.records import RecordColumns, param_columns
 from campaigns.models import Notification, Project, ProjectAlerts
+from campaigns.runs.setup import refuse_row_params
 from campaigns.specs import model_files
 from campaigns.specs.processors import ProcessorSpec, all_specs, get_spec
 from campaigns.watch.notify import url_problem
@@ -150,6 +151,14 @@ class CampaignSetupForm(ParamsMixin, forms.Form):
     )
     category_column = forms.CharField(
         required=False, max_length=200, label="Category column", help_text="optional"
+    )
+    param_columns = forms.CharField(
+        required=False,
+        max_length=2000,
+        label="Per-row parameter columns",
+        help_text="optional, for a processor that takes them (text-generation: "
+        "system_prompt, max_new_tokens, temperature, top_p, top_k, seed, stop): "
+        "NAME=COLUMN, comma-separated, e.g. system_prompt=system, max_new_tokens",
     )
     manifest = forms.FileField(
         required=False,
@@ -312,10 +321,22 @@ class CampaignSetupForm(ParamsMixin, forms.Form):
         project = cleaned.get("project")
         if not given or not text or not isinstance(project, Project):
             return
+        try:
+            row_params = param_columns(cleaned.get("param_columns") or "")
+        except ValueError as exc:
+            self.add_error("param_columns", str(exc))
+            return
+        if row_params and self.spec is not None:
+            try:
+                refuse_row_params(self.spec, RecordColumns(text=text, params=row_params))
+            except ValidationError as exc:
+                self.add_error("param_columns", exc)
+                return
         columns = RecordColumns(
             text=text,
             id=(cleaned.get("id_column") or "").strip() or None,
             category=(cleaned.get("category_column") or "").strip() or None,
+            params=row_params,
         )
         try:
             path = setup_records.records_path(folder=folder, given=given)

@@ -140,6 +140,9 @@ def _field_for(message: str, columns: RecordColumns) -> str:
             name = getattr(columns, key)
             if name and repr(name) in message.split("no column", 1)[1].split("(", 1)[0]:
                 return field
+        for _, name in columns.params:
+            if repr(name) in message.split("no column", 1)[1].split("(", 1)[0]:
+                return "param_columns"
     return "records"
 
 

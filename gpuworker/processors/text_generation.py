@@ -7,7 +7,10 @@ step; a row that ends (an end-of-sequence token, a stop string) is padded
 until the others end. Greedy decoding gives a prompt the same text in any
 batch; sampling draws each prompt's tokens from a generator of its own,
 seeded by the version's seed and the prompt's bytes, so a rerun (a resumed
-unit, another batch composition) writes the same text too.
+unit, another batch composition) writes the same text too. A row of a records
+file may carry its own system prompt, max_new_tokens, sampling settings, seed
+and stop strings (campaigns.specs.generation.ROW_PARAMS): each row of a batch
+is decoded under its own, and ends at its own max_new_tokens.
 """
 
 from __future__ import annotations
@@ -32,11 +35,12 @@ from transformers import (
     StoppingCriteriaList,
 )
 
-from campaigns.intake.inputs import InputError, decode_text
+from campaigns.intake.inputs import InputError
 from campaigns.models import ErrorClass
 from campaigns.review.flags import completion_flags
 from campaigns.specs.builtin import resolve_model_path
 from campaigns.specs.generation import (
+    prompt_input,
     prompt_tokens,
     read_completion,
     refuse_long_prompt,
@@ -51,6 +55,12 @@ from gpuworker.processors.text_embedding import folder_stamp
 class Prompt:
     ids: list[int]  # the tokens the model reads, chat template and system prompt included
     seed: int  # sampling's seed for this prompt
+    # The parameters it is decoded under: the version's, or its row's own.
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    stops: tuple[str, ...] = ()
 
 
 @dataclass
@@ -59,6 +69,7 @@ class Completion:
     finish_reason: str  # "stop" or "length"
     prompt_tokens: int
     completion_tokens: int
+    max_new_tokens: int  # the most it could have had (its row's, or the version's)
 
 
 @dataclass
@@ -94,54 +105,74 @@ def load_generator(path: str, _stamp: tuple, device: torch.device, dtype: torch.
 
 class SeededSampler(LogitsProcessor):
     """Sampling with a generator a row: each row's draw depends on its own
-    seed and logits only, never on the batch it is in. It leaves one token
-    possible a row, which greedy search then takes."""
+    seed, settings and logits only, never on the batch it is in. It leaves
+    one token possible a row, which greedy search then takes."""
 
-    def __init__(self, seeds: list[int], temperature: float, top_k: int, top_p: float):
-        self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
-        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+    def __init__(self, prompts: list[Prompt]):
+        self.generators = [torch.Generator().manual_seed(p.seed) for p in prompts]
+        self.settings = [(p.temperature, p.top_k, p.top_p) for p in prompts]
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        logits = scores.float().cpu() / self.temperature
-        if self.top_k:
-            kth = torch.topk(logits, min(self.top_k, logits.shape[-1])).values[:, -1:]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        probs = torch.softmax(logits, dim=-1)
-        if self.top_p < 1:
-            ordered, order = torch.sort(probs, descending=True)
-            # A token stays while the mass before it is under top_p: the first always does.
-            drop = (ordered.cumsum(dim=-1) - ordered) >= self.top_p
-            ordered = ordered.masked_fill(drop, 0.0)
-            probs = torch.zeros_like(probs).scatter(-1, order, ordered)
-        draws = zip(probs, self.generators, strict=True)
-        chosen = [int(torch.multinomial(row, 1, generator=g)) for row, g in draws]
+        logits = scores.float().cpu()
+        chosen = []
+        for row, (generator, (temperature, top_k, top_p)) in enumerate(
+            zip(self.generators, self.settings, strict=True)
+        ):
+            probs = _row_probabilities(logits[row] / temperature, top_k, top_p)
+            chosen.append(int(torch.multinomial(probs, 1, generator=generator)))
         picked = torch.full_like(scores, float("-inf"))
         picked[torch.arange(len(chosen)), torch.tensor(chosen)] = 0.0
         return cast(torch.FloatTensor, picked)
 
 
-class StopStrings(StoppingCriteria):
-    """Ends a row once its generated text holds a stop string, and keeps the
-    step: the prompt is not looked at (a prompt ending in the stop string
-    would end every completion at its first token), nor a row that already
-    ended with an end token (its padding)."""
+def _row_probabilities(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """One row's sampling distribution: its top_k tokens, then those within top_p."""
+    if top_k:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if top_p < 1:
+        ordered, order = torch.sort(probs, descending=True)
+        # A token stays while the mass before it is under top_p: the first always does.
+        drop = (ordered.cumsum(dim=-1) - ordered) >= top_p
+        ordered = ordered.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, ordered)
+    return probs
 
-    def __init__(self, tokenizer, stops: list[str], width: int, eos: list[int]):
+
+class RowLimits(StoppingCriteria):
+    """Ends each row at its own max_new_tokens (a row's may be under the batch's)."""
+
+    def __init__(self, limits: list[int], width: int):
+        self.limits, self.width = torch.tensor(limits), width
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs):
+        done = self.limits <= input_ids.shape[1] - self.width
+        return done.to(input_ids.device)
+
+
+class StopStrings(StoppingCriteria):
+    """Ends a row once its generated text holds one of its stop strings, and
+    keeps the step: the prompt is not looked at (a prompt ending in the stop
+    string would end every completion at its first token), nor a row that
+    already ended with an end token (its padding)."""
+
+    def __init__(self, tokenizer, stops: list[tuple[str, ...]], width: int, eos: list[int]):
         self.tokenizer, self.stops, self.width, self.eos = tokenizer, stops, width, set(eos)
         # A stop string is completed by the last token: decoding the last few
         # tokens (at least one character each, as a rule) finds it.
-        self.tail = max(len(stop) for stop in stops) + 8
+        self.tails = [max((len(stop) for stop in row), default=0) + 8 for row in stops]
         self.ended: dict[int, int] = {}  # row -> index of the token that completed a stop
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs):
         generated = input_ids[:, self.width :].tolist()
         done = []
         for row, tokens in enumerate(generated):
-            if row in self.ended or self.eos.intersection(tokens):
+            if row in self.ended or self.eos.intersection(tokens) or not self.stops[row]:
                 done.append(row in self.ended)
                 continue
-            text = self.tokenizer.decode(tokens[-self.tail :], skip_special_tokens=False)
-            if any(stop in text for stop in self.stops):
+            text = self.tokenizer.decode(tokens[-self.tails[row] :], skip_special_tokens=False)
+            if any(stop in text for stop in self.stops[row]):
                 self.ended[row] = len(tokens) - 1
                 done.append(True)
             else:
@@ -182,16 +213,27 @@ class TextGenerationProcessor:
     # --- the interface the batch runner uses ------------------------------
 
     def prepare(self, data: bytes) -> Prompt:
-        text = decode_text(data)
         limit = int(self.params["max_prompt_tokens"])
         if getattr(data, "size", len(data)) > len(data):
             refuse_long_prompt(0, limit, cut=True)
-        ids = prompt_tokens(self.params, text, self.counter)
+        text, row = prompt_input(data, self.params)
+        ids = prompt_tokens(row, text, self.counter)
         if not ids:
             raise InputError(ErrorClass.INPUT_INVALID, "no tokens: nothing to prompt with")
         refuse_long_prompt(len(ids), limit)
-        digest = hashlib.sha256(f"{self.params['seed']}:".encode() + bytes(data)).digest()
-        return Prompt(ids=ids, seed=int.from_bytes(digest[:8], "big") >> 1)
+        # Seeded by the seed and the prompt: its file's bytes, or its row's text.
+        said = bytes(data) if row is self.params else text.encode("utf-8")
+        digest = hashlib.sha256(f"{row['seed']}:".encode() + said).digest()
+        stops = self.stops if row["stop"] == self.params["stop"] else text_list(row["stop"], "stop")
+        return Prompt(
+            ids=ids,
+            seed=int.from_bytes(digest[:8], "big") >> 1,
+            max_new_tokens=int(row["max_new_tokens"]),
+            temperature=float(row["temperature"]),
+            top_k=int(row["top_k"]),
+            top_p=float(row["top_p"]),
+            stops=tuple(stops),
+        )
 
     def run(self, items: list[Prompt]) -> GenerationBatch:
         return self.generate(items)
@@ -230,7 +272,7 @@ class TextGenerationProcessor:
             # In the units' costs (prompt + max_new_tokens each), as the
             # estimate, the profile and the time left count the work; the
             # tokens generated are said apart.
-            "real_tokens": prompt + len(result.completions) * self.max_new_tokens,
+            "real_tokens": prompt + sum(c.max_new_tokens for c in result.completions),
             "padded_tokens": result.padded_tokens,
             "compute_seconds": round(result.seconds, 4),
             "prompt_tokens": prompt,
@@ -240,13 +282,14 @@ class TextGenerationProcessor:
 
     # --- the model ----------------------------------------------------------
 
-    def _config(self, longest: bool = False) -> GenerationConfig:
-        # Every setting that changes the text is the version's: a value left
-        # unset would be taken from the model folder's generation_config.json
-        # (a repetition penalty, sampling), not from the parameters.
+    def _config(self, new_tokens: int, longest: bool = False) -> GenerationConfig:
+        # Every setting that changes the text is the version's (or its rows'):
+        # a value left unset would be taken from the model folder's
+        # generation_config.json (a repetition penalty, sampling), not from
+        # the parameters.
         return GenerationConfig(
-            max_new_tokens=self.max_new_tokens,
-            min_new_tokens=self.max_new_tokens if longest else 0,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens if longest else 0,
             do_sample=False,
             num_beams=1,
             temperature=1.0,
@@ -270,60 +313,66 @@ class TextGenerationProcessor:
             mask[row, width - len(prompt.ids) :] = 1
         processors = LogitsProcessorList()
         if self.params["decoding"] == "sample":
-            processors.append(
-                SeededSampler(
-                    [p.seed for p in prompts],
-                    float(self.params["temperature"]),
-                    int(self.params["top_k"]),
-                    float(self.params["top_p"]),
-                )
-            )
+            processors.append(SeededSampler(prompts))
+        # The profile's run (longest) generates the version's max_new_tokens
+        # in every row, past any end, row limit or stop.
+        new_tokens = self.max_new_tokens if longest else max(p.max_new_tokens for p in prompts)
         stops = StoppingCriteriaList()
-        if self.stops and not longest:
-            stops.append(StopStrings(self.tokenizer, self.stops, width, self.eos))
+        stop_strings = None
+        if not longest and any(p.stops for p in prompts):
+            stop_strings = StopStrings(self.tokenizer, [p.stops for p in prompts], width, self.eos)
+            stops.append(stop_strings)
+        if not longest and any(p.max_new_tokens < new_tokens for p in prompts):
+            stops.append(RowLimits([p.max_new_tokens for p in prompts], width))
         out = self.model.generate(
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
-            generation_config=self._config(longest),
+            generation_config=self._config(new_tokens, longest),
             logits_processor=processors,
             stopping_criteria=stops,
         )
         new = out[:, width:].cpu().tolist()
         memory = self.probe.snapshot()
-        ended = stops[0].ended if stops else {}
+        ended = stop_strings.ended if stop_strings is not None else {}
         completions = [
-            self._completion(p, tokens, ended.get(row))
+            self._completion(p, tokens, ended.get(row), longest)
             for row, (p, tokens) in enumerate(zip(prompts, new, strict=True))
         ]
         return GenerationBatch(
             completions=completions,
-            # In the units' costs: every row may hold its prompt's width and max_new_tokens.
-            padded_tokens=len(prompts) * (width + self.max_new_tokens),
+            # In the units' costs: every row may hold the batch's width and new tokens.
+            padded_tokens=len(prompts) * (width + new_tokens),
             seconds=time.perf_counter() - started,
             memory=memory,
         )
 
-    def _completion(self, prompt: Prompt, tokens: list[int], stop_at: int | None) -> Completion:
-        """One row's new tokens up to where it ended (its end token, or the
-        token that completed a stop string: `stop_at`), decoded; the text cut
-        before the stop string. A row that ended before the others is padded."""
+    def _completion(
+        self, prompt: Prompt, tokens: list[int], stop_at: int | None, longest: bool = False
+    ) -> Completion:
+        """One row's new tokens up to where it ended (its end token, the token
+        that completed a stop string: `stop_at`, or its own max_new_tokens),
+        decoded; the text cut before the stop string. A row that ended before
+        the others is padded."""
+        budget = self.max_new_tokens if longest else prompt.max_new_tokens
+        tokens = tokens[:budget]
         ended = next((at for at, t in enumerate(tokens) if t in self.eos), None)
-        if stop_at is not None and (ended is None or stop_at < ended):
+        made = functools.partial(Completion, prompt_tokens=len(prompt.ids), max_new_tokens=budget)
+        if stop_at is not None and stop_at < len(tokens) and (ended is None or stop_at < ended):
             # Decoded with its special tokens, so a stop string that is one
             # (a chat model's end-of-turn marker) is found; their texts are
             # then taken out of the part kept, as skip_special_tokens would.
             raw = self.tokenizer.decode(tokens[: stop_at + 1], skip_special_tokens=False)
-            cut = min((at for at in (raw.find(s) for s in self.stops) if at >= 0), default=len(raw))
-            text = raw[:cut]
+            found = (raw.find(s) for s in prompt.stops)
+            text = raw[: min((at for at in found if at >= 0), default=len(raw))]
             for special in self.tokenizer.all_special_tokens:
                 text = text.replace(special, "")
-            return Completion(text, "stop", len(prompt.ids), stop_at + 1)
+            return made(text=text, finish_reason="stop", completion_tokens=stop_at + 1)
         if ended is not None:
             text = self.tokenizer.decode(tokens[:ended], skip_special_tokens=True)
             # The end token is generated too.
-            return Completion(text, "stop", len(prompt.ids), ended + 1)
+            return made(text=text, finish_reason="stop", completion_tokens=ended + 1)
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        return Completion(text, "length", len(prompt.ids), len(tokens))
+        return made(text=text, finish_reason="length", completion_tokens=len(tokens))
 
 
 def completion_bytes(completion: Completion) -> bytes:

@@ -20,7 +20,7 @@ from campaigns.exports.inventory import ExportError, export
 from campaigns.intake import importing
 from campaigns.intake.importing import ManifestError
 from campaigns.intake.project_folders import covering, real_path
-from campaigns.intake.records import RecordColumns
+from campaigns.intake.records import RecordColumns, param_columns
 from campaigns.management import adaptation_cli, folders_cli, verify_cli, version_cli
 from campaigns.management.lookup import campaign_named
 from campaigns.models import Campaign, Checkpoint
@@ -65,6 +65,14 @@ class Command(
         create.add_argument("--text-column", help="with --records: the text's column")
         create.add_argument("--id-column", help="with --records: the ids' (default: file:line)")
         create.add_argument("--category-column", help="with --records: the categories'")
+        create.add_argument(
+            "--param-column",
+            action="append",
+            default=[],
+            metavar="NAME[=COLUMN]",
+            help="with --records: a parameter each row sets for itself from a column (such "
+            "as text-generation's system_prompt=system); repeatable",
+        )
         create.add_argument(
             "--root", type=Path, help="folder manifest paths are relative to (default: its folder)"
         )
@@ -219,6 +227,7 @@ class Command(
         text_column,
         id_column,
         category_column,
+        param_column,
         root,
         project,
         param,
@@ -239,7 +248,15 @@ class Command(
         if records is not None:
             if not text_column:
                 raise CommandError("--records needs --text-column")
-            columns = RecordColumns(text=text_column, id=id_column, category=category_column)
+            try:
+                row_params = param_columns(param_column)
+            except ValueError as exc:
+                raise CommandError(f"--param-column {exc}") from None
+            columns = RecordColumns(
+                text=text_column, id=id_column, category=category_column, params=row_params
+            )
+        elif param_column:
+            raise CommandError("--param-column is for --records")
         granted = covering(project=owner, path=real_path(top)) is None
         with self._import_progress(quiet=json):
             campaign, report = setup.campaign_create(

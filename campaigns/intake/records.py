@@ -421,6 +421,7 @@ def _too_long(start: int, end: int) -> BadLine:
 
 
 def _jsonl(path: Path, columns: RecordColumns):
+    checked = None
     with open_lines(path) as fh:
         refuse_cr_only(path.name, fh.read(SNIFF_BYTES))
         fh.seek(0)
@@ -430,7 +431,22 @@ def _jsonl(path: Path, columns: RecordColumns):
                 continue
             if not line.strip():
                 continue
-            yield lineno, f"{start}+{len(line)}", parse_json_line(line)
+            record = parse_json_line(line)
+            if checked is None and isinstance(record, dict):
+                checked = _check_keys(path, record, columns)
+            yield lineno, f"{start}+{len(line)}", record
+
+
+def _check_keys(path: Path, record: dict, columns: RecordColumns) -> bool:
+    """A JSONL file's first record must have each parameter column's key (its
+    value may be null): a misnamed one would leave every row the version's."""
+    missing = [c for _, c in columns.params if c not in record]
+    if missing:
+        raise ManifestError(
+            f"{path.name}: no column {', '.join(map(repr, missing))} in its first record "
+            f"(its keys: {', '.join(str(k)[:80] for k in list(record)[:20])})"
+        )
+    return True
 
 
 def parse_json_line(line: bytes) -> dict | BadLine:

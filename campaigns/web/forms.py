@@ -152,7 +152,7 @@ class CampaignSetupForm(ParamsMixin, forms.Form):
     category_column = forms.CharField(
         required=False, max_length=200, label="Category column", help_text="optional"
     )
-    param_columns = forms.CharField(
+    row_params = forms.CharField(
         required=False,
         max_length=2000,
         label="Per-row parameter columns",
@@ -322,15 +322,15 @@ class CampaignSetupForm(ParamsMixin, forms.Form):
         if not given or not text or not isinstance(project, Project):
             return
         try:
-            row_params = param_columns(cleaned.get("param_columns") or "")
+            row_params = param_columns(cleaned.get("row_params") or "")
         except ValueError as exc:
-            self.add_error("param_columns", str(exc))
+            self.add_error("row_params", str(exc))
             return
         if row_params and self.spec is not None:
             try:
                 refuse_row_params(self.spec, RecordColumns(text=text, params=row_params))
             except ValidationError as exc:
-                self.add_error("param_columns", exc)
+                self.add_error("row_params", exc)
                 return
         columns = RecordColumns(
             text=text,

@@ -142,7 +142,7 @@ def _field_for(message: str, columns: RecordColumns) -> str:
                 return field
         for _, name in columns.params:
             if repr(name) in message.split("no column", 1)[1].split("(", 1)[0]:
-                return "param_columns"
+                return "row_params"
     return "records"
 
 

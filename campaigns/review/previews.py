@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from campaigns.intake.audio import MEDIA_TYPES, audio_info
 from campaigns.intake.images import MAX_ASPECT, MAX_PIXELS, decode_image, open_image
 from campaigns.intake.inputs import InputError, ReadLimits, decode_text, read_bytes
 from campaigns.intake.project_folders import campaign_folder_refusal
+from campaigns.intake.records import carried, parse_locator
 from campaigns.models import Attempt, Campaign, ErrorClass, Unit
 from campaigns.review import holdout
 from campaigns.specs.generation import read_completion
@@ -83,6 +85,8 @@ class Preview:
     error: str = ""
     audio: str = ""  # a data: URL the page plays ("" when too large to play here)
     facts: str = ""  # an audio file's rate, channels, length and format
+    # A record's own parameters, where its row carries some (--param-column).
+    params: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _audio(root: Path, relative: str) -> tuple[str, str]:
@@ -121,11 +125,26 @@ def input_preview(*, unit: Unit, campaign: Campaign, params: dict) -> Preview:
         if is_image:
             data = _read_limited(root, unit.source_path)
             return Preview("image", thumbnail=_thumbnail(data, params))
+        located = parse_locator(unit.source_path) if "#" in unit.source_path else None
+        if located is not None and located.params:
+            return _carried_preview(root, unit.source_path)
         data = read_bytes(root, unit.source_path, limits=ReadLimits(keep=EXCERPT_BYTES))
         text = decode_text(data)
     except InputError as exc:
         return Preview("error", error=f"{exc.error_class}: {exc.message}")
     return Preview("text", text=text[:EXCERPT_CHARS], cut=data.cut or len(text) > EXCERPT_CHARS)
+
+
+def _carried_preview(root: Path, source_path: str) -> Preview:
+    """A row carrying parameters: its text, and its values beside it (the
+    row's input is one JSON object, read whole within PREVIEW_MAX_BYTES)."""
+    data = read_bytes(root, source_path, limits=ReadLimits(max_bytes=PREVIEW_MAX_BYTES))
+    found = carried(data)
+    if found is None:
+        return Preview("error", error=f"{ErrorClass.INPUT_INVALID}: not a row's input")
+    text, values = found
+    shown = [(k, v if isinstance(v, str) else json.dumps(v)) for k, v in values.items()]
+    return Preview("text", text=text[:EXCERPT_CHARS], cut=len(text) > EXCERPT_CHARS, params=shown)
 
 
 @dataclass

@@ -72,7 +72,7 @@ def _outputs(campaign: Campaign, output_root: Path) -> dict[str, dict]:
 
 
 def test_jsonl_rows_carry_a_system_prompt_limits_and_stops(
-    tmp_path, output_root, run_here, project
+    tmp_path, output_root, run_here, project, client, admin_user
 ):
     model = tiny_causal_lm(tmp_path / "lm", chat=True)
     stop = json.dumps(["fox"])
@@ -138,6 +138,14 @@ def test_jsonl_rows_carry_a_system_prompt_limits_and_stops(
     # the rows' own limits took: each at most its own, and a row's limit differs from the batch's
     assert written["a"]["completion_tokens"] <= 3 and written["e"]["completion_tokens"] == 1
     assert expected["a"] != _alone(params, TEXTS[0])
+
+    # the unit page shows the row's prompt and, beside it, the values it carried
+    client.force_login(admin_user)
+    page = client.get(reverse("unit_detail", args=["rowgen", units["a"].pk])).content.decode()
+    shown = page.split('id="row-params">')[1].split("</dl>")[0]
+    assert "<dt>system_prompt</dt><dd>answer briefly</dd>" in shown
+    assert "<dt>max_new_tokens</dt><dd>3</dd>" in shown and "stop" not in shown
+    assert f'id="input-excerpt">{TEXTS[0]}</pre>' in page
 
     # a row whose parameter changes is a changed row, found again by its id
     rows[0]["system"] = "answer at length"

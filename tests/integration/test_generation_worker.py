@@ -1,5 +1,6 @@
 """A text-generation campaign through real workers: prompts as files and as
-rows of a JSONL file, bad ones among them; the worker is SIGKILLed mid-batch
+rows of a JSONL file (rows carrying a system prompt and a limit of their
+own), bad ones among them; the worker is SIGKILLed mid-batch
 twice, a new one finishes, resume finds nothing left. Every good prompt then
 has exactly one completion, the one the model writes for it alone (greedy
 decoding does not depend on the batch), and verify --deep passes."""
@@ -31,6 +32,16 @@ def _prompt(i: int) -> str:
     return f"{TOPICS[i % len(TOPICS)]} report {i} " * (1 + i % 5)
 
 
+def _row_params(i: int) -> dict:
+    """The JSONL variant's rows' own parameters (none for most)."""
+    own: dict = {}
+    if i % 3 == 0:
+        own["system_prompt"] = f"be terse about {TOPICS[i % len(TOPICS)]}"
+    if i % 4 == 1:
+        own["max_new_tokens"] = 150 + i
+    return own
+
+
 def _create(kind: str, project, tmp_path: Path, params: dict):
     corpus = tmp_path / "prompts"
     corpus.mkdir()
@@ -42,15 +53,32 @@ def _create(kind: str, project, tmp_path: Path, params: dict):
         (corpus / "binary.txt").write_bytes(b"\x00\x01\x02")
         campaign, _ = setup.campaign_create(input_folder=corpus, params=params, **common)
         return campaign, {"empty.txt": "empty file", "binary.txt": "binary file"}
-    lines = [json.dumps({"id": f"p{i:02d}", "prompt": _prompt(i)}) for i in range(GOOD)]
-    lines.insert(5, json.dumps({"id": "empty", "prompt": "   "}))
+    rows = []
+    for i in range(GOOD):
+        own = _row_params(i)
+        rows.append(
+            {
+                "id": f"p{i:02d}",
+                "prompt": _prompt(i),
+                "system": own.get("system_prompt"),
+                "limit": own.get("max_new_tokens"),
+            }
+        )
+    lines = [json.dumps(row) for row in rows]
+    lines.insert(5, json.dumps({"id": "empty", "prompt": "   ", "system": None, "limit": None}))
     lines.insert(20, "{broken")
+    lines.insert(30, json.dumps({"id": "greedy", "prompt": "hi", "system": None, "limit": 999}))
     path = corpus / "prompts.jsonl"
     path.write_text("".join(line + "\n" for line in lines))
-    campaign, _ = setup.campaign_create(
-        records=path, columns=RecordColumns(text="prompt", id="id"), params=params, **common
+    columns = RecordColumns(
+        text="prompt", id="id", params=(("system_prompt", "system"), ("max_new_tokens", "limit"))
     )
-    return campaign, {"empty": "whitespace only", "prompts.jsonl:21": "is not JSON"}
+    campaign, _ = setup.campaign_create(records=path, columns=columns, params=params, **common)
+    return campaign, {
+        "empty": "whitespace only",
+        "prompts.jsonl:21": "is not JSON",
+        "greedy": "this row's max_new_tokens: 999 is over the version's max_new_tokens 400",
+    }
 
 
 @pytest.mark.parametrize("kind", ["folder", "jsonl"])
@@ -85,13 +113,14 @@ def test_generation_survives_kills_and_resume_with_one_completion_a_prompt(
 
     # exactly one completion a prompt, the model's own for it, no partial file
     assert not [p for p in Path(output_root).rglob("*") if p.name.endswith(".tmp")]
-    processor = TextGenerationProcessor(TEXT_GENERATION.clean(params))
     succeeded = Unit.objects.filter(campaign=campaign, state=UnitState.SUCCEEDED)
     assert sorted(succeeded.values_list("uid", flat=True)) == good
     for i, uid in enumerate(good):
         unit = succeeded.get(uid=uid)
         assert Attempt.objects.filter(unit=unit, outcome="succeeded").count() == 1, uid
         record = json.loads((Path(output_root) / unit.output_path).read_text())
+        own = _row_params(i) if kind == "jsonl" else {}
+        processor = TextGenerationProcessor(TEXT_GENERATION.clean({**params, **own}))
         alone = processor.run([processor.prepare(_prompt(i).encode())]).completions[0]
         assert record["completion"] == alone.text, uid
         assert record["finish_reason"] == alone.finish_reason

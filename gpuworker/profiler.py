@@ -43,6 +43,8 @@ from campaigns.profiles.sample import RUN_FAILURES, SHAPE_KINDS, sample_build, u
 from campaigns.profiles.tiers import HARD_PHASES
 from campaigns.specs.processors import get_spec
 from campaigns.storage.outputs import check_read_back, write_atomic, write_atomic_group
+from campaigns.storage.row_shards import SUFFIX as ROW_SHARD_SUFFIX
+from campaigns.storage.row_shards import make_row_shard
 from campaigns.storage.vector_shards import make_shard
 from gpuworker import training_profile
 from gpuworker.heartbeat import Heartbeat
@@ -54,7 +56,8 @@ from gpuworker.memory import (
     runtime_facts,
     workers_per_device,
 )
-from gpuworker.processors import get_processor, sharded
+from gpuworker.processors import get_processor, row_sharded, sharded
+from gpuworker.processors.base import RowShardedProcessor
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024
@@ -257,6 +260,8 @@ class _Stepper:
         count = size if write_all else min(WRITES_PER_STEP, size)
         if sharded(self.processor):
             return self._shard_write(result, costs, phase, count)
+        if row_sharded(self.processor):
+            return self._row_shard_write(self.processor, result, costs, phase, count)
         suffix = getattr(self.processor, "suffix", "") or ""
         started = time.perf_counter()
         paths = [self.workdir / f"{phase}-{size}-{index}{suffix}" for index in range(count)]
@@ -275,6 +280,26 @@ class _Stepper:
             "write_s_per_item": round((time.perf_counter() - started) / count, 6),
             "output_bytes_per_item": sum(b for _, b in outputs) // count,
             "outputs": outputs,
+        }
+
+    def _row_shard_write(
+        self, processor: RowShardedProcessor, result, costs: list[int], phase: str, count: int
+    ) -> dict:
+        """The batch's JSON rows in one shard, read back and checked, as a run
+        writes them; each row's size its line's."""
+        started = time.perf_counter()
+        path = self.workdir / f"{phase}-{len(costs)}{ROW_SHARD_SUFFIX}"
+        records = [processor.row_record(processor.output(result, i)) for i in range(count)]
+        data, shard = make_row_shard([str(i) for i in range(count)], records, [""] * count)
+        write_atomic(path, data)
+        check_read_back(path, data)
+        bad = next((p for p in map(processor.check_record, shard.records) if p is not None), None)
+        if bad is not None:
+            raise bad
+        return {
+            "write_s_per_item": round((time.perf_counter() - started) / count, 6),
+            "output_bytes_per_item": len(data) // count,
+            "outputs": [[costs[i], len(shard.lines[i]) + 1] for i in range(count)],
         }
 
     def _shard_write(self, result, costs: list[int], phase: str, count: int) -> dict:

@@ -70,3 +70,30 @@ def tiny_causal_lm(
     LlamaForCausalLM(config).save_pretrained(folder)
     fast.save_pretrained(folder)
     return folder
+
+
+def written_completion(output_root, unit) -> dict:
+    """The completion a unit's output path names: a line of its batch's row
+    shard (or a file of its own), as every reader reads it."""
+    from campaigns.storage.row_shards import RowReader
+
+    record = RowReader(output_root, 1 << 20).record(unit.output_path, unit.uid)
+    assert isinstance(record, dict)
+    return record
+
+
+def damage_line(output_root, unit) -> None:
+    """One unit's line of its batch's shard made to fail its check (a
+    finish_reason no worker writes); the other lines stay as written."""
+    import json
+
+    from campaigns.storage.vector_shards import split_member
+
+    file_rel, row = split_member(unit.output_path)
+    assert row is not None
+    path = Path(output_root) / file_rel
+    lines = path.read_bytes().split(b"\n")
+    record = json.loads(lines[row])
+    record["finish_reason"] = "eaten"
+    lines[row] = json.dumps(record).encode()
+    path.write_bytes(b"\n".join(lines))

@@ -3,9 +3,11 @@ version: `completions-<version>.jsonl` (a JSON object a line) and
 `completions-<version>.parquet` (the same rows, for pandas, polars or
 `datasets`), rows in unit (import) order.
 
-Each unit's output file is read once, checked as verify checks it
-(campaigns/specs/generation.read_completion), a row group at a time: the
-export holds GROUP_ROWS completions at most, whatever the corpus's size. An
+Each unit's output (a line of its batch's JSON row shard, or a file of its
+own) is read once, checked as verify checks it
+(campaigns/specs/generation.read_completion_at), a row group at a time: the
+export holds GROUP_ROWS completions and a few batches' shards at most,
+whatever the corpus's size. An
 output that cannot be read (deleted or damaged since) keeps its row with
 empty cells and the reason in `error`; the rest goes on.
 """
@@ -19,12 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from django.conf import settings
 
 from campaigns.exports import tables
 from campaigns.models import Campaign, ParameterVersion
 from campaigns.runs.versions import outputs_count, outputs_of
-from campaigns.specs.generation import read_completion
+from campaigns.specs.generation import completion_reader, read_completion_at
 from campaigns.storage.outputs import InvalidOutput, write_atomic
 
 GENERATION = "text-generation"
@@ -67,11 +68,11 @@ def completion_schema(campaign: Campaign, version: ParameterVersion) -> pa.Schem
 def completion_rows(campaign: Campaign, version: ParameterVersion, count: int) -> Iterator[dict]:
     """Each unit's row (without `row` and `version`), in unit order; units
     done after the count was taken wait for the next export."""
-    root = Path(settings.OUTPUT_ROOT)
+    reader = completion_reader(version.params)
     for out in itertools.islice(outputs_of(campaign=campaign, version=version), count):
         cells: dict[str, Any] = {"id": out.uid, "source_path": out.source_path, "error": ""}
         try:
-            record = read_completion(root / out.output_path, version.params)
+            record = read_completion_at(reader, out.output_path, version.params, out.uid)
         except (OSError, InvalidOutput) as exc:
             cells.update(dict.fromkeys(_FIELDS), error=f"output unreadable: {exc}")
         else:

@@ -26,11 +26,12 @@ from campaigns.intake.project_folders import campaign_folder_refusal
 from campaigns.intake.records import carried, parse_locator
 from campaigns.models import Attempt, Campaign, ErrorClass, Unit
 from campaigns.review import holdout
-from campaigns.specs.generation import read_completion
+from campaigns.specs.generation import completion_reader, read_completion_at
 from campaigns.specs.limits import output_pixel_bound
 from campaigns.specs.speech import read_transcript
 from campaigns.storage.outputs import InvalidOutput, load_npz
 from campaigns.storage.paths import resolve_input
+from campaigns.storage.row_shards import is_row_shard
 from campaigns.storage.vector_shards import VectorReader, split_member
 
 EXCERPT_CHARS = 1500
@@ -189,6 +190,8 @@ def output_summary(
             return OutputSummary("error", error=attempt.error_message)
         return OutputSummary("none")
     file_rel, row = split_member(rel)
+    if row is not None and is_row_shard(file_rel) and campaign.processor == GENERATION:
+        return _completion_summary(rel, params)  # a line of a batch's JSON row shard
     if row is not None:
         return _embedding_summary(campaign, attempt, twins)  # a row of a batch's shard
     suffix = Path(file_rel).suffix
@@ -206,11 +209,7 @@ def output_summary(
     if suffix == ".npy":
         return _embedding_summary(campaign, attempt, twins)
     if suffix == ".json" and campaign.processor == GENERATION:
-        try:
-            record = read_completion(root / rel, params)
-        except (OSError, InvalidOutput) as exc:
-            return OutputSummary("error", error=f"unreadable completion: {exc}")
-        return OutputSummary("completion", completion=record)
+        return _completion_summary(rel, params)
     if suffix == ".json" and campaign.processor == SPEECH:
         try:
             transcript = read_transcript(root / rel, params)
@@ -218,6 +217,14 @@ def output_summary(
             return OutputSummary("error", error=f"unreadable transcript: {exc}")
         return OutputSummary("transcript", transcript=transcript)
     return OutputSummary("none")
+
+
+def _completion_summary(rel: str, params: dict) -> OutputSummary:
+    try:
+        record = read_completion_at(completion_reader(params), rel, params)
+    except (OSError, InvalidOutput) as exc:
+        return OutputSummary("error", error=f"unreadable completion: {exc}")
+    return OutputSummary("completion", completion=record)
 
 
 def _asked_audio(params: dict) -> str:

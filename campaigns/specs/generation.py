@@ -14,6 +14,7 @@ import functools
 import json
 from pathlib import Path
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 
 from campaigns.intake.inputs import InputError, ReadLimits, decode_text, read_bytes
@@ -35,6 +36,7 @@ from campaigns.storage.outputs import (
     check_json_output_head,
     read_json_output,
 )
+from campaigns.storage.row_shards import RowReader
 
 #: The fields of every output file, in this order; `finish_reason` is one of
 #: FINISH_REASONS. A unit's id is its output's name (and the first column of
@@ -341,10 +343,29 @@ def check_completion(record: object, params: dict) -> dict:
     return record
 
 
+def longest_output(params: dict) -> int:
+    """No output of these parameters is longer than this many bytes."""
+    return (int(params["max_new_tokens"]) + 64) * OUTPUT_BYTES_PER_TOKEN + 4096
+
+
 def read_completion(path: Path, params: dict) -> dict:
     """An output file read (bounded by what max_new_tokens can make) and checked."""
-    longest = (int(params["max_new_tokens"]) + 64) * OUTPUT_BYTES_PER_TOKEN + 4096
-    return check_completion(read_json_output(path, longest, "completion"), params)
+    return check_completion(read_json_output(path, longest_output(params), "completion"), params)
+
+
+def completion_reader(params: dict) -> RowReader:
+    """What reads completions by output path (a line of a batch's row shard,
+    or a file a unit), for `read_completion_at`."""
+    return RowReader(settings.OUTPUT_ROOT, longest_output(params))
+
+
+def read_completion_at(reader: RowReader, rel: str, params: dict, uid: str | None = None) -> dict:
+    """A unit's completion by its output path, checked; OSError or InvalidOutput."""
+    return check_completion(reader.record(rel, uid), params)
+
+
+def _record_check(record: dict, params: dict) -> None:
+    check_completion(record, params)
 
 
 def _quick_check(path: Path, expected_size: int | None, params: dict) -> None:
@@ -449,6 +470,7 @@ TEXT_GENERATION = ProcessorSpec(
     },
     quick_check=_quick_check,
     deep_check=_deep_check,
+    record_check=_record_check,
     cost=prompt_cost,
     costs=prompt_costs,
     cost_params=("model", "max_new_tokens", "max_prompt_tokens", "system_prompt", "chat_template"),

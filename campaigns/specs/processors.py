@@ -36,6 +36,9 @@ DeepCheck = Callable[[Path, dict], None]
 #: verify --deep's check of a vector shard: (vectors (n, dim), params) -> each row's
 #: InvalidOutput or None.
 RowCheck = Callable[[Any, dict], list]
+#: verify --deep's check of one line of a JSON row shard: (its fields, params);
+#: raises InvalidOutput.
+RecordCheck = Callable[[dict, dict], None]
 #: One input's cost for grouping: (input path, params) -> tokens, pixels…
 Cost = Callable[[Path, dict], int | None]
 #: Many inputs' costs at once: (corpus root, source paths, params) -> a cost or None each.
@@ -81,6 +84,10 @@ class ProcessorSpec:
     # class sets shard_outputs; campaigns/storage/vector_shards.py): deep verify's
     # check of rows, (vectors (n, dim), params) -> each row's InvalidOutput or None.
     row_check: RowCheck | None = None
+    # For a processor whose batches write one JSON row shard (its worker-side
+    # class sets row_outputs; campaigns/storage/row_shards.py): deep verify's
+    # check of a line's fields, (record, params) -> None or InvalidOutput.
+    record_check: RecordCheck | None = None
     # "module:Class" of the worker-side implementation (imported by workers only).
     implementation: str = ""
     # Cost of one input for grouping (tokens, pixels), from its path and the

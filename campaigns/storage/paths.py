@@ -180,15 +180,18 @@ def resolve_input(root: Path, source_path: str) -> Path:
 SHARDS_FOLDER = "shards"
 
 
-def shard_relpath(*, campaign: str, version_label: str, batch_id: int, token: str) -> PurePosixPath:
-    """A batch's vector shard, relative to OUTPUT_ROOT (campaigns/storage/vector_shards.py).
+def shard_relpath(
+    *, campaign: str, version_label: str, batch_id: int, token: str, suffix: str = ".npz"
+) -> PurePosixPath:
+    """A batch's shard, relative to OUTPUT_ROOT: its vectors (.npz,
+    campaigns/storage/vector_shards.py) or JSON rows (.jsonl, row_shards.py).
 
     Named by the batch and the claim's lease token, so a worker that lost its
     lease never overwrites the file another worker's results point into; a
     thousand batches a folder.
     """
     folder = shard_folder(campaign=campaign, version_label=version_label, batch_id=batch_id)
-    return folder / f"{shard_prefix(batch_id)}{token[:12]}.npz"
+    return folder / f"{shard_prefix(batch_id)}{token[:12]}{suffix}"
 
 
 def shard_folder(*, campaign: str, version_label: str, batch_id: int) -> PurePosixPath:

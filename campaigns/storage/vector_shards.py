@@ -23,6 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -191,7 +192,7 @@ class ShardChecker:
         facts = self._facts.get(rel)
         if facts is None or (deep and isinstance(facts, _ShardFacts) and facts.digests is None):
             try:
-                facts = _ShardFacts.of(load_shard(self.root / rel), deep)
+                facts = _ShardFacts.read(self.root / rel, deep)
             except (OSError, InvalidOutput) as exc:
                 facts = exc
             self._facts[rel] = facts
@@ -205,7 +206,9 @@ class ShardChecker:
             raise InvalidOutput(f"row {row} is past the shard's {len(facts.id_hashes)} rows")
         if facts.id_hashes[row] != hash(uid):
             raise InvalidOutput(f"shard row {row} names another unit, not this one")
-        row_bytes = facts.dimension * ROW_BYTES_PER_VALUE
+        row_bytes = (
+            facts.dimension * ROW_BYTES_PER_VALUE if facts.sizes is None else int(facts.sizes[row])
+        )
         if expected_size is not None and expected_size != row_bytes:
             raise InvalidOutput(f"row of {row_bytes} bytes, recorded {expected_size}")
         if deep is None:
@@ -220,10 +223,11 @@ class ShardChecker:
 @dataclass(frozen=True)
 class DeepRowCheck:
     """What a deep check compares a row with: the recorded sha256, and the
-    processor's check of a shard's rows (vectors -> each row's defect or None)."""
+    processor's check of a shard's rows (its vectors, or a JSON row shard's
+    records -> each row's defect or None)."""
 
     sha256: str
-    row_check: Callable[[np.ndarray], list] | None
+    row_check: Callable[[Any], list] | None
 
 
 @dataclass(frozen=True)
@@ -232,6 +236,23 @@ class _ShardFacts:
     dimension: int
     digests: bytes | None = None  # each row's sha256, 32 bytes a row (deep)
     problems: list | None = None  # each row's defect or None (deep)
+    sizes: np.ndarray | None = None  # a JSON row shard's line sizes (a vector's is its dimension's)
+
+    @classmethod
+    def read(cls, path: Path, deep: DeepRowCheck | None) -> _ShardFacts:
+        """The facts of the shard at `path`: vectors (.npz) or JSON rows (.jsonl)."""
+        from campaigns.storage import row_shards
+
+        if not row_shards.is_row_shard(path.name):
+            return cls.of(load_shard(path), deep)
+        shard = row_shards.load_row_shard(path)
+        id_hashes = np.array([hash(uid) for uid in shard.ids], dtype=np.int64)
+        sizes = np.array([len(line) for line in shard.lines], dtype=np.int64)
+        if deep is None:
+            return cls(id_hashes, 0, sizes=sizes)
+        digests = b"".join(hashlib.sha256(line).digest() for line in shard.lines)
+        problems = deep.row_check(shard.records) if deep.row_check else [None] * len(sizes)
+        return cls(id_hashes, 0, digests, problems, sizes)
 
     @classmethod
     def of(cls, shard: Shard, deep: DeepRowCheck | None) -> _ShardFacts:

@@ -9,6 +9,7 @@ the version's `.damaged/` folder), so no later run can mistake it for a result.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -43,6 +44,7 @@ from campaigns.storage.paths import (
     damaged_relpath,
     output_name,
 )
+from campaigns.storage.row_shards import is_row_shard
 from campaigns.storage.vector_shards import MARK, DeepRowCheck, ShardChecker, split_member
 
 log = logging.getLogger(__name__)
@@ -338,10 +340,32 @@ def _judge_row(unit, spec, params, shards: ShardChecker, file_rel: str, row: int
     vector recorded and still passing its check (deep). Raises as _judge's checks do."""
     check = None
     if deep:
-        rows = (lambda vectors: spec.row_check(vectors, params)) if spec.row_check else None
+        rows = None
+        if is_row_shard(file_rel):
+            if spec.record_check is not None:
+                rows = functools.partial(_record_problems, spec.record_check, params)
+        elif spec.row_check is not None:
+            rows = functools.partial(_vector_problems, spec.row_check, params)
         check = DeepRowCheck(sha256=unit["output_sha256"], row_check=rows)
     shards.check(file_rel, row, unit["uid"], expected_size=unit["output_size"], deep=check)
     return Verdict.VALID, ""
+
+
+def _vector_problems(check, params: dict, vectors) -> list:
+    return check(vectors, params)
+
+
+def _record_problems(check, params: dict, records: list[dict]) -> list:
+    """Each JSON row's defect under the processor's record check, or None."""
+    problems: list = []
+    for record in records:
+        try:
+            check(record, params)
+        except InvalidOutput as exc:
+            problems.append(exc)
+        else:
+            problems.append(None)
+    return problems
 
 
 def _set_aside(unit, reason, versions, shards: ShardChecker, report, damaged_shards) -> str:

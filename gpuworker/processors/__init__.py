@@ -22,6 +22,7 @@ from gpuworker.processors.base import (
     FlaggingProcessor,
     Processor,
     ProcessorClass,
+    RowShardedProcessor,
     ShardedProcessor,
 )
 
@@ -91,6 +92,19 @@ def sharded(processor: Processor) -> TypeGuard[ShardedProcessor]:
     (campaigns/storage/vector_shards.py: `shard_outputs`, `output` gives a vector,
     `check_rows` checks a shard's) rather than a file a unit."""
     return bool(getattr(processor, "shard_outputs", False))
+
+
+def row_sharded(processor: Processor) -> TypeGuard[RowShardedProcessor]:
+    """Whether the processor's outputs are lines of a JSON Lines shard a batch
+    (campaigns/storage/row_shards.py: `row_outputs`, `row_record` gives a
+    line's fields, `check_record` checks one read back)."""
+    return bool(getattr(processor, "row_outputs", False))
+
+
+def shard_written(processor: Processor) -> bool:
+    """Whether a batch's outputs go into one shard (vectors or JSON rows)
+    rather than a file a unit beside the claim's lease record."""
+    return sharded(processor) or row_sharded(processor)
 
 
 def review_flags(processor: Processor) -> Callable[[Any, int], list[tuple[str, str]]] | None:

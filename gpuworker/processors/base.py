@@ -84,6 +84,21 @@ class ShardedProcessor(Processor, Protocol):
         ...
 
 
+class RowShardedProcessor(Processor, Protocol):
+    """A processor whose outputs are JSON objects written as one JSON Lines
+    shard a batch (campaigns/storage/row_shards.py) instead of a file a unit."""
+
+    row_outputs: bool
+
+    def row_record(self, output: Any, /) -> dict:
+        """The unit's output as the fields of its shard line."""
+        ...
+
+    def check_record(self, record: dict, /) -> InvalidOutput | None:
+        """A row's problem as read back, or None: what `validate` checks of a file."""
+        ...
+
+
 #: How a worker makes a processor: the implementation class, given the
 #: version's parameters.
 ProcessorClass = Callable[[dict[str, Any]], Processor]

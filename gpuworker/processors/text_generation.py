@@ -1,7 +1,8 @@
 """Batch text generation with a local Hugging Face causal language model.
 
 A unit is a prompt (a text file, or a row of a records file); its output is
-one JSON object (campaigns.specs.generation.OUTPUT_FIELDS). Prompts of a
+one JSON object (campaigns.specs.generation.OUTPUT_FIELDS), a line of its
+batch's JSON Lines shard (campaigns/storage/row_shards.py). Prompts of a
 batch are padded on the left, so every row's new tokens start at the same
 step; a row that ends (an end-of-sequence token, a stop string) is padded
 until the others end. Greedy decoding gives a prompt the same text in any
@@ -40,6 +41,7 @@ from campaigns.models import ErrorClass
 from campaigns.review.flags import completion_flags
 from campaigns.specs.builtin import resolve_model_path
 from campaigns.specs.generation import (
+    check_completion,
     prompt_input,
     prompt_tokens,
     read_completion,
@@ -47,6 +49,7 @@ from campaigns.specs.generation import (
     text_list,
 )
 from campaigns.storage import checkpoint_files as checkpoints
+from campaigns.storage.outputs import InvalidOutput
 from gpuworker.memory import MemoryProbe, device_and_dtype
 from gpuworker.processors.text_embedding import folder_stamp
 
@@ -182,6 +185,8 @@ class StopStrings(StoppingCriteria):
 
 class TextGenerationProcessor:
     suffix = ".json"
+    # A batch's completions go into one JSON Lines shard, a line a unit.
+    row_outputs = True
 
     def __init__(self, params: dict):
         self.params = params
@@ -252,6 +257,16 @@ class TextGenerationProcessor:
 
     def validate(self, path: Path) -> None:
         read_completion(path, self.params)
+
+    def row_record(self, completion: Completion) -> dict:
+        return completion_record(completion)
+
+    def check_record(self, record: dict) -> InvalidOutput | None:
+        try:
+            check_completion(record, self.params)
+        except InvalidOutput as exc:
+            return exc
+        return None
 
     def unit_metrics(self, result: GenerationBatch, index: int) -> dict:
         done = result.completions[index]
@@ -375,14 +390,16 @@ class TextGenerationProcessor:
         return made(text=text, finish_reason="length", completion_tokens=len(tokens))
 
 
+def completion_record(completion: Completion) -> dict:
+    """The output's fields, in OUTPUT_FIELDS' order."""
+    return {
+        "completion": completion.text,
+        "finish_reason": completion.finish_reason,
+        "prompt_tokens": completion.prompt_tokens,
+        "completion_tokens": completion.completion_tokens,
+    }
+
+
 def completion_bytes(completion: Completion) -> bytes:
-    """The output file: one JSON object, fields in OUTPUT_FIELDS' order."""
-    return json.dumps(
-        {
-            "completion": completion.text,
-            "finish_reason": completion.finish_reason,
-            "prompt_tokens": completion.prompt_tokens,
-            "completion_tokens": completion.completion_tokens,
-        },
-        ensure_ascii=False,
-    ).encode("utf-8")
+    """One output as a file of its own: one JSON object."""
+    return json.dumps(completion_record(completion), ensure_ascii=False).encode("utf-8")

@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 from typing import Protocol
 
-import numpy as np
 from django.conf import settings
 
 from campaigns.intake.inputs import InputError
@@ -19,14 +18,16 @@ from campaigns.models import Batch, ErrorClass
 from campaigns.storage.lease_records import Vouched, read_records
 from campaigns.storage.outputs import InvalidOutput, WrittenFile
 from campaigns.storage.paths import lease_folder, shard_folder, shard_prefix
+from campaigns.storage.row_shards import SUFFIX as ROW_SHARD_SUFFIX
+from campaigns.storage.row_shards import line_sha256, load_row_shard
 from campaigns.storage.vector_shards import (
     ROW_BYTES_PER_VALUE,
     load_shard,
     member_path,
     row_sha256,
 )
-from gpuworker.processors import sharded
-from gpuworker.processors.base import Processor, ShardedProcessor
+from gpuworker.processors import row_sharded, sharded
+from gpuworker.processors.base import Processor, RowShardedProcessor, ShardedProcessor
 from gpuworker.runner.claim import Outcome
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,8 @@ def adoption_for(batch: Batch, processor: Processor) -> Adoption:
         return NOTHING  # its first claim: no earlier claim wrote anything of it
     if sharded(processor):
         return ShardRows(adoptable_rows(batch, processor))
+    if row_sharded(processor):
+        return ShardRows(adoptable_lines(batch, processor))
     folder = Path(settings.OUTPUT_ROOT) / lease_folder(
         campaign=batch.campaign.name, version_label=batch.version.label
     )
@@ -140,28 +143,30 @@ class VouchedFiles:
         return True
 
 
+#: A row an earlier claim wrote: (its output path, size, sha256, and the
+#: sha256 of the input it was made from).
+Found = tuple[str, int, str, str]
+
+
 class ShardRows:
     """A sharded processor's rows in the shards an earlier claim of the batch wrote."""
 
-    def __init__(self, rows: dict[str, list[tuple[str, np.ndarray, str]]]):
+    def __init__(self, rows: dict[str, list[Found]]):
         self.rows = rows
 
     def adopt(self, outcome: Outcome) -> bool:
-        for rel, vector, input_sha256 in self.rows.get(outcome.unit.uid, ()):
+        for rel, size, sha256, input_sha256 in self.rows.get(outcome.unit.uid, ()):
             # A shard that does not say what its row was made from (one from
             # before shards carried it) proves nothing: the row is recomputed.
             if input_sha256 and input_sha256 == outcome.input_sha256:
                 outcome.metrics = {"adopted": True}  # counted by run.compute
-                outcome.succeed(rel, vector.size * ROW_BYTES_PER_VALUE, row_sha256(vector))
+                outcome.succeed(rel, size, sha256)
                 return True
         return False
 
 
-def adoptable_rows(
-    batch: Batch, processor: ShardedProcessor
-) -> dict[str, list[tuple[str, np.ndarray, str]]]:
-    """uid -> (output path, vector, input sha256) of every whole, valid row in the
-    shards an earlier claim of this batch wrote; a damaged shard is recomputed instead."""
+def _batch_shards(batch: Batch, suffix: str) -> list[tuple[str, Path]]:
+    """(output path, file) of each shard the batch's claims wrote, in name order."""
     folder_rel = shard_folder(
         campaign=batch.campaign.name, version_label=batch.version.label, batch_id=batch.pk
     )
@@ -170,21 +175,46 @@ def adoptable_rows(
         names = sorted(
             e.name
             for e in os.scandir(folder)
-            if e.name.startswith(shard_prefix(batch.pk)) and e.name.endswith(".npz")
+            if e.name.startswith(shard_prefix(batch.pk)) and e.name.endswith(suffix)
         )
     except FileNotFoundError:
-        return {}
-    rows: dict[str, list[tuple[str, np.ndarray, str]]] = {}
-    for name in names:
-        rel = f"{folder_rel}/{name}"
+        return []
+    return [(f"{folder_rel}/{name}", folder / name) for name in names]
+
+
+def adoptable_rows(batch: Batch, processor: ShardedProcessor) -> dict[str, list[Found]]:
+    """uid -> each whole, valid row in the vector shards an earlier claim of
+    this batch wrote; a damaged shard is recomputed instead."""
+    rows: dict[str, list[Found]] = {}
+    for rel, path in _batch_shards(batch, ".npz"):
         try:
-            shard = load_shard(folder / name)
+            shard = load_shard(path)
         except (InvalidOutput, OSError):
             log.warning("batch %s: shard %s is not whole, not adopted", batch.pk, rel)
             continue
         problems = processor.check_rows(shard.vectors)
         for row, uid in enumerate(shard.ids.tolist()):
             if problems[row] is None:
-                found = (member_path(rel, row), shard.vectors[row], shard.input_sha256(row))
+                vector = shard.vectors[row]
+                size = vector.size * ROW_BYTES_PER_VALUE
+                found = (member_path(rel, row), size, row_sha256(vector), shard.input_sha256(row))
+                rows.setdefault(uid, []).append(found)
+    return rows
+
+
+def adoptable_lines(batch: Batch, processor: RowShardedProcessor) -> dict[str, list[Found]]:
+    """uid -> each whole line passing the processor's check in the JSON row
+    shards an earlier claim of this batch wrote; a damaged shard is recomputed."""
+    rows: dict[str, list[Found]] = {}
+    for rel, path in _batch_shards(batch, ROW_SHARD_SUFFIX):
+        try:
+            shard = load_row_shard(path)
+        except (InvalidOutput, OSError):
+            log.warning("batch %s: shard %s is not whole, not adopted", batch.pk, rel)
+            continue
+        for row, uid in enumerate(shard.ids):
+            if processor.check_record(shard.records[row]) is None:
+                line = shard.lines[row]
+                found = (member_path(rel, row), len(line), line_sha256(line), shard.inputs[row])
                 rows.setdefault(uid, []).append(found)
     return rows

@@ -18,7 +18,7 @@ from campaigns.runs.memory_errors import alone_message
 from campaigns.specs.processors import get_spec
 from campaigns.storage.paths import output_relpath
 from gpuworker.memory import at_failure
-from gpuworker.processors import sharded
+from gpuworker.processors import shard_written
 from gpuworker.processors.base import Processor
 from gpuworker.runner.check import adoption_for
 from gpuworker.runner.claim import Outcome
@@ -52,7 +52,7 @@ def compute(
             outcome.fail(ErrorClass.INPUT_UNREADABLE, refusal)
         return [], 0, []
     output_root = Path(settings.OUTPUT_ROOT)
-    if not sharded(processor):
+    if not shard_written(processor):
         for outcome in outcomes:
             outcome.target = str(
                 output_relpath(

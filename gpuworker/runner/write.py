@@ -1,6 +1,6 @@
 """A batch's outputs after its model ran: each unit's metrics and review
-flags, then its output written atomically (one vector shard a batch, or a
-file a unit beside the claim's lease record) and checked
+flags, then its output written atomically (one vector or JSON row shard a
+batch, or a file a unit beside the claim's lease record) and checked
 (gpuworker/runner/check.py)."""
 
 from __future__ import annotations
@@ -28,14 +28,16 @@ from campaigns.storage.outputs import (
     write_atomic_group,
 )
 from campaigns.storage.paths import lease_folder, lease_record_relpath, shard_relpath
+from campaigns.storage.row_shards import SUFFIX as ROW_SHARD_SUFFIX
+from campaigns.storage.row_shards import line_sha256, make_row_shard
 from campaigns.storage.vector_shards import (
     ROW_BYTES_PER_VALUE,
     make_shard,
     member_path,
     row_sha256,
 )
-from gpuworker.processors import review_flags, sharded
-from gpuworker.processors.base import Processor, ShardedProcessor
+from gpuworker.processors import review_flags, row_sharded, sharded
+from gpuworker.processors.base import Processor, RowShardedProcessor, ShardedProcessor
 from gpuworker.runner.check import InputLost, check_written, refuse
 from gpuworker.runner.claim import Outcome
 from gpuworker.runner.run import Part, merge_batch_metrics
@@ -57,6 +59,10 @@ def complete(batch: Batch, processor: Processor, parts: list[Part], token: str) 
     if sharded(processor):
         vectors = [(o, processor.output(result, index)) for o, result, index in jobs]
         write_shard(batch, processor, vectors, token)
+        return merge_batch_metrics([processor.batch_metrics(result) for _, result in parts])
+    if row_sharded(processor):
+        records = [(o, processor.row_record(processor.output(r, i))) for o, r, i in jobs]
+        write_row_shard(batch, processor, records, token)
         return merge_batch_metrics([processor.batch_metrics(result) for _, result in parts])
 
     # A file a unit: each output made (`output`, `serialize`) as it is written
@@ -131,6 +137,62 @@ def drop_lease_records(batch: Batch) -> None:
     remove_records(folder, batch.pk)
 
 
+def _write_read_back(path: Path, data: bytes, outcomes: list[Outcome]) -> bool:
+    """A shard written atomically and read back whole, byte for byte; False
+    (each unit failed output_write_error, no file left) when it could not be."""
+    try:
+        write_atomic(path, data)
+        try:
+            check_read_back(path, data)
+        except OSError:
+            # Not what was written: no later claim may find it (adoption
+            # would refuse it as not whole, and log so every time).
+            path.unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        # Disk full, permissions, a storage outage or one that lost the write:
+        # no partial file is left (write_atomic leaves none, and one that does
+        # not read back is removed), and resume puts the units back once the
+        # storage is fixed.
+        for outcome in outcomes:
+            outcome.fail(ErrorClass.OUTPUT_WRITE_ERROR, f"cannot write output: {exc}")
+        return False
+    return True
+
+
+def write_row_shard(
+    batch: Batch, processor: RowShardedProcessor, jobs: list[tuple[Outcome, dict]], token: str
+) -> None:
+    """The batch's JSON outputs in one JSON Lines shard, read back and checked
+    line by line: a unit counts once the file holds its line as it was made
+    and the line's fields pass the processor's check."""
+    rel = str(
+        shard_relpath(
+            campaign=batch.campaign.name,
+            version_label=batch.version.label,
+            batch_id=batch.pk,
+            token=token,
+            suffix=ROW_SHARD_SUFFIX,
+        )
+    )
+    outcomes = [o for o, _ in jobs]
+    # Each line with the input it was made from: a later claim of the batch
+    # adopts a line only for the input its unit reads then.
+    data, shard = make_row_shard(
+        [o.unit.uid for o in outcomes], [r for _, r in jobs], [o.input_sha256 for o in outcomes]
+    )
+    if not _write_read_back(Path(settings.OUTPUT_ROOT) / rel, data, outcomes):
+        return
+    checked = time.time()
+    for row, outcome in enumerate(outcomes):
+        problem = processor.check_record(shard.records[row])
+        if problem is not None:
+            refuse(outcome, problem)
+        else:
+            line = shard.lines[row]
+            outcome.succeed(member_path(rel, row), len(line), line_sha256(line), checked)
+
+
 def write_shard(
     batch: Batch, processor: ShardedProcessor, jobs: list[tuple[Outcome, Any]], token: str
 ) -> None:
@@ -148,32 +210,17 @@ def write_shard(
     path = Path(settings.OUTPUT_ROOT) / rel
     outcomes = [o for o, _ in jobs]
     vectors = np.stack([np.asarray(v, dtype=np.float32).ravel() for _, v in jobs])
-    try:
-        # Each row with the input it was made from: a later claim of the
-        # batch adopts a row only for the input its unit reads then.
-        inputs = [o.input_sha256 for o in outcomes]
-        data, shard = make_shard(
-            [o.unit.uid for o in outcomes], vectors, inputs if all(inputs) else None
-        )
-        write_atomic(path, data)
-        # Read back whole and compared byte for byte: the file holds the
-        # arrays `shard` holds, so the rows checked below are the file's
-        # (parsing the file again cost more than the rest of the shard's
-        # work: bench/RESULTS.md, "A shard read back as bytes (2026-12-04)").
-        try:
-            check_read_back(path, data)
-        except OSError:
-            # Not what was written: no later claim may find it (adoption
-            # would refuse it as not whole, and log so every time).
-            path.unlink(missing_ok=True)
-            raise
-    except OSError as exc:
-        # Disk full, permissions, a storage outage or one that lost the write:
-        # no partial file is left (write_atomic leaves none, and one that does
-        # not read back is removed), and resume puts the units back once the
-        # storage is fixed.
-        for outcome in outcomes:
-            outcome.fail(ErrorClass.OUTPUT_WRITE_ERROR, f"cannot write output: {exc}")
+    # Each row with the input it was made from: a later claim of the batch
+    # adopts a row only for the input its unit reads then.
+    inputs = [o.input_sha256 for o in outcomes]
+    data, shard = make_shard(
+        [o.unit.uid for o in outcomes], vectors, inputs if all(inputs) else None
+    )
+    # Read back whole and compared byte for byte: the file holds the arrays
+    # `shard` holds, so the rows checked below are the file's (parsing the
+    # file again cost more than the rest of the shard's work:
+    # bench/RESULTS.md, "A shard read back as bytes (2026-12-04)").
+    if not _write_read_back(path, data, outcomes):
         return
     problems = processor.check_rows(shard.vectors)
     checked = time.time()

@@ -22,7 +22,7 @@ from campaigns.models import Campaign, ReviewItem, Unit, UnitState
 from campaigns.specs.generation import TEXT_GENERATION
 from campaigns.verify.reconcile import campaign_verify
 from gpuworker.processors.text_generation import TextGenerationProcessor
-from tests.generation import tiny_causal_lm
+from tests.generation import damage_line, tiny_causal_lm, written_completion
 
 PROMPTS = [
     f"prompt {i}: " + " ".join(["the quick brown fox", "jumps over", "the lazy dog"][: 1 + i % 3])
@@ -86,7 +86,7 @@ def test_a_generation_campaign_over_records_runs_exports_and_shows_its_completio
         processor.run([processor.prepare(text.encode())]).completions[0] for text in PROMPTS
     ]
     for unit, completion in zip(done, expected, strict=True):
-        record = json.loads((Path(output_root) / unit.output_path).read_text())
+        record = written_completion(output_root, unit)
         assert record["completion"] == completion.text, unit.uid
         assert record["finish_reason"] == completion.finish_reason
         assert record["completion_tokens"] == completion.completion_tokens
@@ -116,8 +116,8 @@ def test_a_generation_campaign_over_records_runs_exports_and_shows_its_completio
     assert grouped.metadata.num_row_groups > 3
     assert list(grouped.read().column("id").to_pylist()) == list(table["id"])
 
-    # an output deleted since keeps its row, with the reason
-    (Path(output_root) / done[2].output_path).unlink()
+    # an output damaged since keeps its row, with the reason; the batch's others are read
+    damage_line(output_root, done[2])
     client.force_login(admin_user)
     url = reverse("version_download", args=["gen", 1, "completions.jsonl"])
     body = b"".join(client.get(url).streaming_content).decode()

@@ -23,7 +23,7 @@ from campaigns.intake.records import RecordColumns, carried, parse_locator, reco
 from campaigns.models import Campaign, ErrorClass, Unit, UnitState
 from campaigns.specs.generation import TEXT_GENERATION, prompt_costs, prompt_tokens
 from gpuworker.processors.text_generation import TextGenerationProcessor
-from tests.generation import tiny_causal_lm
+from tests.generation import tiny_causal_lm, written_completion
 
 pytestmark = pytest.mark.django_db
 
@@ -68,7 +68,7 @@ def _create(name: str, records: Path, project, params: dict, *columns: str) -> C
 
 def _outputs(campaign: Campaign, output_root: Path) -> dict[str, dict]:
     done = Unit.objects.filter(campaign=campaign).exclude(output_path="")
-    return {u.uid: json.loads((Path(output_root) / u.output_path).read_text()) for u in done}
+    return {u.uid: written_completion(output_root, u) for u in done}
 
 
 def test_jsonl_rows_carry_a_system_prompt_limits_and_stops(

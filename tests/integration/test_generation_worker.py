@@ -19,7 +19,7 @@ from campaigns.runs import setup, start
 from campaigns.specs.generation import TEXT_GENERATION
 from campaigns.verify.reconcile import campaign_verify
 from gpuworker.processors.text_generation import TextGenerationProcessor
-from tests.generation import tiny_causal_lm
+from tests.generation import tiny_causal_lm, written_completion
 from tests.worker import finish_and_resume, kill_mid_batch
 
 pytestmark = pytest.mark.integration
@@ -118,7 +118,7 @@ def test_generation_survives_kills_and_resume_with_one_completion_a_prompt(
     for i, uid in enumerate(good):
         unit = succeeded.get(uid=uid)
         assert Attempt.objects.filter(unit=unit, outcome="succeeded").count() == 1, uid
-        record = json.loads((Path(output_root) / unit.output_path).read_text())
+        record = written_completion(output_root, unit)
         own = _row_params(i) if kind == "jsonl" else {}
         processor = TextGenerationProcessor(TEXT_GENERATION.clean({**params, **own}))
         alone = processor.run([processor.prepare(_prompt(i).encode())]).completions[0]

@@ -82,7 +82,8 @@ GROUP_WHOLE_BYTES = 32 << 20
 #: column read at once: rows carrying parameters read their columns beside
 #: the text's (`_record_at`), each pass going forward with the others.
 STREAMS_KEPT = 2
-#: Record files a process keeps open (Arrow maps, CSV headers, gz indexes).
+#: Record files a process keeps open (Arrow maps, CSV headers, gz indexes), and
+#: as many again for each further column a record's input is read from.
 FILES_KEPT = 16
 
 _lock = threading.Lock()
@@ -214,7 +215,10 @@ def _record_at(opened: _Opened, located: Located):
         )
         for name, column in located.params
     }
-    return record_input(text, values)
+    try:
+        return record_input(text, values)
+    except ValueError as exc:  # refused at import alike: this row was never queued
+        raise InputError(ErrorClass.INPUT_INVALID, str(exc)) from None
 
 
 def _text_at(opened: _Opened, located: Located):
@@ -244,7 +248,7 @@ def _kept(key: tuple, make):
     with _lock:
         made = _files.setdefault(key, made)
         _files.move_to_end(key)
-        while len(_files) > FILES_KEPT:
+        while len(_files) > FILES_KEPT * _columns_at_once:
             _files.popitem(last=False)
     return made
 
@@ -405,11 +409,17 @@ def _shape_in(metadata, group_index: int, column: str) -> tuple[int, int] | None
     if not 0 <= group_index < metadata.num_row_groups:
         return None
     group = metadata.row_group(group_index)
-    for i in range(group.num_columns):
-        chunk = group.column(i)
-        if chunk.path_in_schema == column:
-            return group.num_rows, chunk.total_uncompressed_size
-    return None
+    # A nested column (a list of stop strings) is stored as its leaves,
+    # `stop.list.element`: their sizes add up to the column's.
+    leaves = [
+        group.column(i)
+        for i in range(group.num_columns)
+        if group.column(i).path_in_schema == column
+        or group.column(i).path_in_schema.startswith(column + ".")
+    ]
+    if not leaves:
+        return None
+    return group.num_rows, sum(chunk.total_uncompressed_size for chunk in leaves)
 
 
 class _PreadFile(io.RawIOBase):

@@ -35,10 +35,12 @@ import gzip
 import hashlib
 import io
 import json
+import math
 import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from urllib.parse import quote, unquote
 
@@ -110,22 +112,22 @@ class RecordColumns:
 
 
 def param_columns(given: list[str] | str | None) -> tuple[tuple[str, str], ...]:
-    """`--param-column` values (or the setup page's field, comma-separated):
-    NAME=COLUMN, or NAME alone for a column named as its parameter. ValueError
-    says what is wrong with one."""
-    items = [given] if isinstance(given, str) else list(given or [])
+    """`--param-column` values, one NAME=COLUMN each (a column's name may hold
+    a comma), or the setup page's field, comma-separated; NAME alone for a
+    column named as its parameter. ValueError says what is wrong with one."""
+    pieces = given.split(",") if isinstance(given, str) else list(given or [])
     pairs: list[tuple[str, str]] = []
-    for item in items:
-        for piece in item.split(","):
-            if not piece.strip():
-                continue
-            name, _, column = piece.partition("=")
-            name, column = name.strip(), (column.strip() if column else name.strip())
-            if not name or not column:
-                raise ValueError(f"{piece.strip()!r}: a parameter column is NAME=COLUMN (or NAME)")
-            if name in (p for p, _ in pairs):
-                raise ValueError(f"parameter {name!r} is given a column twice")
-            pairs.append((name, column))
+    for piece in pieces:
+        if not piece.strip():
+            continue
+        name, equals, column = piece.partition("=")
+        name = name.strip()
+        column = column.strip() if equals else name
+        if not name or not column:
+            raise ValueError(f"{piece.strip()!r}: a parameter column is NAME=COLUMN (or NAME)")
+        if name in (p for p, _ in pairs):
+            raise ValueError(f"parameter {name!r} is given a column twice")
+        pairs.append((name, column))
     return tuple(pairs)
 
 
@@ -133,10 +135,36 @@ def record_input(text: str, values: dict) -> str:
     """A row's input when it carries parameters: one JSON object, its text
     under "text" and the values under "params" (those null or "" left out,
     keys in the columns' order). The import hashes it and every read makes
-    the same, so a value that changes is a changed input."""
-    given = {k: v for k, v in values.items() if v is not None and v != ""}
+    the same, so a value that changes is a changed input. A value no
+    parameter can be (a date, a struct, NaN, bytes that are not UTF-8) is
+    ValueError, naming it: that row fails alone."""
+    given = {k: _plain(k, v) for k, v in values.items() if v is not None and v != ""}
     return json.dumps(
-        {"text": text, "params": given}, ensure_ascii=False, separators=(",", ":"), default=str
+        {"text": text, "params": given}, ensure_ascii=False, separators=(",", ":"), allow_nan=False
+    )
+
+
+def _plain(name: str, value: object) -> object:
+    """A column's value as a parameter reads it: text, a number or a list of them."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        raise ValueError(f"{name}: its column holds {value}, not a number a parameter takes")
+    if isinstance(value, bytes):  # a Parquet string column written without its UTF8 mark
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{name}: its column holds bytes that are not UTF-8 text") from None
+    if isinstance(value, Decimal):
+        if not value.is_finite():
+            raise ValueError(f"{name}: its column holds {value}, not a number a parameter takes")
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(name, item) for item in value]
+    raise ValueError(
+        f"{name}: its column holds {type(value).__name__}, not text, a number or a list of them"
     )
 
 
@@ -324,11 +352,16 @@ def _batch_rows(
             and _plain_text(text)
         ):
             # An Arrow string is UTF-8: it encodes (no lone surrogate).
+            made: str | None = text
             if row_params:
-                text = record_input(text, {name: values[i] for name, values in row_params})
-            data = text.encode("utf-8")
-            yield Row(number, uid, source, category, None, len(data), sha256(data).hexdigest())
-            continue
+                try:
+                    made = record_input(text, {name: values[i] for name, values in row_params})
+                except ValueError:
+                    made = None  # _record_row says why
+            if made is not None:
+                data = made.encode("utf-8")
+                yield Row(number, uid, source, category, None, len(data), sha256(data).hexdigest())
+                continue
         record = {columns.text: text}
         for (_, column), (_, values) in zip(columns.params, row_params, strict=True):
             record[column] = values[i]
@@ -384,7 +417,10 @@ def _record_row(
         return made.fail(f"{where}: {'empty text' if not data else exc.message}")
     if columns.params:
         given = {name: record.get(column) for name, column in columns.params}
-        data = record_input(text, given).encode("utf-8")
+        try:
+            data = record_input(text, given).encode("utf-8")
+        except ValueError as exc:
+            return made.fail(f"{where}: {exc}")
     made.size, made.sha256 = len(data), hashlib.sha256(data).hexdigest()
     return made
 
@@ -620,6 +656,11 @@ def _check_columns(path: Path, names, columns: RecordColumns) -> None:
             f"{path.name}: no column {', '.join(map(repr, missing))} "
             f"(its columns: {', '.join(str(n)[:80] for n in list(names)[:20])})"
         )
+    named = list(names)
+    twice = [c for c in columns.needed() if named.count(c) > 1]
+    if twice:
+        # Which of the two a row's value is taken from would be a guess.
+        raise ManifestError(f"{path.name}: two columns named {', '.join(map(repr, twice))}")
 
 
 # --- Parquet and Arrow: a row group's or a record batch's index -----------------

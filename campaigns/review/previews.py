@@ -138,8 +138,11 @@ def input_preview(*, unit: Unit, campaign: Campaign, params: dict) -> Preview:
 
 def _carried_preview(root: Path, source_path: str) -> Preview:
     """A row carrying parameters: its text, and its values beside it (the
-    row's input is one JSON object, read whole within PREVIEW_MAX_BYTES)."""
-    data = read_bytes(root, source_path, limits=ReadLimits(max_bytes=PREVIEW_MAX_BYTES))
+    row's input is one JSON object, taken apart up to PREVIEW_MAX_BYTES)."""
+    data = read_bytes(root, source_path, limits=ReadLimits(keep=PREVIEW_MAX_BYTES))
+    if data.cut:  # too long to take apart here: its start as it is
+        text = bytes(data[:EXCERPT_BYTES]).decode("utf-8", "replace")
+        return Preview("text", text=text[:EXCERPT_CHARS], cut=True)
     found = carried(data)
     if found is None:
         return Preview("error", error=f"{ErrorClass.INPUT_INVALID}: not a row's input")

@@ -14,6 +14,7 @@ import functools
 import json
 from pathlib import Path
 
+import jinja2
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
@@ -194,7 +195,14 @@ def prompt_text(params: dict, text: str) -> tuple[str, bool]:
     messages = [{"role": "system", "content": system}] if system else []
     messages.append({"role": "user", "content": text})
     template, tokens = form
-    return chat_templates.render(template, messages, **dict(tokens)), False
+    try:
+        return chat_templates.render(template, messages, **dict(tokens)), False
+    except jinja2.TemplateError as exc:
+        # A template that refuses a system turn (some do), or this text:
+        # this prompt's failure, not its batch's.
+        raise InputError(
+            ErrorClass.INPUT_INVALID, f"the model's chat template refuses this prompt: {exc}"
+        ) from None
 
 
 def prompt_tokens(params: dict, text: str, tokenizer=None) -> list[int]:
@@ -221,9 +229,10 @@ def prompt_costs(root: Path, source_paths: list[str], params: dict) -> list[int 
     own = [i for i, path in enumerate(source_paths) if _carries(path)]
     if own:
         costs: list[int | None] = [None] * len(source_paths)
-        for i in own:
-            costs[i] = _row_prompt_cost(root, source_paths[i], params)
-        rest = [i for i in range(len(source_paths)) if costs[i] is None and i not in own]
+        weighed = _row_prompt_costs(root, [source_paths[i] for i in own], params)
+        for i, cost in zip(own, weighed, strict=True):
+            costs[i] = cost
+        rest = [i for i in range(len(source_paths)) if i not in own]
         weighed = prompt_costs(root, [source_paths[i] for i in rest], params) if rest else []
         for i, cost in zip(rest, weighed, strict=True):
             costs[i] = cost
@@ -247,16 +256,42 @@ def _carries(source_path: str) -> bool:
     return located is not None and bool(located.params)
 
 
-def _row_prompt_cost(root: Path, source_path: str, params: dict) -> int | None:
-    """A row's prompt (its system prompt) in tokens, capped as the others
-    are, plus its own max_new_tokens; None where it cannot be weighed."""
-    try:
-        data = read_bytes(root, source_path, limits=ReadLimits(max_bytes=max_input_bytes(params)))
-        text, row = prompt_input(data, params)
-    except (InputError, ValueError):
-        return None
-    tokens = max(1, min(len(prompt_tokens(row, text)), int(params["max_prompt_tokens"])))
-    return tokens + int(row["max_new_tokens"])
+def _row_prompt_costs(root: Path, source_paths: list[str], params: dict) -> list[int | None]:
+    """Rows carrying parameters: each prompt under its own system prompt, in
+    tokens capped as the others are, plus the version's max_new_tokens (a
+    batch holds its longest prompt and its largest limit, which may be two
+    rows', so a row's lower limit cannot make it cheaper). Read as far as
+    max_prompt_tokens can use (a longer row costs the most a prompt may);
+    None where it cannot be read. Its other values are not looked at: a row
+    weighs the same under any version, whatever it is refused for."""
+    cap, new = int(params["max_prompt_tokens"]), int(params["max_new_tokens"])
+    limits = ReadLimits(keep=prompt_read_limits(params).keep)
+    costs: list[int | None] = [None] * len(source_paths)
+    rendered: dict[bool, list[tuple[int, str]]] = {True: [], False: []}
+    for at, source_path in enumerate(source_paths):
+        try:
+            data = read_bytes(root, source_path, limits=limits)
+            if data.cut:
+                costs[at] = cap + new
+                continue
+            found = carried(data)
+            if found is None:
+                continue
+            text, values = found
+            system = values.get("system_prompt")
+            row = {**params, "system_prompt": system} if isinstance(system, str) else params
+            prompt, specials = prompt_text(row, text)
+        except (InputError, ValueError):
+            continue
+        rendered[specials].append((at, prompt))
+    tokenizer = model_tokenizer(params["model"])
+    for specials, prompts in rendered.items():
+        for start in range(0, len(prompts), 1024):
+            chunk = prompts[start : start + 1024]
+            encoded = tokenizer.encode_batch([p for _, p in chunk], add_special_tokens=specials)
+            for (at, _), encoding in zip(chunk, encoded, strict=True):
+                costs[at] = max(1, min(len(encoding.ids), cap)) + new
+    return costs
 
 
 def check_prompt(data: bytes, params: dict) -> str:
@@ -299,6 +334,11 @@ def validate_generation(params: dict) -> None:
     found = model_config(params, tokenizer_for="counting prompt tokens")
     if found is None:
         return
+    try:
+        prompt_text(params, "a prompt")
+    except InputError as exc:
+        # Every prompt would fail so (a template that takes no system turn).
+        raise ValidationError(f"system_prompt: {exc.message}") from None
     folder, config = found
     if not isinstance(config, dict):
         raise ValidationError(f"model: {folder / 'config.json'} is not a JSON object")

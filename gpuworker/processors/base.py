@@ -90,11 +90,11 @@ class RowShardedProcessor(Processor, Protocol):
 
     row_outputs: bool
 
-    def row_record(self, output: Any, /) -> dict:
+    def row_record(self, output: Any, /) -> dict[str, Any]:
         """The unit's output as the fields of its shard line."""
         ...
 
-    def check_record(self, record: dict, /) -> InvalidOutput | None:
+    def check_record(self, record: dict[str, Any], /) -> InvalidOutput | None:
         """A row's problem as read back, or None: what `validate` checks of a file."""
         ...
 

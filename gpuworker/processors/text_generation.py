@@ -278,16 +278,18 @@ class TextGenerationProcessor:
 
     def flags(self, result: GenerationBatch, index: int) -> list[tuple[str, str]]:
         done = result.completions[index]
-        return completion_flags(done.text, done.finish_reason, self.params)
+        # Cut at its own limit (its row's, or the version's).
+        params = {**self.params, "max_new_tokens": done.max_new_tokens}
+        return completion_flags(done.text, done.finish_reason, params)
 
     def batch_metrics(self, result: GenerationBatch) -> dict:
         prompt = sum(c.prompt_tokens for c in result.completions)
         generated = sum(c.completion_tokens for c in result.completions)
         return {
-            # In the units' costs (prompt + max_new_tokens each), as the
-            # estimate, the profile and the time left count the work; the
-            # tokens generated are said apart.
-            "real_tokens": prompt + sum(c.max_new_tokens for c in result.completions),
+            # In the units' costs (prompt + the version's max_new_tokens
+            # each), as the estimate, the profile and the time left count the
+            # work; the tokens generated are said apart.
+            "real_tokens": prompt + len(result.completions) * self.max_new_tokens,
             "padded_tokens": result.padded_tokens,
             "compute_seconds": round(result.seconds, 4),
             "prompt_tokens": prompt,
@@ -355,8 +357,8 @@ class TextGenerationProcessor:
         ]
         return GenerationBatch(
             completions=completions,
-            # In the units' costs: every row may hold the batch's width and new tokens.
-            padded_tokens=len(prompts) * (width + new_tokens),
+            # In the units' costs: every row may hold the batch's width and max_new_tokens.
+            padded_tokens=len(prompts) * (width + self.max_new_tokens),
             seconds=time.perf_counter() - started,
             memory=memory,
         )

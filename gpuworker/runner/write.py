@@ -161,7 +161,10 @@ def _write_read_back(path: Path, data: bytes, outcomes: list[Outcome]) -> bool:
 
 
 def write_row_shard(
-    batch: Batch, processor: RowShardedProcessor, jobs: list[tuple[Outcome, dict]], token: str
+    batch: Batch,
+    processor: RowShardedProcessor,
+    jobs: list[tuple[Outcome, dict[str, Any]]],
+    token: str,
 ) -> None:
     """The batch's JSON outputs in one JSON Lines shard, read back and checked
     line by line: a unit counts once the file holds its line as it was made

@@ -20,7 +20,7 @@ from django.urls import reverse
 
 from campaigns.intake.inputs import read_bytes
 from campaigns.intake.records import RecordColumns, carried, parse_locator, record_rows
-from campaigns.models import Campaign, ErrorClass, Unit, UnitState
+from campaigns.models import Campaign, ErrorClass, ReviewItem, Unit, UnitState
 from campaigns.specs.generation import TEXT_GENERATION, prompt_costs, prompt_tokens
 from gpuworker.processors.text_generation import TextGenerationProcessor
 from tests.generation import tiny_causal_lm, written_completion
@@ -104,13 +104,14 @@ def test_jsonl_rows_carry_a_system_prompt_limits_and_stops(
     )
     run_here(campaign)
 
-    # each unit's cost is its own prompt (its system prompt) and its own limit
     units = {u.uid: u for u in Unit.objects.filter(campaign=campaign)}
     cleaned = TEXT_GENERATION.clean(params)
     a_tokens = len(prompt_tokens({**cleaned, "system_prompt": "answer briefly"}, TEXTS[0]))
-    assert units["a"].cost == a_tokens + 3
+    # each unit's cost is its own prompt (its system prompt) and the version's
+    # limit: a batch holds its largest limit, whichever row's
+    assert units["a"].cost == a_tokens + 12
     c_tokens = len(prompt_tokens(cleaned, TEXTS[2]))  # "": the version's system prompt
-    assert units["c"].cost == c_tokens + 6
+    assert units["c"].cost == c_tokens + 12
     assert units["b"].cost == len(prompt_tokens(cleaned, TEXTS[1])) + 12
 
     failed = dict(
@@ -146,6 +147,11 @@ def test_jsonl_rows_carry_a_system_prompt_limits_and_stops(
     assert "<dt>system_prompt</dt><dd>answer briefly</dd>" in shown
     assert "<dt>max_new_tokens</dt><dd>3</dd>" in shown and "stop" not in shown
     assert f'id="input-excerpt">{TEXTS[0]}</pre>' in page
+
+    # a row cut at its own limit is flagged with it, not the version's
+    if written["e"]["finish_reason"] == "length":
+        item = ReviewItem.objects.get(unit=units["e"], reason="stopped_by_length")
+        assert item.detail == "cut at max_new_tokens 1"
 
     # a row whose parameter changes is a changed row, found again by its id
     rows[0]["system"] = "answer at length"
@@ -266,7 +272,7 @@ def test_a_row_parameter_is_part_of_its_input_and_read_where_its_row_lies(tmp_pa
     assert read_bytes(tmp_path, plain.source_path) == b"first"
 
 
-def test_costs_weigh_each_row_under_its_own_parameters(tmp_path):
+def test_costs_weigh_each_row_under_its_own_system_prompt_and_the_versions_limit(tmp_path):
     model = tiny_causal_lm(tmp_path / "lm")
     lines = [
         {"id": "1", "q": "the quick brown fox", "s": "a long system prompt " * 5, "n": 2},
@@ -282,7 +288,7 @@ def test_costs_weigh_each_row_under_its_own_parameters(tmp_path):
     costs = prompt_costs(tmp_path, [*paths, "plain.txt", "missing.txt"], params)
     own = len(prompt_tokens({**params, "system_prompt": lines[0]["s"]}, lines[0]["q"]))
     alone = len(prompt_tokens(params, "the quick brown fox"))
-    assert costs == [own + 2, alone + 20, alone + 20, None]
+    assert costs == [own + 20, alone + 20, alone + 20, None]
 
 
 @pytest.fixture
@@ -344,3 +350,99 @@ def test_the_setup_page_takes_parameter_columns(
         ["system_prompt", "sys"],
         ["max_new_tokens", "n"],
     ]
+
+
+REFUSING_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}"
+    "{{ raise_exception('System role not supported') }}{% endif %}"
+    "<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}<s>assistant:"
+)
+
+
+def test_a_template_that_refuses_a_rows_system_prompt_fails_that_row_alone(
+    tmp_path, output_root, run_here, project
+):
+    model = tiny_causal_lm(tmp_path / "lm")
+    (model / "chat_template.jinja").write_text(REFUSING_TEMPLATE)
+    rows = [
+        {"id": "a", "prompt": TEXTS[0], "sys": None},
+        {"id": "b", "prompt": TEXTS[1], "sys": "be brief"},
+        {"id": "c", "prompt": TEXTS[2], "sys": ""},
+    ]
+    records = tmp_path / "prompts.jsonl"
+    records.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    params = {"model": str(model), "max_new_tokens": 4, "flag_length": "no"}
+    # a version whose own system prompt the template refuses: refused when made
+    with pytest.raises(CommandError, match="system_prompt: the model's chat template refuses"):
+        _create("whole", records, project, {**params, "system_prompt": "hi"})
+    campaign = _create("rows", records, project, params, "system_prompt=sys")
+    run_here(campaign)  # the default token budget: planning weighs every row
+    states = dict(Unit.objects.filter(campaign=campaign).values_list("uid", "state"))
+    assert states == {"a": UnitState.SUCCEEDED, "b": UnitState.FAILED, "c": UnitState.SUCCEEDED}
+    failed = Unit.objects.get(campaign=campaign, uid="b")
+    assert failed.error_class == ErrorClass.INPUT_INVALID
+    assert "chat template refuses this prompt: System role not supported" in failed.error_message
+    assert _outputs(campaign, output_root)["a"] == _alone(params, TEXTS[0])
+
+
+def test_values_no_parameter_can_be_fail_their_row_and_typed_ones_are_taken(
+    tmp_path, output_root, run_here, project
+):
+    import datetime
+    from decimal import Decimal
+
+    model = tiny_causal_lm(tmp_path / "lm")
+    table = pa.table(
+        {
+            "id": ["ok", "notutf8", "half", "dated"],
+            "prompt": TEXTS[:4],
+            # a string column written without its UTF8 mark reads as binary
+            "sys": pa.array([b"be brief", b"\xff\xfe", None, None], type=pa.binary()),
+            "limit": pa.array(
+                [Decimal("5.00"), None, Decimal("2.50"), None], type=pa.decimal128(5, 2)
+            ),
+            "stops": pa.array([None, None, None, datetime.date(2026, 1, 2)], type=pa.date32()),
+        }
+    )
+    records = tmp_path / "prompts.parquet"
+    pq.write_table(table, records)
+    params = {"model": str(model), "max_new_tokens": 8, "flag_length": "no"}
+    campaign = _create(
+        "typed", records, project, params, "system_prompt=sys", "max_new_tokens=limit", "stop=stops"
+    )
+    at_import = dict(
+        Unit.objects.filter(campaign=campaign, state=UnitState.FAILED).values_list(
+            "uid", "error_message"
+        )
+    )
+    assert set(at_import) == {"notutf8", "dated"}
+    assert "system_prompt: its column holds bytes that are not UTF-8 text" in at_import["notutf8"]
+    assert "stop: its column holds date, not text, a number or a list" in at_import["dated"]
+    run_here(campaign)
+    failed = Unit.objects.get(campaign=campaign, uid="half")
+    assert "this row's max_new_tokens: max_new_tokens must be an integer" in failed.error_message
+    written = _outputs(campaign, output_root)
+    assert written == {"ok": _alone(params, TEXTS[0], system_prompt="be brief", max_new_tokens=5)}
+
+
+def test_parameter_columns_as_given_and_refused(tmp_path, project):
+    from campaigns.intake.records import param_columns
+
+    # one --param-column a value, so a column's name may hold a comma
+    assert param_columns(["system_prompt=sys, v2", "seed"]) == (
+        ("system_prompt", "sys, v2"),
+        ("seed", "seed"),
+    )
+    assert param_columns("system_prompt=sys, max_new_tokens") == (
+        ("system_prompt", "sys"),
+        ("max_new_tokens", "max_new_tokens"),
+    )
+    for bad in (["seed="], ["=col"], ["seed=a", "seed=b"]):
+        with pytest.raises(ValueError):
+            param_columns(bad)
+    # a CSV file with two columns of the name a value would come from
+    model = tiny_causal_lm(tmp_path / "lm")
+    records = tmp_path / "prompts.csv"
+    records.write_text("id,prompt,sys,sys\na,hello,x,y\n")
+    with pytest.raises(CommandError, match="two columns named 'sys'"):
+        _create("twice", records, project, {"model": str(model)}, "system_prompt=sys")

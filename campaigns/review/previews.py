@@ -193,8 +193,10 @@ def output_summary(
             return OutputSummary("error", error=attempt.error_message)
         return OutputSummary("none")
     file_rel, row = split_member(rel)
-    if row is not None and is_row_shard(file_rel) and campaign.processor == GENERATION:
-        return _completion_summary(rel, params)  # a line of a batch's JSON row shard
+    if row is not None and is_row_shard(file_rel):  # a line of a batch's JSON row shard
+        if campaign.processor == GENERATION:
+            return _completion_summary(rel, params, unit.uid)
+        return OutputSummary("none")  # a plugin's JSON line: the unit page names its place
     if row is not None:
         return _embedding_summary(campaign, attempt, twins)  # a row of a batch's shard
     suffix = Path(file_rel).suffix
@@ -212,7 +214,7 @@ def output_summary(
     if suffix == ".npy":
         return _embedding_summary(campaign, attempt, twins)
     if suffix == ".json" and campaign.processor == GENERATION:
-        return _completion_summary(rel, params)
+        return _completion_summary(rel, params, unit.uid)
     if suffix == ".json" and campaign.processor == SPEECH:
         try:
             transcript = read_transcript(root / rel, params)
@@ -222,9 +224,9 @@ def output_summary(
     return OutputSummary("none")
 
 
-def _completion_summary(rel: str, params: dict) -> OutputSummary:
+def _completion_summary(rel: str, params: dict, uid: str) -> OutputSummary:
     try:
-        record = read_completion_at(completion_reader(params), rel, params)
+        record = read_completion_at(completion_reader(params), rel, params, uid)
     except (OSError, InvalidOutput) as exc:
         return OutputSummary("error", error=f"unreadable completion: {exc}")
     return OutputSummary("completion", completion=record)

@@ -181,7 +181,13 @@ SHARDS_FOLDER = "shards"
 
 
 def shard_relpath(
-    *, campaign: str, version_label: str, batch_id: int, token: str, suffix: str = ".npz"
+    *,
+    campaign: str,
+    version_label: str,
+    batch_id: int,
+    token: str,
+    suffix: str = ".npz",
+    part: int = 0,
 ) -> PurePosixPath:
     """A batch's shard, relative to OUTPUT_ROOT: its vectors (.npz,
     campaigns/storage/vector_shards.py) or JSON rows (.jsonl, row_shards.py).
@@ -191,7 +197,8 @@ def shard_relpath(
     thousand batches a folder.
     """
     folder = shard_folder(campaign=campaign, version_label=version_label, batch_id=batch_id)
-    return folder / f"{shard_prefix(batch_id)}{token[:12]}{suffix}"
+    more = f"-{part}" if part else ""  # a JSON row shard's further parts
+    return folder / f"{shard_prefix(batch_id)}{token[:12]}{more}{suffix}"
 
 
 def shard_folder(*, campaign: str, version_label: str, batch_id: int) -> PurePosixPath:

@@ -7,13 +7,19 @@ order. Any JSON Lines reader takes it (`pd.read_json(path, lines=True)`).
 A unit's output path names its line, '<campaign>/<version>/shards/…/
 b12-….jsonl#7', its output size and sha256 are those of that line's bytes
 (without its newline), and `input_sha256` is the sha256 of the input it was
-made from: a later claim of the batch adopts a row only for the input its
+made from. A JSON line carries no checksum of its own: the claim's lease
+record (campaigns/storage/lease_records.py), written in the same atomic
+group, vouches for each line's sha256, and a later claim of the batch adopts
+a line only where its record vouches for the bytes there and the input its
 unit reads then. One file a batch: a batch's outputs cost one create, one
-write and one flush to disk, and a million prompts make a thousands of
-files, not a million.
+write and one flush to disk, and a million prompts make tens of thousands of
+files, not a million. A batch whose lines pass PART_BYTES is written as
+several parts (`b12-….jsonl`, `b12-…-1.jsonl`, …), so no shard outgrows what
+a reader loads.
 
-Readers go through `RowReader` (or `read_member`), which reads a unit's own
-.json file too, so outputs written a file a unit stay readable beside shards.
+Readers of single units go through `RowReader`, which reads a line where an
+index of the shard's line offsets says it is (and a unit's own .json file
+too, so outputs written a file a unit stay readable beside shards).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,9 +37,12 @@ from campaigns.storage.vector_shards import split_member
 
 SUFFIX = ".jsonl"
 ID, INPUT = "id", "input_sha256"
-#: A shard is read whole: one batch's outputs. Past this it is not a shard
-#: this system wrote (a batch's completions run to a few MiB).
-MAX_SHARD_BYTES = 1 << 30
+#: A shard part's most bytes as written: a batch's lines past it go to a
+#: further part (one line is never split: it is at most an output's own bound).
+PART_BYTES = 64 << 20
+#: Adoption and verify read a shard whole; past this it is not one this
+#: system wrote (a part, plus one longest line).
+MAX_SHARD_BYTES = 256 << 20
 
 
 def is_row_shard(file_rel: str) -> bool:
@@ -52,18 +62,38 @@ class RowShard:
     inputs: list[str]  # each row's input sha256 (hex)
 
 
-def make_row_shard(
-    ids: list[str], records: list[dict], inputs: list[str]
-) -> tuple[bytes, RowShard]:
-    """The shard of these rows as the bytes to write, and as what those bytes hold."""
+def make_lines(ids: list[str], records: list[dict], inputs: list[str]) -> list[bytes]:
+    """Each row's line (without its newline); ValueError for a record that is
+    no JSON object of plain values (NaN, a field named id or input_sha256)."""
     lines = []
     for uid, record, made_from in zip(ids, records, inputs, strict=True):
         if ID in record or INPUT in record:
             raise ValueError(f"an output's fields may not be named {ID!r} or {INPUT!r}")
         row = {ID: uid, **record, INPUT: made_from}
-        lines.append(json.dumps(row, ensure_ascii=False).encode("utf-8"))
-    data = b"".join(line + b"\n" for line in lines)
-    return data, RowShard(list(ids), lines, [dict(r) for r in records], list(inputs))
+        lines.append(json.dumps(row, ensure_ascii=False, allow_nan=False).encode("utf-8"))
+    return lines
+
+
+def parts_of(lines: list[bytes]) -> list[list[int]]:
+    """The rows of each part, in order: as many lines as PART_BYTES holds (one at least)."""
+    parts: list[list[int]] = [[]]
+    held = 0
+    for row, line in enumerate(lines):
+        if parts[-1] and held + len(line) + 1 > PART_BYTES:
+            parts.append([])
+            held = 0
+        parts[-1].append(row)
+        held += len(line) + 1
+    return parts
+
+
+def make_row_shard(
+    ids: list[str], records: list[dict], inputs: list[str]
+) -> tuple[bytes, RowShard]:
+    """The shard of these rows as the bytes to write, and as what those bytes
+    hold, parsed back from them (what a reader will find)."""
+    data = b"".join(line + b"\n" for line in make_lines(ids, records, inputs))
+    return data, parse_row_shard(data)
 
 
 def parse_row_shard(data: bytes) -> RowShard:
@@ -99,27 +129,39 @@ def load_row_shard(path: Path | str) -> RowShard:
 
 
 class RowReader:
-    """Units' JSON outputs by output path: a row of a shard, or a file of its
-    own. Keeps the last few shards it loaded, so a reader taking one batch's
-    units (or output paths in order) loads each shard once."""
+    """Units' JSON outputs by output path: a line of a shard, or a file of its
+    own. A shard's line offsets are found once (the file streamed, never held)
+    and kept, 8 bytes a line, for up to KEEP shards: a reader taking units in
+    any order (an export in import order, whose neighbours lie in different
+    batches) reads each shard once and then each line alone."""
 
-    KEEP = 8
+    KEEP = 65536
+    _CHUNK = 1 << 20
 
     def __init__(self, root: Path | str, max_file_bytes: int):
         self.root = Path(root)
         self.max_file_bytes = max_file_bytes
-        self._shards: OrderedDict[str, RowShard] = OrderedDict()
+        self._offsets: OrderedDict[str, array] = OrderedDict()
 
-    def shard(self, rel: str) -> RowShard:
-        shard = self._shards.get(rel)
-        if shard is None:
-            shard = load_row_shard(self.root / rel)
-            self._shards[rel] = shard
-            if len(self._shards) > self.KEEP:
-                self._shards.popitem(last=False)
-        else:
-            self._shards.move_to_end(rel)
-        return shard
+    def offsets(self, rel: str) -> array:
+        """Where each line of the shard starts, and where the last one ends."""
+        found = self._offsets.get(rel)
+        if found is not None:
+            self._offsets.move_to_end(rel)
+            return found
+        found = array("q", [0])
+        with open(self.root / rel, "rb") as fh:
+            at = 0
+            while chunk := fh.read(self._CHUNK):
+                start = 0
+                while (end := chunk.find(b"\n", start)) >= 0:
+                    found.append(at + end + 1)
+                    start = end + 1
+                at += len(chunk)
+        self._offsets[rel] = found
+        if len(self._offsets) > self.KEEP:
+            self._offsets.popitem(last=False)
+        return found
 
     def record(self, rel: str, uid: str | None = None) -> object:
         """The unit's output object (not yet checked as the processor's);
@@ -127,12 +169,21 @@ class RowReader:
         file_rel, row = split_member(rel)
         if row is None:
             return _read_json_file(os.path.join(self.root, file_rel), self.max_file_bytes)
-        shard = self.shard(file_rel)
-        if row >= len(shard.records):
-            raise InvalidOutput(f"row {row} is past the shard's {len(shard.records)} rows")
-        if uid is not None and shard.ids[row] != uid:
+        offsets = self.offsets(file_rel)
+        if row + 1 >= len(offsets):
+            raise InvalidOutput(f"row {row} is past the shard's {len(offsets) - 1} whole lines")
+        length = offsets[row + 1] - offsets[row]
+        if length > self.max_file_bytes + 4096:
+            raise InvalidOutput(f"line {row} is {length:,} bytes, longer than any output")
+        with open(self.root / file_rel, "rb") as fh:
+            fh.seek(offsets[row])
+            line = fh.read(length)
+        if not line.endswith(b"\n"):
+            raise InvalidOutput(f"line {row} is cut short (the shard changed since it was read)")
+        shard = parse_row_shard(line)
+        if uid is not None and shard.ids[0] != uid:
             raise InvalidOutput(f"shard row {row} names another unit, not this one")
-        return shard.records[row]
+        return shard.records[0]
 
 
 def _read_json_file(path: str, max_bytes: int) -> object:

@@ -103,11 +103,11 @@ def adoption_for(batch: Batch, processor: Processor) -> Adoption:
         return NOTHING  # its first claim: no earlier claim wrote anything of it
     if sharded(processor):
         return ShardRows(adoptable_rows(batch, processor))
-    if row_sharded(processor):
-        return ShardRows(adoptable_lines(batch, processor))
     folder = Path(settings.OUTPUT_ROOT) / lease_folder(
         campaign=batch.campaign.name, version_label=batch.version.label
     )
+    if row_sharded(processor):
+        return ShardRows(adoptable_lines(batch, processor, read_records(folder, batch.pk)))
     return VouchedFiles(processor, read_records(folder, batch.pk))
 
 
@@ -202,9 +202,14 @@ def adoptable_rows(batch: Batch, processor: ShardedProcessor) -> dict[str, list[
     return rows
 
 
-def adoptable_lines(batch: Batch, processor: RowShardedProcessor) -> dict[str, list[Found]]:
-    """uid -> each whole line passing the processor's check in the JSON row
-    shards an earlier claim of this batch wrote; a damaged shard is recomputed."""
+def adoptable_lines(
+    batch: Batch, processor: RowShardedProcessor, vouched: dict[str, list[Vouched]]
+) -> dict[str, list[Found]]:
+    """uid -> each line of the JSON row shards an earlier claim of this batch
+    wrote that the claim's lease record vouches for (its place and the sha256
+    of its bytes: a JSON line has no checksum of its own, so a byte flipped
+    since is never taken back) and that passes the processor's check; a
+    shard that is not whole is recomputed."""
     rows: dict[str, list[Found]] = {}
     for rel, path in _batch_shards(batch, ROW_SHARD_SUFFIX):
         try:
@@ -213,8 +218,10 @@ def adoptable_lines(batch: Batch, processor: RowShardedProcessor) -> dict[str, l
             log.warning("batch %s: shard %s is not whole, not adopted", batch.pk, rel)
             continue
         for row, uid in enumerate(shard.ids):
+            line, at = shard.lines[row], member_path(rel, row)
+            sha256 = line_sha256(line)
+            if not any(v.output == at and v.sha256 == sha256 for v in vouched.get(uid, ())):
+                continue
             if processor.check_record(shard.records[row]) is None:
-                line = shard.lines[row]
-                found = (member_path(rel, row), len(line), line_sha256(line), shard.inputs[row])
-                rows.setdefault(uid, []).append(found)
+                rows.setdefault(uid, []).append((at, len(line), sha256, shard.inputs[row]))
     return rows

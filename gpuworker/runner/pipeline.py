@@ -25,7 +25,7 @@ from campaigns.runs.recording import batch_record
 from common.log_context import bound
 from gpuworker import beat, nvml
 from gpuworker.memory import at_failure, runtime_facts
-from gpuworker.processors import get_processor, shard_written
+from gpuworker.processors import get_processor, sharded
 from gpuworker.processors.base import Processor
 from gpuworker.runner.claim import Outcome, worker_name
 from gpuworker.runner.lease import LeaseKeeper
@@ -109,7 +109,8 @@ class BatchRun:
             self.lease.stop()
         if recorded:
             beat.batch_done()
-            if self.processor is not None and not shard_written(self.processor):
+            # A vector shard's claim writes no lease record (its zip CRCs vouch).
+            if self.processor is not None and not sharded(self.processor):
                 try:
                     drop_lease_records(self.batch)
                 except OSError:  # left for verify, which removes those of finished batches

@@ -29,7 +29,7 @@ from campaigns.storage.outputs import (
 )
 from campaigns.storage.paths import lease_folder, lease_record_relpath, shard_relpath
 from campaigns.storage.row_shards import SUFFIX as ROW_SHARD_SUFFIX
-from campaigns.storage.row_shards import line_sha256, make_row_shard
+from campaigns.storage.row_shards import line_sha256, make_lines, parse_row_shard, parts_of
 from campaigns.storage.vector_shards import (
     ROW_BYTES_PER_VALUE,
     make_shard,
@@ -137,11 +137,17 @@ def drop_lease_records(batch: Batch) -> None:
     remove_records(folder, batch.pk)
 
 
-def _write_read_back(path: Path, data: bytes, outcomes: list[Outcome]) -> bool:
-    """A shard written atomically and read back whole, byte for byte; False
-    (each unit failed output_write_error, no file left) when it could not be."""
+def _write_read_back(
+    path: Path, data: bytes, outcomes: list[Outcome], written: WrittenFile | OSError | None = None
+) -> bool:
+    """A shard written atomically (or as `written` says a group wrote it) and
+    read back whole, byte for byte; False (each unit failed
+    output_write_error, no file left) when it could not be."""
     try:
-        write_atomic(path, data)
+        if written is None:
+            write_atomic(path, data)
+        elif isinstance(written, OSError):
+            raise written
         try:
             check_read_back(path, data)
         except OSError:
@@ -166,34 +172,67 @@ def write_row_shard(
     jobs: list[tuple[Outcome, dict[str, Any]]],
     token: str,
 ) -> None:
-    """The batch's JSON outputs in one JSON Lines shard, read back and checked
-    line by line: a unit counts once the file holds its line as it was made
-    and the line's fields pass the processor's check."""
-    rel = str(
-        shard_relpath(
-            campaign=batch.campaign.name,
-            version_label=batch.version.label,
-            batch_id=batch.pk,
-            token=token,
-            suffix=ROW_SHARD_SUFFIX,
-        )
-    )
+    """The batch's JSON outputs in one JSON Lines shard (a part each
+    PART_BYTES), with the claim's lease record vouching for each line, in one
+    atomic group; each part read back whole, and each line, parsed from the
+    bytes written, checked: a unit counts once the file holds its line as it
+    was made and the line's fields pass the processor's check."""
     outcomes = [o for o, _ in jobs]
-    # Each line with the input it was made from: a later claim of the batch
-    # adopts a line only for the input its unit reads then.
-    data, shard = make_row_shard(
-        [o.unit.uid for o in outcomes], [r for _, r in jobs], [o.input_sha256 for o in outcomes]
+    ids = [o.unit.uid for o in outcomes]
+    try:
+        # Each line with the input it was made from: a later claim of the
+        # batch adopts a line only for the input its unit reads then.
+        lines = make_lines(ids, [r for _, r in jobs], [o.input_sha256 for o in outcomes])
+    except ValueError as exc:  # an output no JSON line holds (NaN): the processor's fault
+        for outcome in outcomes:
+            refuse(outcome, InvalidOutput(f"not a JSON line: {exc}"))
+        return
+    parts = parts_of(lines)
+    rels = [
+        str(
+            shard_relpath(
+                campaign=batch.campaign.name,
+                version_label=batch.version.label,
+                batch_id=batch.pk,
+                token=token,
+                suffix=ROW_SHARD_SUFFIX,
+                part=number,
+            )
+        )
+        for number in range(len(parts))
+    ]
+    where = {row: (rels[n], at) for n, rows in enumerate(parts) for at, row in enumerate(rows)}
+    datas = [b"".join(lines[row] + b"\n" for row in rows) for rows in parts]
+    vouched = record_bytes(
+        batch_id=batch.pk,
+        token=token,
+        outputs=(
+            (uid, Vouched(member_path(*where[row]), line_sha256(lines[row]), o.input_sha256))
+            for row, (uid, o) in enumerate(zip(ids, outcomes, strict=True))
+        ),
     )
-    if not _write_read_back(Path(settings.OUTPUT_ROOT) / rel, data, outcomes):
+    root = Path(settings.OUTPUT_ROOT)
+    written = write_atomic_group(
+        ((root / rel, data) for rel, data in zip(rels, datas, strict=True)),
+        first=lambda _: (lease_record_path(batch, token), vouched),
+    )
+    if isinstance(written[0], OSError):  # the record: nothing of this claim may be adopted
+        for outcome in outcomes:
+            outcome.fail(ErrorClass.OUTPUT_WRITE_ERROR, f"cannot write output: {written[0]}")
         return
     checked = time.time()
-    for row, outcome in enumerate(outcomes):
-        problem = processor.check_record(shard.records[row])
-        if problem is not None:
-            refuse(outcome, problem)
-        else:
-            line = shard.lines[row]
-            outcome.succeed(member_path(rel, row), len(line), line_sha256(line), checked)
+    for rel, data, rows, result in zip(rels, datas, parts, written[1:], strict=True):
+        mine = [outcomes[row] for row in rows]
+        if not _write_read_back(root / rel, data, mine, result):
+            continue
+        shard = parse_row_shard(data)
+        for at, outcome in enumerate(mine):
+            problem = processor.check_record(shard.records[at])
+            if problem is not None:
+                refuse(outcome, problem)
+            else:
+                line = shard.lines[at]
+                outcome.succeed(member_path(rel, at), len(line), line_sha256(line), checked)
 
 
 def write_shard(

@@ -100,17 +100,18 @@ def test_a_batch_writes_one_json_lines_shard_a_line_a_unit(campaign, output_root
     assert report["valid"] == len(PROMPTS) and report["orphan_outputs"] == 0
 
 
-def test_a_redelivered_batch_adopts_the_lines_its_dead_claim_wrote(campaign, output_root):
+def test_a_redelivered_batch_adopts_the_lines_its_dead_claim_wrote(
+    campaign, output_root, monkeypatch
+):
+    # the dead claims' lease records stay (a claim that died never removed them)
+    monkeypatch.setattr("gpuworker.runner.pipeline.drop_lease_records", lambda batch: None)
     _run_all(campaign)
     shards = _shards(output_root)
     first = {
         u.uid: written_completion(output_root, u) for u in Unit.objects.exclude(output_path="")
     }
     # the workers died after writing, before recording: the database forgot
-    Unit.objects.filter(campaign=campaign, state=UnitState.SUCCEEDED).update(
-        state=UnitState.QUEUED, output_path="", output_size=None, output_sha256=""
-    )
-    Batch.objects.filter(campaign=campaign).update(state=Batch.State.QUEUED, deliveries=1)
+    _forget(campaign)
     # and one prompt changed meanwhile: its line is not adopted, it runs again
     changed = Unit.objects.get(campaign=campaign, uid="q1.txt")
     Path(campaign.input_root, "q1.txt").write_text("a cat sleeps in the sun")
@@ -139,7 +140,8 @@ def test_a_redelivered_batch_adopts_the_lines_its_dead_claim_wrote(campaign, out
     )
 
 
-def test_a_shard_cut_short_is_not_adopted_but_recomputed(campaign, output_root):
+def test_a_shard_cut_short_is_not_adopted_but_recomputed(campaign, output_root, monkeypatch):
+    monkeypatch.setattr("gpuworker.runner.pipeline.drop_lease_records", lambda batch: None)
     batch = Batch.objects.filter(campaign=campaign).order_by("pk").first()
     run_batch(batch.pk)
     (shard,) = _shards(output_root)
@@ -189,3 +191,61 @@ def test_verify_checks_each_line_and_sets_an_unreadable_shard_aside(campaign, ou
     cut = campaign_verify(campaign=campaign).as_dict()
     assert cut["output_incomplete"] == in_it >= 1
     assert not lost.exists() and cut["damaged_set_aside"] == 1
+
+
+def _forget(campaign: Campaign) -> None:
+    """The workers died after writing, before recording: the database forgot."""
+    Unit.objects.filter(campaign=campaign, state=UnitState.SUCCEEDED).update(
+        state=UnitState.QUEUED, output_path="", output_size=None, output_sha256=""
+    )
+    Batch.objects.filter(campaign=campaign).update(state=Batch.State.QUEUED, deliveries=1)
+
+
+def test_a_line_changed_since_its_claim_wrote_it_is_recomputed_never_adopted(
+    campaign, output_root, monkeypatch
+):
+    # the dead claims' lease records stay (a claim that died never removed them)
+    monkeypatch.setattr("gpuworker.runner.pipeline.drop_lease_records", lambda batch: None)
+    _run_all(campaign)
+    units = list(Unit.objects.filter(campaign=campaign, state=UnitState.SUCCEEDED).order_by("pk"))
+    flipped = units[2]
+    file_rel, row = split_member(flipped.output_path)
+    path = Path(output_root) / file_rel
+    lines = path.read_bytes().split(b"\n")
+    record = json.loads(lines[row])
+    record["completion"] = record["completion"][::-1] + "x"  # still a valid completion
+    lines[row] = json.dumps(record, ensure_ascii=False).encode()
+    path.write_bytes(b"\n".join(lines))
+    _forget(campaign)
+    _run_all(campaign)
+    adopted = set(
+        Attempt.objects.filter(unit__campaign=campaign, metrics__adopted=True).values_list(
+            "unit__uid", flat=True
+        )
+    )
+    assert flipped.uid not in adopted and len(adopted) == len(PROMPTS) - 1
+    again = Unit.objects.get(pk=flipped.pk)
+    assert again.state == UnitState.SUCCEEDED
+    assert written_completion(output_root, again)["completion"] != record["completion"]
+    assert campaign_verify(campaign=campaign, deep=True).as_dict()["valid"] == len(PROMPTS)
+
+
+def test_a_batch_past_a_parts_bytes_is_written_as_parts(campaign, output_root, monkeypatch):
+    from campaigns.storage import row_shards
+
+    monkeypatch.setattr(row_shards, "PART_BYTES", 300)  # about one line a part
+    monkeypatch.setattr("gpuworker.runner.pipeline.drop_lease_records", lambda batch: None)
+    _run_all(campaign)
+    units = Unit.objects.filter(campaign=campaign, state=UnitState.SUCCEEDED)
+    parts = {split_member(u.output_path)[0] for u in units}
+    assert len(parts) > Batch.objects.filter(campaign=campaign).count()
+    assert any(p.endswith("-1.jsonl") for p in parts)
+    first = {u.uid: written_completion(output_root, u) for u in units}
+    # a claim that died after writing its parts: every line of every part adopted
+    _forget(campaign)
+    _run_all(campaign)
+    adopted = Attempt.objects.filter(unit__campaign=campaign, metrics__adopted=True)
+    assert adopted.count() == len(PROMPTS)
+    for unit in Unit.objects.filter(campaign=campaign, state=UnitState.SUCCEEDED):
+        assert written_completion(output_root, unit) == first[unit.uid]
+    assert campaign_verify(campaign=campaign, deep=True).as_dict()["valid"] == len(PROMPTS)

@@ -96,8 +96,6 @@ _decodes = threading.BoundedSemaphore(DECODES_AT_ONCE)
 _streams_lock = threading.Lock()
 _streams: OrderedDict[int, tuple[_GroupCursor, _Stream]] = OrderedDict()
 _files: OrderedDict[tuple, object] = OrderedDict()
-# The most columns one record's input is read from (its text and parameters).
-_columns_at_once = 1
 
 
 class RecordMoved(Exception):
@@ -203,12 +201,9 @@ def _record_at(opened: _Opened, located: Located):
     """The record's input: its text, or where the row carries parameters
     (records.RecordColumns.params) `record_input`'s object of the text and
     their values, read at the same place."""
-    global _columns_at_once
     text = _text_at(opened, located)
     if not located.params or not isinstance(text, str):
         return text
-    if len(located.params) >= _columns_at_once:
-        _columns_at_once = len(located.params) + 1
     values = {
         name: _text_at(
             opened, dataclasses.replace(located, column=column, params=(), optional=True)
@@ -248,7 +243,7 @@ def _kept(key: tuple, make):
     with _lock:
         made = _files.setdefault(key, made)
         _files.move_to_end(key)
-        while len(_files) > FILES_KEPT * _columns_at_once:
+        while len(_files) > FILES_KEPT * _columns_kept(_files.values()):
             _files.popitem(last=False)
     return made
 
@@ -282,6 +277,13 @@ def _decoded_once(key: tuple, decode):
     finally:
         with _lock:
             _decoding.pop(key).set()
+
+
+def _columns_kept(kept) -> int:
+    """How many columns the kept passes over large groups read (a row carrying
+    parameters reads its columns beside its text's): the bounds on what a
+    process keeps grow with them, so that each column's pass goes on."""
+    return max(1, len({k._column for k in kept if isinstance(k, _GroupCursor)}))
 
 
 def _gzip(opened: _Opened) -> GzipIndex:
@@ -509,7 +511,7 @@ class _GroupCursor:
         with _streams_lock:
             _streams[id(stream)] = (self, stream)
             for key, (cursor, kept) in list(_streams.items()):
-                if len(_streams) <= STREAMS_KEPT * _columns_at_once:
+                if len(_streams) <= STREAMS_KEPT * _columns_kept(c for c, _ in _streams.values()):
                     break
                 if cursor is self:
                     if kept is not stream:

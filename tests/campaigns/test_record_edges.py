@@ -635,3 +635,19 @@ def test_zeros_padding_between_gzip_members_read_as_gzip_reads_them(tmp_path):
         assert index.read(len(first) + len(second) - 5, 5) == second[-5:]
     finally:
         index.close()
+
+
+def test_passes_stay_few_after_rows_carrying_parameters_were_read(project, tmp_path, monkeypatch):
+    """What a process keeps grows with the columns its kept passes read, and
+    only while they are kept: rows of another campaign read with parameter
+    columns earlier leave the bound on text-only passes as it was."""
+    from campaigns.intake.records import RecordColumns, record_rows
+
+    (tmp_path / "p.jsonl").write_text('{"id": "1", "q": "hi", "s": "be brief", "n": 3}\n')
+    columns = RecordColumns(text="q", id="id", params=(("system_prompt", "s"), ("seed", "n")))
+    row = next(iter(record_rows(tmp_path, ["p.jsonl"], columns)))
+    assert b'"system_prompt":"be brief"' in read_bytes(tmp_path, row.source_path)
+    (tmp_path / "big").mkdir()
+    test_passes_over_large_groups_are_few_in_a_process_whatever_the_groups(
+        project, tmp_path / "big", monkeypatch
+    )
